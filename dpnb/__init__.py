@@ -1,0 +1,42 @@
+"""dpnb: data-parallel PyTorch training you drive, see and learn from a notebook.
+
+``%load_ext dpnb`` registers the ``%dp`` / ``%%dp`` magics; ``dpnb.start(n=2)``
+does the same from plain Python and returns a :class:`dpnb.Cluster`.
+
+This module stays light (no torch, no ipyparallel at import) so that
+``import dpnb.core`` and the magics' help are instant.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .cluster import CellResult, Cluster, RankInfo, start  # noqa: E402
+from .errors import DpnbError, RemoteCellError  # noqa: E402
+
+__all__ = ["start", "Cluster", "CellResult", "RankInfo", "DpnbError", "RemoteCellError",
+           "load_ipython_extension", "unload_ipython_extension", "get_cluster"]
+
+
+def load_ipython_extension(ip) -> None:
+    """``%load_ext dpnb``: register ``%dp`` / ``%%dp`` for this IPython session."""
+    from .magics import get_magics, load
+
+    if get_magics(ip) is None:
+        load(ip)
+
+
+def unload_ipython_extension(ip) -> None:
+    from .magics import get_magics
+
+    m = get_magics(ip)
+    if m is not None and m.cluster is not None:
+        m.cluster.stop()
+
+
+def get_cluster(ip=None) -> Cluster | None:
+    """The cluster started with ``%dp start`` in this IPython session, if any."""
+    from .magics import get_magics
+
+    m = get_magics(ip)
+    return None if m is None else m.cluster

@@ -1,0 +1,42 @@
+"""Calling engine-side functions by name with the engine's namespace.
+
+The notebook sends ``call("dpnb.engine.training.train", args, kwargs)``;
+only the dotted name travels, never a pickled closure, so the function that
+runs is whatever version of dpnb the engine has imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .setup import user_ns
+
+
+def resolve(dotted: str):
+    module, _, name = dotted.rpartition(".")
+    if not module.startswith("dpnb."):
+        raise ValueError(f"refusing to call {dotted!r}: only dpnb functions are called by name")
+    return getattr(importlib.import_module(module), name)
+
+
+def call(dotted: str, args: tuple = (), kwargs: dict | None = None):
+    """Run ``dotted(ns, *args, **kwargs)`` with this engine's user namespace."""
+    return resolve(dotted)(user_ns(), *args, **(kwargs or {}))
+
+
+def has_names(names: list[str]) -> list[str]:
+    """The names among ``names`` missing from this engine's namespace."""
+    ns = user_ns()
+    return [n for n in names if n not in ns]
+
+
+def get_value(name: str):
+    ns = user_ns()
+    if name not in ns:
+        raise NameError(name)
+    return ns[name]
+
+
+def set_values(values: dict) -> list[str]:
+    user_ns().update(values)
+    return sorted(values)

@@ -1,0 +1,270 @@
+"""Bringing one engine into the world: rank identity, device, process group.
+
+The notebook calls these by name on every engine.  The order is:
+
+1. :func:`probe` on every engine, so the notebook can see hosts, PIDs and
+   GPUs and assign ranks (contiguous per host, by sorted engine id);
+2. :func:`free_port` on rank 0 only: the TCP store of ``init_process_group``
+   is served by rank 0, so the port must be free *on rank 0's host*;
+3. :func:`init_rank` then :func:`form_group` on every engine *at the same
+   time*: ``init_process_group`` is a rendezvous, every rank blocks in it
+   until all ``world_size`` ranks have connected to rank 0's store (or the
+   timeout passes);
+4. after a collective error, :func:`reform_group` on every engine, again all
+   at once, on a fresh port: a gloo/NCCL group whose collective timed out or
+   whose peer vanished cannot be trusted again, so it is destroyed and a new
+   one is formed; the user's objects stay in the namespace, and callbacks
+   registered in ``EngineState.on_reform`` re-bind wrappers (DDP, ZeRO, FSDP)
+   to the new group.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from datetime import timedelta
+
+from .state import STATE_NAME, EngineState, get_state
+
+
+def user_ns() -> dict:
+    """The namespace ``%%dp`` cells run in on this engine (its IPython user_ns)."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    if ip is None:  # pragma: no cover - engines always run an IPython kernel
+        raise RuntimeError("dpnb engine functions must run inside an ipyparallel engine")
+    return ip.user_ns
+
+
+def probe() -> dict:
+    """What the notebook needs to assign ranks: host, addresses, PID, GPUs."""
+    host = socket.gethostname()
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError:
+        ip = "127.0.0.1"
+    try:
+        import torch
+
+        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken CUDA install must not stop a CPU cluster
+        cuda = 0
+    return {
+        "host": host,
+        "ip": ip,
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "cuda_devices": cuda,
+        "cpu_count": os.cpu_count() or 1,
+    }
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A TCP port that is free on this host right now (for rank 0's store).
+
+    Another process could take it before ``init_process_group`` binds it; the
+    window is milliseconds and a clash shows up as a clear start error.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr if addr != "0.0.0.0" else "", 0))
+        return s.getsockname()[1]
+
+
+def _watch_parent(ppid: int, period: float = 1.0) -> None:
+    """Exit when the notebook kernel that started this engine is gone.
+
+    A kernel killed with SIGKILL runs no atexit handler, so ipyparallel cannot
+    stop its engines; without this they would hold CPUs/GPUs forever.
+    """
+
+    def loop() -> None:
+        while True:
+            time.sleep(period)
+            if os.getppid() != ppid:
+                os._exit(3)
+
+    threading.Thread(target=loop, name="dpnb-parent-watch", daemon=True).start()
+
+
+def init_rank(info: dict) -> dict:
+    """Give this engine its identity before the group is formed.
+
+    ``info`` carries rank, world_size, local_rank, local_world_size,
+    node_rank, backend, device_index (GPU ordinal or None), master_addr,
+    master_port, timeout_s, threads, watch_ppid, local_cluster.
+    """
+    import torch
+    import torch.distributed as dist
+
+    ns = user_ns()
+    rank, world = int(info["rank"]), int(info["world_size"])
+    env = {
+        "RANK": rank,
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": info["local_rank"],
+        "LOCAL_WORLD_SIZE": info["local_world_size"],
+        "GROUP_RANK": info["node_rank"],
+        "MASTER_ADDR": info["master_addr"],
+        "MASTER_PORT": info["master_port"],
+    }
+    os.environ.update({k: str(v) for k, v in env.items()})
+    if info.get("local_cluster"):
+        # Keep gloo's pair connections on loopback: a container's hostname
+        # often resolves to an address that is not routable from itself.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # Two engines on two cores each spawning a full intra-op pool oversubscribe
+    # the CPU: a DDP step runs about twice as slow as with one thread each.
+    torch.set_num_threads(max(1, int(info["threads"])))
+
+    if info["backend"] == "nccl":
+        idx = int(info["device_index"])
+        torch.cuda.set_device(idx)
+        device = torch.device("cuda", idx)
+    else:
+        device = torch.device("cpu")
+
+    old = ns.get(STATE_NAME)
+    state = EngineState(
+        rank=rank,
+        world_size=world,
+        local_rank=int(info["local_rank"]),
+        local_world_size=int(info["local_world_size"]),
+        node_rank=int(info["node_rank"]),
+        backend=info["backend"],
+        device=device,
+        master_addr=info["master_addr"],
+        master_port=int(info["master_port"]),
+        timeout_s=float(info["timeout_s"]),
+    )
+    if old is not None:  # a restart keeps what higher layers registered
+        state.on_reform = old.on_reform
+        state.extras = old.extras
+        state.generation = old.generation
+    ns[STATE_NAME] = state
+    ns.update(rank=rank, world_size=world, local_rank=state.local_rank,
+              device=device, torch=torch, dist=dist)
+    if info.get("watch_ppid"):
+        _watch_parent(int(info["watch_ppid"]))
+    _setup_inline_figures()
+    return {"rank": rank, "device": str(device), "threads": torch.get_num_threads()}
+
+
+def _setup_inline_figures() -> None:
+    """Make matplotlib figures made in ``%%dp`` cells come back as images."""
+    try:
+        from IPython import get_ipython
+
+        get_ipython().run_line_magic("matplotlib", "inline")
+    except Exception:  # matplotlib is optional for plain training cells
+        pass
+
+
+def form_group(master_port: int | None = None) -> dict:
+    """``init_process_group`` for this rank; every rank must call it at once.
+
+    The short timeout is what turns a peer that raised, hung or died into an
+    error on the waiting ranks instead of a hang: gloo and NCCL collectives
+    give up after it.  A tiny all_reduce checks the group end to end.
+    """
+    import torch
+    import torch.distributed as dist
+
+    ns = user_ns()
+    st = get_state(ns)
+    if master_port is not None:
+        st.master_port = int(master_port)
+        os.environ["MASTER_PORT"] = str(master_port)
+    kwargs = {}
+    if st.backend == "nccl":
+        kwargs["device_id"] = st.device
+    dist.init_process_group(
+        backend=st.backend,
+        init_method=f"tcp://{_url_host(st.master_addr)}:{st.master_port}",
+        rank=st.rank,
+        world_size=st.world_size,
+        timeout=timedelta(seconds=st.timeout_s),
+        **kwargs,
+    )
+    t = torch.ones(1, device=st.device)
+    dist.all_reduce(t)
+    if int(t.item()) != st.world_size:
+        raise RuntimeError(f"process group check failed: all_reduce of ones gave {t.item()}")
+    st.generation += 1
+    return {"rank": st.rank, "generation": st.generation, "port": st.master_port}
+
+
+def _url_host(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr
+
+
+def destroy_group() -> bool:
+    """Tear down this rank's process group, tolerating a broken one."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return False
+    try:
+        dist.destroy_process_group()
+    except Exception:  # a group whose peer died can fail to shut down cleanly
+        pass
+    return True
+
+
+def reform_group(master_port: int) -> dict:
+    """Replace a broken process group with a fresh one on ``master_port``.
+
+    Every rank calls this at once.  Nothing in the user's namespace is
+    touched; wrappers bound to the old group are re-bound by the callbacks
+    that the training layer registered in ``EngineState.on_reform``.
+    """
+    destroy_group()
+    out = form_group(master_port)
+    ns = user_ns()
+    st = get_state(ns)
+    problems = []
+    for cb in list(st.on_reform):
+        try:
+            cb(ns, st)
+        except Exception as e:  # report, but keep the group: the user can re-wrap
+            problems.append(f"{getattr(cb, '__qualname__', cb)}: {type(e).__name__}: {e}")
+    out["problems"] = problems
+    return out
+
+
+def status() -> dict:
+    """Liveness and memory of this rank, for ``%dp status``."""
+    import resource
+
+    import torch
+    import torch.distributed as dist
+
+    ns = user_ns()
+    st = ns.get(STATE_NAME)
+    rss = _rss_bytes()
+    out = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "rank": getattr(st, "rank", None),
+        "backend": getattr(st, "backend", None),
+        "device": str(getattr(st, "device", "")),
+        "group": dist.is_initialized(),
+        "generation": getattr(st, "generation", 0),
+        "rss_bytes": rss,
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "threads": torch.get_num_threads(),
+    }
+    if st is not None and st.backend == "nccl":
+        out["cuda_allocated"] = torch.cuda.memory_allocated(st.device)
+        out["cuda_reserved"] = torch.cuda.memory_reserved(st.device)
+    return out
+
+
+def _rss_bytes() -> int:
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0

@@ -1,0 +1,27 @@
+"""Real-cluster fixtures: 2 gloo engines on this machine.
+
+Starting engines costs seconds, so one cluster serves a module; tests that
+break it (kill an engine) start their own or restore it before returning.
+"""
+
+import pytest
+
+import dpnb
+
+GROUP_TIMEOUT = 6.0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = dpnb.start(2, timeout=GROUP_TIMEOUT)
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def healthy(cluster):
+    """The module cluster, checked to be whole before and repaired after."""
+    assert cluster.running and not cluster.dead
+    yield cluster
+    if cluster.running and (cluster.dead or cluster.busy or not cluster.group_ok):
+        cluster.restart()

@@ -1,0 +1,211 @@
+"""The spine through the Python API on a real 2-engine gloo cluster."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import dpnb
+from dpnb.errors import DpnbError, RemoteCellError
+
+GROUP_TIMEOUT = 6.0  # matches tests/cluster/conftest.py
+
+pytestmark = pytest.mark.cluster
+
+
+def test_ranks_env_and_namespace(healthy):
+    c = healthy
+    assert [r.rank for r in c.ranks] == [0, 1]
+    assert [r.local_rank for r in c.ranks] == [0, 1]
+    assert c.backend == "gloo"  # no GPU here
+    assert c.ranks[0].engine_id < c.ranks[1].engine_id
+    res = c.run(
+        "import os\n"
+        "env = {k: os.environ[k] for k in ('RANK','LOCAL_RANK','WORLD_SIZE','LOCAL_WORLD_SIZE',"
+        "'MASTER_ADDR','MASTER_PORT')}\n"
+        "info = (rank, world_size, local_rank, str(device), torch.get_num_threads(), "
+        "dist.is_initialized(), dist.get_rank(), dist.get_backend())",
+        display=False)
+    assert res.ok
+    envs = c.pull("env")
+    infos = c.pull("info")
+    for r in (0, 1):
+        assert envs[r]["RANK"] == str(r) and envs[r]["LOCAL_RANK"] == str(r)
+        assert envs[r]["WORLD_SIZE"] == "2" and envs[r]["LOCAL_WORLD_SIZE"] == "2"
+        assert envs[r]["MASTER_ADDR"] == "127.0.0.1"
+        assert int(envs[r]["MASTER_PORT"]) == c.master_port
+        rank, world, local, dev, threads, init, drank, backend = infos[r]
+        assert (rank, world, local, dev, init, drank, backend) == (r, 2, r, "cpu", True, r, "gloo")
+        # 2 cores shared by 2 engines: one torch thread each
+        assert threads == max(1, (os.cpu_count() or 1) // 2)
+
+
+def test_all_reduce_gives_sum_on_every_rank(healthy, capsys):
+    healthy.run("t = torch.tensor([float(rank + 1)])\ndist.all_reduce(t)\nprint(t.item())")
+    out = capsys.readouterr().out
+    # identical output from both ranks is shown once, labelled with both ranks
+    assert out == "[all 2 ranks]\n3.0\n"
+    assert healthy.pull("t", rank=1).item() == 3.0
+
+
+def test_different_output_is_grouped_per_rank(healthy, capsys):
+    healthy.run("print('hello from', rank)")
+    out = capsys.readouterr().out
+    assert out == "[rank 0]\nhello from 0\n[rank 1]\nhello from 1\n"
+
+
+@pytest.mark.parametrize("spec,expected", [("0", [0]), ("1:", [1]), ("0,1", [0, 1]),
+                                           (":1", [0]), ("all", [0, 1])])
+def test_rank_selection(healthy, spec, expected):
+    res = healthy.run("ran = True\nprint(rank)", ranks=spec, display=False)
+    assert res.ranks == expected
+    assert sorted(int(v.strip()) for v in res.stdout.values()) == expected
+
+
+def test_push_pull(healthy):
+    healthy.push({"cfg": {"lr": 0.1}, "n_items": 7})
+    assert healthy.pull("cfg") == [{"lr": 0.1}, {"lr": 0.1}]
+    healthy.push({"only_one": 5}, ranks="1")
+    with pytest.raises(DpnbError, match=r"'only_one' is not defined on rank 0.*--rank 1"):
+        healthy.pull("only_one")
+    assert healthy.pull("only_one", rank=1) == 5
+
+
+def test_rank_raises_before_collective_is_reported_and_group_reformed(healthy):
+    c = healthy
+    c.run("keep = torch.arange(4.0) * (rank + 1)", display=False)
+    gen = c.generation
+    t0 = time.monotonic()
+    with pytest.raises(RemoteCellError) as ei:
+        c.run("t = torch.ones(1)\nif rank == 1:\n    raise ValueError('boom on one')\n"
+              "dist.all_reduce(t)", display=False)
+    elapsed = time.monotonic() - t0
+    err = ei.value
+    # returns within the group timeout plus a few seconds, never a hang
+    assert elapsed < GROUP_TIMEOUT + 8
+    assert set(err.failures) == {0, 1}
+    assert err.failures[1][0] == "ValueError"
+    assert err.waiting == [0]
+    assert "rank 1 raised ValueError: boom on one" in err.report
+    assert "at cell line 3: raise ValueError('boom on one')" in err.report
+    assert "rank 0 was waiting on rank 1" in err.report
+    assert err.report.count("Traceback") == 1  # the user's traceback once; not the waiter's
+    assert err.reformed and c.generation == gen + 1
+    # the next cell works, and what the ranks built survived
+    res = c.run("s = torch.ones(1)\ndist.all_reduce(s)\nout = (s.item(), keep.tolist())",
+                display=False)
+    assert res.ok
+    assert c.pull("out") == [(2.0, [0, 1, 2, 3]), (2.0, [0, 2, 4, 6])]
+
+
+def test_identical_failures_show_one_traceback(healthy):
+    with pytest.raises(RemoteCellError) as ei:
+        healthy.run("1/0", display=False)
+    err = ei.value
+    assert "ranks 0-1 raised ZeroDivisionError" in err.report
+    assert err.report.count("Traceback") == 1
+    assert err.waiting == [] and not err.reformed  # no collective involved
+
+
+def test_cell_timeout_names_ranks_that_did_not_finish(healthy):
+    c = healthy
+    t0 = time.monotonic()
+    with pytest.raises(RemoteCellError) as ei:
+        c.run("import time\nif rank == 0:\n    time.sleep(60)\n", timeout=2, display=False)
+    assert time.monotonic() - t0 < 10
+    assert ei.value.timed_out == [0]
+    assert "rank 0 did not finish within the cell timeout" in ei.value.report
+    assert c.run("print(rank)", display=False).ok
+
+
+def test_hang_in_collective_is_released_by_group_timeout(healthy):
+    """Rank 0 enters an all_reduce that rank 1 never enters."""
+    c = healthy
+    t0 = time.monotonic()
+    with pytest.raises(RemoteCellError) as ei:
+        c.run("import time\nt = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(t)\n"
+              "else:\n    time.sleep(60)", timeout=GROUP_TIMEOUT + 3, display=False)
+    assert time.monotonic() - t0 < 2 * GROUP_TIMEOUT + 15
+    err = ei.value
+    assert err.timed_out == [1]
+    assert err.waiting == [0] and "rank 0 was waiting on rank 1" in err.report
+    assert c.run("u = torch.ones(1)\ndist.all_reduce(u)\nassert u.item() == 2", display=False).ok
+
+
+def test_ctrl_c_interrupts_engines(healthy):
+    c = healthy
+    c.run("kept = 'still here'", display=False)
+    timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(RemoteCellError) as ei:
+        c.run("import time\nfor i in range(600):\n    time.sleep(0.1)", display=False)
+    timer.join()
+    assert time.monotonic() - t0 < 10
+    assert "interrupted (Ctrl-C)" in ei.value.report
+    assert c.pull("kept") == ["still here", "still here"]
+
+
+def test_status_table(healthy):
+    rows = healthy.status()
+    assert [r["rank"] for r in rows] == [0, 1]
+    for row, info in zip(rows, healthy.ranks):
+        assert row["alive"] and row["state"] == "ok" and row["group"] is True
+        assert row["pid"] == info.pid and row["backend"] == "gloo" and row["device"] == "cpu"
+        assert row["rss_bytes"] > 10 * 2**20
+    from dpnb.display import status_text
+
+    text = status_text(rows)
+    assert text.splitlines()[0].split()[:4] == ["rank", "host", "pid", "device"]
+    assert str(healthy.ranks[1].pid) in text
+
+
+def test_bad_calls_leave_cluster_untouched(healthy):
+    c = healthy
+    c.run("sentinel = rank * 10", display=False)
+    for bad in ("5", "x", "1:0", "-1", "0,,7"):
+        with pytest.raises(DpnbError):
+            c.run("print(1)", ranks=bad, display=False)
+    with pytest.raises(DpnbError, match="valid Python names"):
+        c.push({"not a name": 1})
+    with pytest.raises(DpnbError, match="not defined on ranks 0-1"):
+        c.pull("never_defined")
+    assert c.pull("sentinel") == [0, 10]
+
+
+def test_engine_death_is_reported_and_restart_restores_world(healthy):
+    c = healthy
+    c.run("survivor = rank + 100", display=False)
+    old_pid = c.ranks[1].pid
+    t0 = time.monotonic()
+    with pytest.raises(RemoteCellError) as ei:
+        c.run("import os\nt = torch.ones(1)\nif rank == 1:\n    os._exit(7)\n"
+              "dist.all_reduce(t)", display=False)
+    assert time.monotonic() - t0 < GROUP_TIMEOUT + 10
+    err = ei.value
+    assert err.died == {1: "exit code 7"}
+    assert "rank 1 died: exit code 7" in err.report
+    assert "%dp restart" in err.report
+    rows = c.status()
+    assert rows[1]["alive"] is False and rows[0]["alive"] is True
+    with pytest.raises(DpnbError, match="rank 1 died"):
+        c.run("print(1)", display=False)
+    msg = c.restart()
+    assert "rank 1 replaced" in msg and "rank 0 kept" in msg
+    assert c.ranks[1].pid != old_pid and not c.dead
+    res = c.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = (t.item(), "
+                "globals().get('survivor'), rank, world_size)", display=False)
+    assert res.ok
+    assert c.pull("v") == [(2.0, 100, 0, 2), (2.0, None, 1, 2)]
+
+
+def test_sigkill_reports_signal(healthy):
+    c = healthy
+    with pytest.raises(RemoteCellError) as ei:
+        c.run("import os, signal\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+              "import time; time.sleep(0.5)", display=False)
+    assert "killed by signal 9 (SIGKILL)" in ei.value.died[1]
+    c.restart()
+    assert c.run("print(rank)", display=False).ok
