@@ -13,6 +13,7 @@ Usage: ``python -m dpnb._reaper KERNEL_PID PIDS_FILE``
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 
@@ -67,6 +68,10 @@ def main(argv: list[str]) -> int:
             p.kill()
         except psutil.Error:
             pass
+    # The profile holds the cluster's keys; the kernel could not remove it.
+    profile = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(profile).startswith("dpnb-profile-"):
+        shutil.rmtree(profile, ignore_errors=True)
     return 0
 
 

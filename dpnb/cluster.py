@@ -23,6 +23,7 @@ port; the engines' namespaces (models, optimizers, tensors) are untouched.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -152,6 +154,10 @@ class Cluster:
         self.group_ok = True
         self.generation = 1
         self._reaper: subprocess.Popen | None = None
+        # A kernel that exits normally stops its cluster (and removes the
+        # profile with its keys); a weak reference lets an unused Cluster go.
+        ref = weakref.ref(self)
+        atexit.register(lambda: (ref() is not None and ref().stop()))
         self.last_train: dict | None = None  # filled by the training layer
 
     # ------------------------------------------------------------------ start
@@ -441,6 +447,12 @@ class Cluster:
 
     def _collect(self, r: int, ar, o: RankOutcome, kind: str) -> None:
         prior = o.status
+        try:
+            # results travel on a different socket than printed output; wait
+            # for the engine's "idle" so no late stdout is lost
+            ar.wait_for_output(5)
+        except Exception:
+            pass
         self._copy_streams(ar, o)
         try:
             o.value = ar.get(0)
