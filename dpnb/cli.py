@@ -1,0 +1,75 @@
+"""``dpnb`` command line: ``dpnb demo`` (the main job, headless) and
+``dpnb kernel install``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from importlib import resources
+
+
+def kernel_spec(python: str | None = None) -> dict:
+    """The "Python 3 (dpnb)" kernelspec, bound to ``python`` (default: this one)."""
+    spec = json.loads(resources.files("dpnb").joinpath("kernelspec/kernel.json").read_text())
+    spec["argv"][0] = python or sys.executable
+    return spec
+
+
+def install_kernel(*, user: bool = False, sys_prefix: bool = False, prefix: str | None = None,
+                   name: str = "dpnb") -> str:
+    """Install the kernelspec with jupyter_client; returns the installed path."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if sum(map(bool, (user, sys_prefix, prefix))) > 1:
+        raise SystemExit("choose one of --user, --sys-prefix, --prefix")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, name)
+        os.makedirs(src)
+        with open(os.path.join(src, "kernel.json"), "w") as f:
+            json.dump(kernel_spec(), f, indent=2)
+        if sys_prefix:
+            prefix = sys.prefix
+        return KernelSpecManager().install_kernel_spec(src, kernel_name=name, user=user,
+                                                       prefix=prefix, replace=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="dpnb", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="run the quick start on CPU engines, headless; "
+                                    "writes figures and an HTML report")
+    d.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
+    d.add_argument("-n", type=int, default=2, help="engines (default 2)")
+    d.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    d.add_argument("--strategy", default="ddp", choices=("ddp", "zero1", "zero2", "zero3"))
+
+    k = sub.add_parser("kernel", help="manage the 'Python 3 (dpnb)' Jupyter kernel")
+    ksub = k.add_subparsers(dest="kcmd", required=True)
+    ki = ksub.add_parser("install", help="install the kernelspec")
+    g = ki.add_mutually_exclusive_group()
+    g.add_argument("--user", action="store_true", help="for this user")
+    g.add_argument("--sys-prefix", action="store_true", help="into this environment")
+    g.add_argument("--prefix", default=None, help="into PREFIX/share/jupyter/kernels")
+    ki.add_argument("--name", default="dpnb")
+
+    a = p.parse_args(argv)
+    if a.cmd == "kernel":
+        path = install_kernel(user=a.user, sys_prefix=a.sys_prefix, prefix=a.prefix,
+                              name=a.name)
+        print(f"installed kernelspec '{a.name}' in {path}")
+        return 0
+    if a.cmd == "demo":
+        from .demo import run_demo
+
+        report = run_demo(a.out, n=a.n, steps=a.steps, strategy=a.strategy)
+        print(f"demo report: {report}")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

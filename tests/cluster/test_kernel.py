@@ -1,0 +1,128 @@
+"""The spine inside a real Jupyter kernel (the kernelspec dpnb installs).
+
+Checks what only a kernel shows: rich outputs (a matplotlib figure, HTML)
+made on the engines arrive as display data, long cells stream while they
+run, and %dp status renders as a widget.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    from jupyter_client.manager import KernelManager
+
+    from dpnb.cli import install_kernel
+
+    prefix = tempfile.mkdtemp(prefix="dpnb-kernelspec-")
+    path = install_kernel(prefix=prefix)
+    spec = json.load(open(os.path.join(path, "kernel.json")))
+    assert spec["display_name"] == "Python 3 (dpnb)" and spec["argv"][0] == sys.executable
+    os.environ["JUPYTER_PATH"] = os.path.join(prefix, "share", "jupyter")
+    km = KernelManager(kernel_name="dpnb")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    yield kc
+    try:
+        _run(kc, "%dp stop", timeout=60)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+
+
+def _run(kc, code, timeout=120):
+    """Execute ``code``; return (iopub messages with arrival times, reply)."""
+    msg_id = kc.execute(code)
+    msgs = []
+    deadline = time.monotonic() + timeout
+    while True:
+        m = kc.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        msgs.append((time.monotonic(), m))
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=10)
+    return msgs, reply
+
+
+def _texts(msgs):
+    out = []
+    for _, m in msgs:
+        c = m["content"]
+        if m["msg_type"] == "stream":
+            out.append(c["text"])
+        elif m["msg_type"] in ("display_data", "update_display_data", "execute_result"):
+            out.append(c["data"].get("text/plain", ""))
+        elif m["msg_type"] == "error":
+            out.append("\n".join(c["traceback"]))
+    return "\n".join(out)
+
+
+def test_magics_preloaded_and_cluster_starts(kernel):
+    msgs, reply = _run(kernel, "%dp start -n 2 --timeout 8")
+    assert reply["content"]["status"] == "ok", _texts(msgs)
+    assert "2 ranks up" in _texts(msgs)
+
+
+def test_rich_outputs_from_engines_reach_the_notebook(kernel):
+    code = ("%%dp\n"
+            "import matplotlib.pyplot as plt\n"
+            "from IPython.display import HTML, display\n"
+            "display(HTML(f'<b>hello from rank {rank}</b>'))\n"
+            "plt.plot([0, 1], [0, rank + 1]); plt.title(f'rank {rank}')\n")
+    msgs, reply = _run(kernel, code)
+    assert reply["content"]["status"] == "ok", _texts(msgs)
+    data = [m["content"]["data"] for _, m in msgs if m["msg_type"] == "display_data"]
+    html = [d["text/html"] for d in data if "text/html" in d]
+    assert "<b>hello from rank 0</b>" in html and "<b>hello from rank 1</b>" in html
+    pngs = [d for d in data if "image/png" in d]
+    assert len(pngs) == 2  # one figure per rank: they differ, so both are shown
+    labels = [d["text/plain"] for d in data if list(d) == ["text/plain"]]
+    assert "[rank 0]" in labels and "[rank 1]" in labels
+
+
+def test_long_cell_streams_while_running(kernel):
+    code = ("%%dp\nimport time\nfor i in range(6):\n"
+            "    print(f'tick {i}', flush=True)\n    time.sleep(0.5)\n")
+    msgs, reply = _run(kernel, code)
+    assert reply["content"]["status"] == "ok", _texts(msgs)
+    end = msgs[-1][0]
+    live = [(t, m) for t, m in msgs
+            if m["msg_type"] in ("display_data", "update_display_data")
+            and "tick" in m["content"]["data"].get("text/plain", "")]
+    assert live, _texts(msgs)
+    # the first live update came well before the cell ended
+    assert end - live[0][0] > 0.8
+    final = live[-1][1]["content"]["data"]["text/plain"]
+    assert final.startswith("[all 2 ranks]") and "tick 5" in final
+
+
+def test_status_is_a_widget_in_jupyter(kernel):
+    msgs, reply = _run(kernel, "%dp status")
+    assert reply["content"]["status"] == "ok"
+    views = [m for _, m in msgs if m["msg_type"] == "display_data"
+             and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]]
+    assert views
+    states = [m for _, m in msgs if m["msg_type"] == "comm_open"]
+    html = json.dumps([m["content"]["data"] for m in states])
+    assert "dpnb-status" in html and "gloo" in html
+
+
+def test_error_in_kernel_is_a_report_not_a_dpnb_traceback(kernel):
+    msgs, reply = _run(kernel, "%%dp\nif rank == 1:\n    raise RuntimeError('nope')\n")
+    assert reply["content"]["status"] == "error"
+    err = [m for _, m in msgs if m["msg_type"] == "error"][0]["content"]
+    text = "\n".join(err["traceback"])
+    assert "rank 1 raised RuntimeError: nope" in text
+    assert "dpnb/cluster.py" not in text and "site-packages/ipyparallel" not in text
