@@ -50,6 +50,8 @@ BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 DEFAULT_TIMEOUT_S = 30.0
 _SETUP = "dpnb.engine.setup"
+# engine-side exception types that mean "bad input, say so in one line"
+_USER_ENAMES = {"TrainError", "CheckpointError", "ViewError", "DpnbError"}
 
 log = logging.getLogger("dpnb")
 
@@ -158,7 +160,8 @@ class Cluster:
         # profile with its keys); a weak reference lets an unused Cluster go.
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None and ref().stop()))
-        self.last_train: dict | None = None  # filled by the training layer
+        self.last_train: dict | None = None  # filled by dpnb.train
+        self.last_wrap: dict | None = None
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -357,22 +360,26 @@ class Cluster:
         return self._finish(res, raise_errors)
 
     def call(self, dotted: str, *args, ranks=None, timeout: float | None = None,
-             raise_errors: bool = True, display: bool = False, **kwargs) -> CellResult:
+             raise_errors: bool = True, display: bool = False, on_poll=None,
+             **kwargs) -> CellResult:
         """Call the engine-side function ``dotted(ns, *args, **kwargs)`` on ranks.
 
         Only the dotted name travels; the function must live in ``dpnb``.
         Errors are handled like :meth:`run` (report, group re-formation).
         """
         sel = self._select(ranks)
-        res = self._call(dotted, args, kwargs, sel, timeout=timeout, stream=display)
+        res = self._call(dotted, args, kwargs, sel, timeout=timeout, stream=display,
+                         on_poll=on_poll)
         if display:
             out.show_result(res)
         return self._finish(res, raise_errors)
 
-    def _call(self, dotted, args, kwargs, sel, *, timeout=None, stream=False) -> CellResult:
+    def _call(self, dotted, args, kwargs, sel, *, timeout=None, stream=False,
+              on_poll=None) -> CellResult:
         ars = {r: self.client[self._eid(r)].apply_async(_runner("call"), dotted, tuple(args),
                                                          dict(kwargs)) for r in sel}
-        return self._wait(ars, sel, timeout=timeout, stream=stream, kind="apply")
+        return self._wait(ars, sel, timeout=timeout, stream=stream, kind="apply",
+                          on_poll=on_poll)
 
     def _call_all(self, dotted, args=(), *, timeout=None) -> CellResult:
         sel = list(range(self.world_size))
@@ -383,14 +390,16 @@ class Cluster:
     def _finish(self, res: CellResult, raise_errors: bool) -> CellResult:
         if res.ok:
             return res
-        err = self._diagnose(res)
+        plain = self._plain_user_error(res)
+        err = plain if plain is not None else self._diagnose(res)
         if raise_errors:
             raise err
         res.error = err  # type: ignore[attr-defined]
         return res
 
     # --------------------------------------------------------------- waiting
-    def _wait(self, ars: dict, sel: list[int], *, timeout, stream, kind) -> CellResult:
+    def _wait(self, ars: dict, sel: list[int], *, timeout, stream, kind,
+              on_poll=None) -> CellResult:
         """Wait for every rank, watching for deaths, timeouts and Ctrl-C."""
         t0 = time.monotonic()
         outcomes = {r: RankOutcome(rank=r) for r in sel}
@@ -410,6 +419,8 @@ class Cluster:
                             pending.discard(r)
                     if streamer is not None:
                         streamer.poll()
+                    if on_poll is not None:
+                        on_poll(ars)
                     if pending:
                         for r, how in self._find_dead(pending).items():
                             outcomes[r].status, outcomes[r].died = "died", how
@@ -555,6 +566,20 @@ class Cluster:
         self._interrupt(parse_ranks(ranks, self.world_size))
 
     # ------------------------------------------------------------ diagnose
+    @staticmethod
+    def _plain_user_error(res: CellResult) -> DpnbError | None:
+        """Every rank refused the same bad input: one line, no traceback.
+
+        dpnb's engine functions raise ``TrainError`` (and friends) for
+        mistakes the user can fix, on every rank alike, before any
+        collective; that deserves the one-line message, not a report.
+        """
+        outs = [res.outcomes[r] for r in res.ranks]
+        if all(o.status == "error" and o.ename in _USER_ENAMES for o in outs) and \
+                len({o.evalue for o in outs}) == 1:
+            return DpnbError(outs[0].evalue)
+        return None
+
     def _diagnose(self, res: CellResult) -> RemoteCellError:
         """Turn per-rank outcomes into one report; re-form the group if needed."""
         failures = {r: o for r, o in res.outcomes.items() if o.status != "ok"}
@@ -619,6 +644,44 @@ class Cluster:
         self.group_ok = True
         problems = sorted({p for o in res.outcomes.values() for p in o.value.get("problems", [])})
         return {"port": port, "generation": self.generation, "problems": problems}
+
+    # ------------------------------------------------------------ training
+    def wrap(self, model: str = "model", strategy: str = "ddp", **opts) -> dict:
+        """Wrap a model that exists on every rank; see :func:`dpnb.train.wrap`."""
+        from . import train as _t
+
+        return _t.wrap(self, model, strategy, **opts)
+
+    def set_data(self, dataset: str, **opts) -> dict:
+        from . import train as _t
+
+        return _t.set_data(self, dataset, **opts)
+
+    def train(self, **opts) -> dict:
+        """Run training steps with live progress; see :func:`dpnb.train.train`."""
+        from . import train as _t
+
+        return _t.train(self, **opts)
+
+    def check(self, model: str | None = None) -> dict:
+        from . import train as _t
+
+        return _t.check(self, model)
+
+    def save(self, path: str) -> dict:
+        from . import train as _t
+
+        return _t.save(self, path)
+
+    def load(self, path: str) -> dict:
+        from . import train as _t
+
+        return _t.load(self, path)
+
+    def pull_model(self) -> dict:
+        from . import train as _t
+
+        return _t.pull_model(self)
 
     # ------------------------------------------------------------ push/pull
     def push(self, values: dict, ranks=None) -> None:

@@ -21,10 +21,14 @@ from .errors import DpnbError, RemoteCellError
 _SUBCOMMANDS: dict[str, object] = {}
 
 
-def _sub(name: str):
+def _sub(name: str, prog: str | None = None):
+    """Register a subcommand stub; its parser's usage line reads ``%dp NAME``."""
+
     def deco(f):
-        _SUBCOMMANDS[name] = f
-        f.__name__ = f"%dp {name}"
+        f.parser.prog = prog or f"dp {name}"  # IPython prefixes the usage with %
+        f.__doc__ = f.parser.format_help()
+        if prog is None:
+            _SUBCOMMANDS[name] = f
         return f
 
     return deco
@@ -102,6 +106,85 @@ def _pull():
     """Fetch a variable from the ranks (one value per rank, or --rank R)."""
 
 
+@_sub("wrap")
+@magic_arguments()
+@argument("model", help="name of the torch.nn.Module defined on every rank")
+@argument("--strategy", default="ddp", choices=("ddp", "zero1", "zero2", "zero3"),
+          help="ddp: DistributedDataParallel; zero1: DDP + ZeroRedundancyOptimizer; "
+               "zero2/zero3: FSDP2 fully_shard without/with resharding after forward")
+@argument("--bucket-cap-mb", type=float, default=None,
+          help="DDP gradient bucket size in MiB (default: DDP's 25, first bucket 1)")
+@argument("--mixed-precision", default="none", choices=("none", "bf16", "fp16"),
+          help="FSDP2 MixedPrecisionPolicy, autocast for DDP")
+@argument("--cpu-offload", action="store_true", help="FSDP2: keep shards on the CPU")
+@argument("--wrap", dest="wrap_classes", action="append", default=None,
+          help="zero3/zero2: shard each submodule of this class name separately (repeatable)")
+@argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
+          help="optimizer built on every rank (default adamw)")
+@argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+@argument("--weight-decay", type=float, default=0.0)
+@argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+@argument("--out", default="model", help="name of the wrapped model on the ranks (default model)")
+def _wrap():
+    """Wrap MODEL on every rank; the wrapped model and optimizer are `model`, `optimizer`."""
+
+
+@_sub("data")
+@magic_arguments()
+@argument("dataset", help="name of a map-style Dataset defined on every rank")
+@argument("--seed", type=int, default=0, help="DistributedSampler seed (default 0)")
+@argument("--no-shuffle", action="store_true")
+def _data():
+    """Train on DATASET, sharded over the ranks with DistributedSampler."""
+
+
+@_sub("train")
+@magic_arguments()
+@argument("--steps", type=int, default=None, help="optimizer steps to run")
+@argument("--epochs", type=int, default=None, help="passes over the dataset (instead of --steps)")
+@argument("--micro-batch", type=int, default=8, help="samples per rank per micro-batch (default 8)")
+@argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default 1)")
+@argument("--lr-scale", default="none", choices=("none", "linear", "sqrt"),
+          help="scale the lr with the global batch relative to --ref-batch")
+@argument("--ref-batch", type=int, default=None, help="batch size the base lr was tuned for")
+@argument("--seq-len", type=int, default=None, help="tokens per sample, for tokens/s")
+@argument("--step-fn", default=None, help="name of a step(batch) -> loss function on the ranks")
+@argument("--loss-fn", default=None, help="name of a loss_fn(output, target) on the ranks")
+@argument("--no-record", action="store_true", help="do not record bucket timelines / bytes")
+@argument("--timeout", type=float, default=None,
+          help="wall-clock limit in seconds; ranks still running are interrupted and named")
+def _train():
+    """Run training steps with a live progress bar and loss curve (Ctrl-C stops cleanly)."""
+
+
+@_sub("check")
+@magic_arguments()
+@argument("--model", default=None, help="model name (default: the wrapped one)")
+def _check():
+    """Are the replicas in sync?  Names the tensors that differ."""
+
+
+@_sub("save")
+@magic_arguments()
+@argument("dir", help="checkpoint folder (torch.distributed.checkpoint)")
+def _save():
+    """Save model + optimizer + step (loadable under another strategy / world size)."""
+
+
+@_sub("load")
+@magic_arguments()
+@argument("dir", help="checkpoint folder written by %%dp save")
+def _load():
+    """Load model + optimizer + step from DIR (no pickled objects are loaded)."""
+
+
+@_sub("pull-model")
+@magic_arguments()
+def _pull_model():
+    """Return the full, unwrapped state dict (gathered for FSDP) to the notebook."""
+
+
+@_sub("(cell)", prog="%dp")
 @magic_arguments()
 @argument("--ranks", default=None,
           help="ranks to run on: 0 | 0,2 | 1: | :2 | 0-2 | all (default all)")
@@ -240,6 +323,49 @@ class DPMagics(Magics):
 
     def _do_pull(self, a):
         return self._need().pull(a.name, rank=a.rank)
+
+    def _do_wrap(self, a):
+        info = self._need().wrap(a.model, a.strategy, bucket_cap_mb=a.bucket_cap_mb,
+                                 mixed_precision=a.mixed_precision, cpu_offload=a.cpu_offload,
+                                 wrap_classes=a.wrap_classes, optimizer=a.optimizer, lr=a.lr,
+                                 weight_decay=a.weight_decay, momentum=a.momentum,
+                                 model_out=a.out)
+        notes = "".join(f"\n  note: {n}" for n in info.get("notes", []))
+        print(f"dpnb: {a.model} wrapped with {a.strategy} on {info['world_size']} ranks "
+              f"({info['n_params']:,} parameters, {info['local_param_numel']:,} on rank 0); "
+              f"`{info['model_out']}` and `{info['optimizer_out']}` are ready.{notes}")
+
+    def _do_data(self, a):
+        info = self._need().set_data(a.dataset, seed=a.seed, shuffle=not a.no_shuffle)
+        print(f"dpnb: training on {info['dataset']} ({info['len']:,} samples, "
+              f"{info['per_rank']:,} per rank).")
+
+    def _do_train(self, a):
+        s = self._need().train(steps=a.steps, epochs=a.epochs, micro_batch=a.micro_batch,
+                               grad_accum=a.grad_accum, lr_scale=a.lr_scale,
+                               ref_batch=a.ref_batch, seq_len=a.seq_len, step_fn=a.step_fn,
+                               loss_fn=a.loss_fn, record=False if a.no_record else None,
+                               timeout=a.timeout)
+        print(f"dpnb: {s['steps']} steps, global batch {s['global_batch']} = micro-batch "
+              f"{s['micro_batch']} x DP {s['dp']} x grad-accum {s['grad_accum']}; "
+              f"loss {s['loss']:.4f}" if s.get("loss") is not None else
+              f"dpnb: {s['steps']} steps")
+
+    def _do_check(self, a):
+        v = self._need().check(a.model)
+        print(("dpnb: OK, " if v["ok"] else "dpnb: MISMATCH, ") + v["summary"])
+        return None if v["ok"] else v
+
+    def _do_save(self, a):
+        info = self._need().save(a.dir)
+        print(f"dpnb: saved step {info.get('step')} to {info.get('path', a.dir)}")
+
+    def _do_load(self, a):
+        info = self._need().load(a.dir)
+        print(f"dpnb: loaded step {info.get('step')} from {a.dir}")
+
+    def _do_pull_model(self, a):
+        return self._need().pull_model()
 
 
 def load(ip) -> DPMagics:

@@ -30,6 +30,11 @@ def has_names(names: list[str]) -> list[str]:
     return [n for n in names if n not in ns]
 
 
+def has_names_ns(ns: dict, names: list[str]) -> list[str]:
+    """:func:`has_names` in the ``call(dotted, ...)`` convention (``ns`` first)."""
+    return [n for n in names if n not in ns]
+
+
 def get_value(name: str):
     ns = user_ns()
     if name not in ns:

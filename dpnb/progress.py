@@ -1,0 +1,139 @@
+"""Live training progress in the notebook (a widget) or a terminal (a line).
+
+The engines publish a small dict after each step through ipyparallel's
+``datapub`` (it rides the same channel as printed output, so it arrives while
+the step loop is still running).  This module only renders what rank 0
+published: step, loss, samples/s, tokens/s, and a loss curve that is redrawn
+at most about once a second so drawing never slows training down.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+
+from .output import in_kernel
+
+
+def _fmt_rate(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x / 1e3:.1f}k" if x >= 1e4 else f"{x:.1f}"
+
+
+class TrainProgress:
+    """Progress bar + live loss curve for ``Cluster.train``."""
+
+    def __init__(self, total_steps: int | None, start_step: int = 0, *, kernel: bool | None = None,
+                 redraw_s: float = 1.0):
+        self.total = total_steps
+        self.start_step = start_step
+        self.kernel = in_kernel() if kernel is None else kernel
+        self.redraw_s = redraw_s
+        self.losses: list[tuple[int, float]] = []
+        self._seen_step = -1
+        self._last_draw = 0.0
+        self._last_line = ""
+        self.widget = None
+        if self.kernel:
+            self._build_widget()
+
+    # ------------------------------------------------------------ widget
+    def _build_widget(self) -> None:
+        import ipywidgets as w
+        from IPython.display import display
+
+        self.bar = w.IntProgress(value=0, min=0, max=max(1, self.total or 1),
+                                 description="step", bar_style="info",
+                                 layout=w.Layout(width="60%"))
+        self.label = w.HTML("starting...")
+        self.curve = w.Image(format="png", layout=w.Layout(max_width="640px"))
+        self.widget = w.VBox([w.HBox([self.bar, self.label]), self.curve],
+                             layout=w.Layout(border="1px solid #ddd", padding="4px"))
+        self.widget.add_class("dpnb-train-progress")
+        display(self.widget)
+
+    def _curve_png(self) -> bytes:
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(6.4, 2.6), dpi=100)
+        ax = fig.add_subplot()
+        if self.losses:
+            xs, ys = zip(*self.losses)
+            ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, ms=3, color="C0")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (global batch mean)")
+        ax.set_title("training loss (live)")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+
+    # ------------------------------------------------------------ updates
+    def update(self, data: dict | None, force: bool = False) -> None:
+        """Take rank 0's latest published dict (or None if nothing new)."""
+        if data and data.get("step") is not None and data["step"] != self._seen_step:
+            self._seen_step = data["step"]
+            # ``history`` holds every step since the last publish (publishing
+            # is rate-limited on the engine), so the curve misses no step.
+            hist = data.get("history") or [(data["step"], data.get("loss"))]
+            known = self.losses[-1][0] if self.losses else -1
+            for step, loss in hist:
+                if loss is not None and int(step) > known:
+                    self.losses.append((int(step), float(loss)))
+            self._render(data)
+        now = time.monotonic()
+        if self.kernel and self.losses and (force or now - self._last_draw > self.redraw_s):
+            self._last_draw = now
+            self.curve.value = self._curve_png()
+
+    def _done(self, d: dict) -> int:
+        if d.get("done") is not None:
+            return int(d["done"])
+        return int(d.get("step", 0)) - self.start_step + 1
+
+    def _text(self, d: dict) -> str:
+        done = self._done(d)
+        total = d.get("total") or self.total
+        total = f"/{total}" if total else ""
+        loss = d.get("loss")
+        parts = [f"step {done}{total} (global {d.get('step')})",
+                 f"loss {loss:.4f}" if loss is not None else "loss -",
+                 f"{_fmt_rate(d.get('samples_per_s'))} samples/s",
+                 f"{_fmt_rate(d.get('tokens_per_s'))} tokens/s"]
+        return " | ".join(parts)
+
+    def _render(self, d: dict) -> None:
+        text = self._text(d)
+        if self.kernel:
+            done = self._done(d)
+            if d.get("total"):
+                self.bar.max = int(d["total"])
+            self.bar.value = min(self.bar.max, max(0, done))
+            self.label.value = f"<code>{text}</code>"
+        else:
+            self._last_line = text
+            sys.stdout.write("\r" + text.ljust(90))
+            sys.stdout.flush()
+
+    def close(self, summary: dict | None, note: str = "") -> None:
+        if summary:
+            last = {"step": summary.get("last_step"), "loss": summary.get("loss"),
+                    "done": summary.get("steps"), "total": summary.get("requested_steps"),
+                    "samples_per_s": summary.get("samples_per_s"),
+                    "tokens_per_s": summary.get("tokens_per_s")}
+            if last["step"] is not None and last["step"] != self._seen_step:
+                self.update(last)
+        if self.kernel:
+            self.update(None, force=True)
+            self.bar.bar_style = "warning" if note else "success"
+            if note:
+                self.label.value += f" <b>{note}</b>"
+        else:
+            if self._last_line or note:
+                sys.stdout.write("\n" if self._last_line else "")
+            if note:
+                sys.stdout.write(note + "\n")
+            sys.stdout.flush()

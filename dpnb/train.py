@@ -1,0 +1,131 @@
+"""Notebook side of training: wrap, data, train with live progress, check,
+checkpoints.  Each function calls the engine-side function of the same name
+in :mod:`dpnb.engine.training` / :mod:`dpnb.engine.check` /
+:mod:`dpnb.engine.checkpoint` on every rank at once (they are collectives),
+and turns the per-rank answers into one result.  The same functions back the
+``%dp wrap / data / train / check / save / load / pull-model`` magics and the
+``Cluster.wrap`` ... methods.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .errors import DpnbError
+from .progress import TrainProgress
+
+_T = "dpnb.engine.training."
+
+
+def _rank0(res) -> Any:
+    return res.values[0]
+
+
+def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
+    """Wrap the module named ``model`` on every rank with ``strategy``.
+
+    ``strategy``: ``ddp`` | ``zero1`` (DDP + ZeroRedundancyOptimizer) |
+    ``zero2`` / ``zero3`` (FSDP2 ``fully_shard`` without / with resharding
+    after forward).  Options go to :func:`dpnb.engine.training.wrap`
+    (``bucket_cap_mb``, ``mixed_precision``, ``cpu_offload``, ``wrap_classes``,
+    ``optimizer``, ``lr``, ``weight_decay``, ``momentum``, ...).
+    """
+    if strategy not in ("ddp", "zero1", "zero2", "zero3"):
+        raise DpnbError(f"unknown strategy {strategy!r}: choose ddp, zero1, zero2 or zero3")
+    if strategy in ("zero2", "zero3") and opts.get("mixed_precision") == "fp16" \
+            and cluster.backend == "gloo":
+        raise DpnbError("fp16 mixed precision with FSDP needs GPUs (NCCL); on a CPU cluster "
+                        "use --mixed-precision bf16 or none")
+    missing = cluster.call("dpnb.engine.runner.has_names_ns", [model])
+    lacking = [r for r, v in zip(missing.ranks, missing.values) if v]
+    if lacking:
+        from .ranks import rank_label
+
+        raise DpnbError(f"there is no {model!r} on {rank_label(lacking)}: build the model in a "
+                        f"%%dp cell on every rank first (e.g. {model} = torch.nn.Linear(8, 1))")
+    res = cluster.call(_T + "wrap", model, strategy, **opts)
+    info = _rank0(res)
+    cluster.last_wrap = {"model": model, "strategy": strategy, **opts, "summary": info}
+    return info
+
+
+def set_data(cluster, dataset: str, *, seed: int = 0, shuffle: bool = True) -> dict:
+    """Use the dataset named ``dataset`` (defined on every rank) for training."""
+    return _rank0(cluster.call(_T + "set_data", dataset, seed=seed, shuffle=shuffle))
+
+
+def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro_batch: int,
+          grad_accum: int = 1, lr_scale: str = "none", ref_batch: int | None = None,
+          seq_len: int | None = None, step_fn: str | None = None, loss_fn: str | None = None,
+          record: bool | None = None, progress: bool = True,
+          timeout: float | None = None) -> dict:
+    """Run training steps on every rank with a live progress display.
+
+    Ctrl-C (Jupyter's "interrupt kernel") stops every rank together at the
+    next step boundary; the model and optimizer keep their state and a later
+    ``train`` continues from the same step.
+    """
+    if steps is None and epochs is None:
+        raise DpnbError("say how long to train: --steps S or --epochs E")
+    for name, v, lo in (("steps", steps, 1), ("epochs", epochs, 1), ("micro-batch", micro_batch, 1),
+                        ("grad-accum", grad_accum, 1)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise DpnbError(f"--{name} must be a whole number >= {lo} (got {v!r})")
+    if lr_scale not in ("linear", "sqrt", "none"):
+        raise DpnbError(f"--lr-scale must be linear, sqrt or none (got {lr_scale!r})")
+    kw = dict(steps=steps, epochs=epochs, micro_batch=micro_batch, grad_accum=grad_accum,
+              lr_scale=lr_scale, ref_batch=ref_batch, seq_len=seq_len, step_fn=step_fn,
+              loss_fn=loss_fn, record=record, publish=bool(progress))
+    view = TrainProgress(steps, kernel=None) if progress else None
+
+    def on_poll(ars: dict) -> None:
+        if view is None:
+            return
+        try:
+            data = ars[min(ars)].data
+        except Exception:
+            return
+        if isinstance(data, dict) and data.get("dpnb_progress"):
+            view.update(data["dpnb_progress"])
+
+    res = cluster.call(_T + "train", timeout=timeout, on_poll=on_poll, raise_errors=False, **kw)
+    summary = res.values[0] if res.ok else None
+    note = ""
+    if summary and summary.get("interrupted"):
+        note = (f"stopped at step {summary.get('last_step')} "
+                f"({summary.get('stop_reason')}); model and optimizer state kept")
+    if view is not None:
+        view.close(summary, note=note)
+    if not res.ok:
+        raise res.error
+    cluster.last_train = {**kw, "summary": summary}
+    return summary
+
+
+def check(cluster, model: str | None = None) -> dict:
+    """Are the replicas in sync?  Rank 0's verdict, naming differing tensors."""
+    return _rank0(cluster.call("dpnb.engine.check.check", model_name=model))
+
+
+def save(cluster, path: str) -> dict:
+    """Save model + optimizer + step with torch.distributed.checkpoint."""
+    return _rank0(cluster.call("dpnb.engine.checkpoint.save", os.path.abspath(path)))
+
+
+def load(cluster, path: str) -> dict:
+    """Load a checkpoint saved under any strategy / world size (no unpickling)."""
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise DpnbError(f"no checkpoint folder at {path}: give the folder %dp save wrote")
+    return _rank0(cluster.call("dpnb.engine.checkpoint.load", path))
+
+
+def pull_model(cluster) -> dict:
+    """The full, unwrapped state dict (gathered for FSDP), from rank 0."""
+    return _rank0(cluster.call("dpnb.engine.checkpoint.full_state_dict"))
+
+
+def records(cluster, last: int | None = None) -> list[list[dict]]:
+    """Per-rank step records: ``records[rank][i]``."""
+    return cluster.call(_T + "records", last=last).values
