@@ -213,8 +213,12 @@ class Cluster:
             n=n, engines=engines, profile_dir=profile_dir, log=ipp_log,
             engine_timeout=int(start_timeout), shutdown_atexit=True, parent=None,
         )
-        if local or controller_ip:
-            kwargs["controller_ip"] = controller_ip or "127.0.0.1"
+        # Engines started on this host (local, mpiexec without a hostfile)
+        # reach the controller on loopback; nothing listens outside.  Batch /
+        # ssh engines run elsewhere, so the controller must listen on all
+        # interfaces; ipyparallel signs every message with the cluster's key.
+        kwargs["controller_ip"] = controller_ip or (
+            "127.0.0.1" if engines in ("local", "mpi") else "*")
         icluster = ipp.Cluster(**kwargs)
         if engines == "mpi":
             # mpiexec refuses to run as root and to place more ranks than cores
@@ -1074,12 +1078,29 @@ def _wait_pids_gone(pids: list[int], timeout: float) -> None:
 
 
 def _apply_launcher_args(icluster, engines: str, args: Sequence[str]) -> None:
-    """Pass extra arguments to the batch/ssh launcher (sbatch options, ssh hosts)."""
+    """Pass launcher settings through to ipyparallel.
+
+    slurm: ``KEY=VALUE`` for ``SlurmEngineSetLauncher`` traits (``queue``
+    (the partition), ``account``, ``timelimit``, ``qos``, ``options``);
+    ssh: ``HOST=N`` engines per host.
+    """
+    pairs = []
+    for a in args:
+        key, sep, value = a.partition("=")
+        if not sep or not key:
+            raise DpnbError(f"--launcher-arg {a!r}: use KEY=VALUE for {engines} "
+                            f"(e.g. {'queue=gpu' if engines == 'slurm' else 'node1=4'})")
+        pairs.append((key.strip(), value.strip()))
     if engines == "slurm":
-        icluster.config.SlurmEngineSetLauncher.batch_args = list(args)
+        allowed = {"queue", "account", "timelimit", "qos", "options"}
+        for key, value in pairs:
+            if key not in allowed:
+                raise DpnbError(f"--launcher-arg {key}=...: slurm takes {', '.join(sorted(allowed))}")
+            setattr(icluster.config.SlurmEngineSetLauncher, key, value)
     elif engines == "ssh":
-        hosts: dict[str, int] = {}
-        for a in args:
-            host, _, count = a.partition("=")
-            hosts[host] = int(count or 1)
-        icluster.config.SSHEngineSetLauncher.engines = hosts
+        try:
+            icluster.config.SSHEngineSetLauncher.engines = {h: int(n) for h, n in pairs}
+        except ValueError:
+            raise DpnbError("--launcher-arg for ssh is HOST=N (engines on that host)") from None
+    else:
+        raise DpnbError(f"the {engines} launcher takes no --launcher-arg")

@@ -51,8 +51,12 @@ def _sub(name: str, prog: str | None = None):
 @argument("--threads", type=int, default=None,
           help="torch threads per engine (default: cores / engines per host)")
 @argument("--launcher-arg", action="append", default=None, dest="launcher_args",
-          help="extra argument for the launcher (repeatable): mpiexec options for mpi, "
-               "sbatch options for slurm, HOST=N for ssh")
+          help="launcher setting (repeatable): an mpiexec option for mpi (e.g. "
+               "--oversubscribe), KEY=VALUE for slurm (queue, account, timelimit, qos, "
+               "options), HOST=N for ssh")
+@argument("--controller-ip", default=None,
+          help="address the controller listens on (default 127.0.0.1; use '*' so engines "
+               "on other nodes can connect)")
 def _start():
     """Start N engines and join them in one torch.distributed process group."""
 
@@ -284,7 +288,7 @@ class DPMagics(Magics):
                              f"{c.backend}): %dp stop it first, or %dp restart")
         c = cl.Cluster.start(a.n, backend=a.backend, engines=a.engines, gpus=a.gpus,
                              timeout=a.timeout, threads=a.threads,
-                             launcher_args=a.launcher_args)
+                             launcher_args=a.launcher_args, controller_ip=a.controller_ip)
         self.cluster = c
         devs = sorted({r.device for r in c.ranks})
         hosts = sorted({r.host for r in c.ranks})
