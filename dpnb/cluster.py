@@ -276,7 +276,7 @@ class Cluster:
         if threads is None:
             threads = max(1, cpu // max(lws.values()))
         master_addr = "127.0.0.1" if local else ranks[0].ip
-        port = client[ranks[0].engine_id].apply_sync(_fn("free_port"), master_addr)
+        port = 0  # rank 0 opens the store's socket once it has its identity
         kernel_pid = os.getpid()
         final: list[RankInfo] = []
         infos = []
@@ -298,6 +298,8 @@ class Cluster:
                    local=local)
         for r, info in zip(final, infos):
             client[r.engine_id].apply_sync(_fn("init_rank"), info)
+        port = client[final[0].engine_id].apply_sync(_fn("listen_store"), master_addr)
+        self.master_port = port
         res = self._call_all(_SETUP + ".form_group", (port,), timeout=timeout + 15)
         if not res.ok:
             raise StartError("the engines started but could not form a process group: "
@@ -637,7 +639,7 @@ class Cluster:
         self._check_running()
         if self.dead:
             raise DpnbError(f"{rank_label(self.dead)} died: run %dp restart instead")
-        port = self.client[self._eid(0)].apply_sync(_fn("free_port"), self.master_addr)
+        port = self.client[self._eid(0)].apply_sync(_fn("listen_store"), self.master_addr)
         res = self._call_all(_SETUP + ".reform_group", (port,), timeout=self.timeout_s + 15)
         if not res.ok:
             self.group_ok = False
@@ -805,7 +807,7 @@ class Cluster:
 
     def reform_all(self, new: Sequence[int] = ()) -> dict:
         """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
-        port = self.client[self._eid(0)].apply_sync(_fn("free_port"), self.master_addr)
+        port = self.master_port  # replaced below, once rank 0 has its identity
         kernel_pid = os.getpid()
         for r in range(self.world_size):
             ri = self.ranks[r]
@@ -817,6 +819,7 @@ class Cluster:
                         threads=self.threads, local_cluster=self.local,
                         watch_ppid=kernel_pid if (self.local and r in new) else None)
             self.client[self._eid(r)].apply_sync(_fn("init_rank"), info)
+        port = self.client[self._eid(0)].apply_sync(_fn("listen_store"), self.master_addr)
         res = self._call_all(_SETUP + ".reform_group", (port,), timeout=self.timeout_s + 15)
         if not res.ok:
             self.group_ok = False

@@ -4,8 +4,9 @@ The notebook calls these by name on every engine.  The order is:
 
 1. :func:`probe` on every engine, so the notebook can see hosts, PIDs and
    GPUs and assign ranks (contiguous per host, by sorted engine id);
-2. :func:`free_port` on rank 0 only: the TCP store of ``init_process_group``
-   is served by rank 0, so the port must be free *on rank 0's host*;
+2. :func:`listen_store` on rank 0 only: the TCP store of the process group
+   is served by rank 0, so rank 0 opens its listening socket (on its own
+   address only) and the port is passed to everyone;
 3. :func:`init_rank` then :func:`form_group` on every engine *at the same
    time*: ``init_process_group`` is a rendezvous, every rank blocks in it
    until all ``world_size`` ranks have connected to rank 0's store (or the
@@ -62,15 +63,25 @@ def probe() -> dict:
     }
 
 
-def free_port(addr: str = "127.0.0.1") -> int:
-    """A TCP port that is free on this host right now (for rank 0's store).
+def listen_store(addr: str = "127.0.0.1") -> int:
+    """Rank 0: open the listening socket of the process group's TCP store.
 
-    Another process could take it before ``init_process_group`` binds it; the
-    window is milliseconds and a clash shows up as a clear start error.
+    Binding it here, to rank 0's own address rather than to every interface,
+    keeps a local cluster's store on loopback (torch's TCPStore would
+    otherwise listen on all interfaces) and leaves no window in which another
+    process could take the port.  :func:`form_group` hands the socket to the
+    store; the port goes to the other ranks.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr if addr != "0.0.0.0" else "", 0))
-        return s.getsockname()[1]
+    st = get_state(user_ns())
+    unused = st.extras.pop("store_sock", None)
+    if unused is not None:  # opened for a group that was never formed
+        unused.close()
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.bind((addr, 0))
+    sock.listen(1024)
+    st.extras["store_sock"] = sock
+    return sock.getsockname()[1]
 
 
 def _watch_parent(ppid: int, period: float = 1.0) -> None:
@@ -180,24 +191,25 @@ def form_group(master_port: int | None = None) -> dict:
     kwargs = {}
     if st.backend == "nccl":
         kwargs["device_id"] = st.device
-    dist.init_process_group(
-        backend=st.backend,
-        init_method=f"tcp://{_url_host(st.master_addr)}:{st.master_port}",
-        rank=st.rank,
-        world_size=st.world_size,
-        timeout=timedelta(seconds=st.timeout_s),
-        **kwargs,
-    )
+    timeout = timedelta(seconds=st.timeout_s)
+    sock = st.extras.get("store_sock") if st.rank == 0 else None
+    if sock is not None and sock.getsockname()[1] == st.master_port:
+        del st.extras["store_sock"]
+        # the store's server takes ownership of the descriptor and closes it
+        # when the group goes away, so Python must let go of it
+        store = dist.TCPStore(st.master_addr, st.master_port, st.world_size, True,
+                              timeout=timeout, master_listen_fd=sock.detach())
+    else:
+        store = dist.TCPStore(st.master_addr, st.master_port, st.world_size, False,
+                              timeout=timeout)
+    dist.init_process_group(backend=st.backend, store=store, rank=st.rank,
+                            world_size=st.world_size, timeout=timeout, **kwargs)
     t = torch.ones(1, device=st.device)
     dist.all_reduce(t)
     if int(t.item()) != st.world_size:
         raise RuntimeError(f"process group check failed: all_reduce of ones gave {t.item()}")
     st.generation += 1
     return {"rank": st.rank, "generation": st.generation, "port": st.master_port}
-
-
-def _url_host(addr: str) -> str:
-    return f"[{addr}]" if ":" in addr else addr
 
 
 def destroy_group() -> bool:

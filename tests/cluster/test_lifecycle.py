@@ -101,3 +101,18 @@ def test_mpi_launcher():
     finally:
         pids = c.stop()
     assert _gone(pids, 20) == []
+
+
+def test_local_cluster_listens_on_loopback_only():
+    """Controller, engines, gloo and the process-group store: 127.0.0.1 only."""
+    c = dpnb.start(2, timeout=6)
+    try:
+        c.run("t = torch.ones(1)\ndist.all_reduce(t)", display=False)
+        c.reform()  # a re-formed group's store too
+        ours = set(c._owned_pids())
+        listening = [conn for pid in ours for conn in psutil.Process(pid).net_connections("inet")
+                     if conn.status == psutil.CONN_LISTEN]
+        assert any(conn.laddr.port == c.master_port for conn in listening)
+        assert {conn.laddr.ip for conn in listening} == {"127.0.0.1"}
+    finally:
+        c.stop()

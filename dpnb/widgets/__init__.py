@@ -1,0 +1,1 @@
+"""Views (placeholder docstring, written at the end)."""
