@@ -162,6 +162,11 @@ class Cluster:
         atexit.register(lambda: (ref() is not None and ref().stop()))
         self.last_train: dict | None = None  # filled by dpnb.train
         self.last_wrap: dict | None = None
+        # What built the ranks' state, in order: cells that succeeded on every
+        # rank and the wrap/data calls.  ``restart(resume=DIR)`` replays it so
+        # that a replaced engine can hold the model again before the
+        # checkpoint is loaded.
+        self.setup_log: list[tuple[str, Any]] = []
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -363,6 +368,8 @@ class Cluster:
         res = self._wait(ars, sel, timeout=timeout, stream=stream and display, kind="execute")
         if display:
             out.show_result(res)
+        if res.ok and len(sel) == self.world_size:
+            self.setup_log.append(("cell", code))
         return self._finish(res, raise_errors)
 
     def call(self, dotted: str, *args, ranks=None, timeout: float | None = None,
@@ -603,7 +610,7 @@ class Cluster:
             self.group_ok = False
             reform_msg = (f"The process group cannot continue without {rank_label(died)}: "
                           f"run %dp restart to replace it and re-form the group "
-                          f"(ranks {format_ranks(r for r in range(self.world_size) if r not in died)} keep their state).")
+                          f"({_kept(r for r in range(self.world_size) if r not in died)}).")
         elif needs_reform and not self.busy:
             reformed, reform_msg = self._try_reform()
         elif needs_reform:
@@ -760,13 +767,20 @@ class Cluster:
         return rows
 
     # ----------------------------------------------------------- restart
-    def restart(self, *, hard: bool = False) -> str:
+    def restart(self, *, hard: bool = False, resume: str | None = None) -> str:
         """Replace dead engines and re-form the group; say what was lost.
 
         Surviving ranks keep their namespaces; a replacement engine takes the
         dead rank's number and starts empty.  ``hard=True`` replaces every
-        engine (everything on them is lost).
+        engine (everything on them is lost).  ``resume=DIR`` then rebuilds the
+        training state on every rank: it replays, on all ranks, the cells that
+        had run on all ranks and the wrap/data calls (in their order), and
+        loads the checkpoint in DIR (model, optimizer, step).
         """
+        if resume is not None:
+            resume = os.path.abspath(resume)
+            if not os.path.isdir(resume):
+                raise DpnbError(f"no checkpoint folder at {resume}: give a folder %dp save wrote")
         self._check_running()
         self._refresh_busy()
         survivors_busy = [r for r in self.busy if r not in self.dead]
@@ -800,10 +814,36 @@ class Cluster:
         if replace:
             msg += f" {rank_label(replace)} replaced: everything defined there was lost."
         if kept:
-            msg += f" {rank_label(kept)} kept their state."
+            msg += f" {_kept(kept)}."
         if info.get("problems"):
             msg += " Not re-bound: " + "; ".join(info["problems"])
+        if resume is not None:
+            msg += " " + self._resume(resume)
         return msg
+
+    def _resume(self, path: str) -> str:
+        from . import train as _t
+
+        log = list(self.setup_log)
+        if not any(kind == "wrap" for kind, _ in log):
+            raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
+                            "history; build and %dp wrap it, then %dp load DIR")
+        cells = 0
+        for i, (kind, item) in enumerate(log):
+            if kind == "cell":
+                res = self.run(item, display=False, raise_errors=False)
+                if not res.ok:
+                    raise DpnbError(f"resume stopped: replaying cell {i + 1} of the history "
+                                    f"failed ({_first_error(res)}); fix it and %dp load {path}")
+                cells += 1
+            elif kind == "wrap":
+                _t.wrap(self, item["model"], item["strategy"], **item["opts"])
+            elif kind == "data":
+                _t.set_data(self, item["dataset"], **item["opts"])
+        self.setup_log = log  # replaying must not duplicate the history
+        info = _t.load(self, path)
+        return (f"Resumed from {path} at step {info.get('step')} after replaying {cells} "
+                f"cell{'s' if cells != 1 else ''} and the wrap on every rank.")
 
     def reform_all(self, new: Sequence[int] = ()) -> dict:
         """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
@@ -820,7 +860,8 @@ class Cluster:
                         watch_ppid=kernel_pid if (self.local and r in new) else None)
             self.client[self._eid(r)].apply_sync(_fn("init_rank"), info)
         port = self.client[self._eid(0)].apply_sync(_fn("listen_store"), self.master_addr)
-        res = self._call_all(_SETUP + ".reform_group", (port,), timeout=self.timeout_s + 15)
+        res = self._call_all(_SETUP + ".reform_group", (port, not new),
+                             timeout=self.timeout_s + 15)
         if not res.ok:
             self.group_ok = False
             raise DpnbError("could not re-form the process group: " + _first_error(res))
@@ -981,6 +1022,11 @@ def _runner(name: str):
     from .engine import runner
 
     return getattr(runner, name)
+
+
+def _kept(ranks: Iterable[int]) -> str:
+    rs = sorted(ranks)
+    return f"{rank_label(rs)} {'keeps its' if len(rs) == 1 else 'keep their'} state"
 
 
 def _first_error(res: CellResult) -> str:

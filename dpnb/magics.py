@@ -76,6 +76,9 @@ def _status():
 @_sub("restart")
 @magic_arguments()
 @argument("--hard", action="store_true", help="replace every engine (all state is lost)")
+@argument("--resume", default=None, metavar="DIR",
+          help="then rebuild the model on every rank (replaying the cells and the wrap that "
+               "built it) and load the checkpoint in DIR")
 def _restart():
     """Replace dead engines and re-form the process group; says what was lost."""
 
@@ -307,7 +310,7 @@ class DPMagics(Magics):
         show_status(self._need().status())
 
     def _do_restart(self, a):
-        print("dpnb: " + self._need().restart(hard=a.hard))
+        print("dpnb: " + self._need().restart(hard=a.hard, resume=a.resume))
 
     def _do_reform(self, a):
         info = self._need().reform()

@@ -142,7 +142,8 @@ def error_report(res: "CellResult", *, culprits: list[int], waiting: list[int],
         o = oc[waiting[0]]
         lines.append(
             f"{rank_label(waiting)} {'was' if len(waiting) == 1 else 'were'} waiting on {on} in a "
-            f"collective and released by the {timeout_s:g} s group timeout "
+            f"collective until the peer went away or the {timeout_s:g} s group timeout "
+            f"released {'it' if len(waiting) == 1 else 'them'} "
             f"({o.ename}: {_first_line(o.evalue)})")
         summary_bits.append(f"{rank_label(waiting)} waiting on {on}")
     else:

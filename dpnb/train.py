@@ -47,12 +47,16 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
     res = cluster.call(_T + "wrap", model, strategy, **opts)
     info = _rank0(res)
     cluster.last_wrap = {"model": model, "strategy": strategy, **opts, "summary": info}
+    cluster.setup_log.append(("wrap", {"model": model, "strategy": strategy, "opts": opts}))
     return info
 
 
 def set_data(cluster, dataset: str, *, seed: int = 0, shuffle: bool = True) -> dict:
     """Use the dataset named ``dataset`` (defined on every rank) for training."""
-    return _rank0(cluster.call(_T + "set_data", dataset, seed=seed, shuffle=shuffle))
+    info = _rank0(cluster.call(_T + "set_data", dataset, seed=seed, shuffle=shuffle))
+    cluster.setup_log.append(("data", {"dataset": dataset,
+                                       "opts": {"seed": seed, "shuffle": shuffle}}))
+    return info
 
 
 def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro_batch: int,

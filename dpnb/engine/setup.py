@@ -225,19 +225,22 @@ def destroy_group() -> bool:
     return True
 
 
-def reform_group(master_port: int) -> dict:
+def reform_group(master_port: int, callbacks: bool = True) -> dict:
     """Replace a broken process group with a fresh one on ``master_port``.
 
     Every rank calls this at once.  Nothing in the user's namespace is
     touched; wrappers bound to the old group are re-bound by the callbacks
-    that the training layer registered in ``EngineState.on_reform``.
+    that the training layer registered in ``EngineState.on_reform``.  Those
+    re-bindings are collectives (DDP re-checks and broadcasts parameters), so
+    they run only when every rank has them: ``callbacks=False`` when some
+    ranks are fresh engines that replaced dead ones.
     """
     destroy_group()
     out = form_group(master_port)
     ns = user_ns()
     st = get_state(ns)
     problems = []
-    for cb in list(st.on_reform):
+    for cb in list(st.on_reform) if callbacks else []:
         try:
             cb(ns, st)
         except Exception as e:  # report, but keep the group: the user can re-wrap

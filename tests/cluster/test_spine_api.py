@@ -193,7 +193,7 @@ def test_engine_death_is_reported_and_restart_restores_world(healthy):
     with pytest.raises(DpnbError, match="rank 1 died"):
         c.run("print(1)", display=False)
     msg = c.restart()
-    assert "rank 1 replaced" in msg and "rank 0 kept" in msg
+    assert "rank 1 replaced" in msg and "rank 0 keeps its state" in msg
     assert c.ranks[1].pid != old_pid and not c.dead
     res = c.run("t = torch.ones(1)\ndist.all_reduce(t)\nv = (t.item(), "
                 "globals().get('survivor'), rank, world_size)", display=False)
