@@ -191,6 +191,134 @@ def _pull_model():
     """Return the full, unwrapped state dict (gathered for FSDP) to the notebook."""
 
 
+@_sub("gradsync")
+@magic_arguments()
+@argument("--step", type=int, default=None, help="show this recorded step (default: the last)")
+@argument("--last", type=int, default=3, help="recorded steps to fetch (default 3)")
+@argument("--cap-mb", type=float, default=None,
+          help="bucket cap for the model's prediction beside the measured buckets")
+@argument("--link", default=None, help="link preset for the prediction (default: fitted)")
+@argument("--watch", action="store_true",
+          help="only install the timing hooks (optimizer step, FSDP collectives)")
+@argument("--save", default=None, metavar="PATH", help="write the figure (.png/.svg)")
+def _gradsync():
+    """Gradient sync timeline per rank: backward, each bucket's all-reduce, optimizer."""
+
+
+@_sub("batch")
+@magic_arguments()
+@argument("--micro-batch", type=int, default=None)
+@argument("--dp", type=int, default=None)
+@argument("--grad-accum", type=int, default=None)
+@argument("--seq-len", type=int, default=None)
+@argument("--target-tokens", type=float, default=None)
+@argument("--ref-lr", type=float, default=None)
+@argument("--ref-batch", type=int, default=None)
+@argument("--tp", type=int, default=None)
+@argument("--pp", type=int, default=None)
+@argument("--gpus", type=int, default=None, help="world size to factor as DP x TP x PP")
+@argument("--live", action="store_true", help="fill in the cluster's DP and last %%dp train")
+@argument("--save", default=None, metavar="PATH")
+def _batch():
+    """Global batch = micro-batch x DP x grad-accum (x seq-len), LR scaling, DP x TP x PP."""
+
+
+@_sub("memory")
+@magic_arguments()
+@argument("--params", type=float, default=None, help="parameter count, e.g. 7e9")
+@argument("--dp", type=int, default=None)
+@argument("--precision", default=None, choices=("fp32", "bf16-mixed", "fp16-mixed"))
+@argument("--optimizer", default=None, choices=("adam", "adamw", "sgd-momentum", "sgd"))
+@argument("--capacity-gb", type=float, default=None, help="device memory line (default 80)")
+@argument("--offload", default=None, choices=("none", "optimizer", "optimizer+params"))
+@argument("--fp32-grad-accum", action="store_true")
+@argument("--live", action="store_true",
+          help="the wrapped model on the cluster: measured bytes per rank beside the exact "
+               "prediction")
+@argument("--save", default=None, metavar="PATH")
+def _memory():
+    """Per-rank ZeRO memory for stages 0-3 (predicted, and measured with --live)."""
+
+
+@_sub("comm")
+@magic_arguments()
+@argument("--link", default=None, help="nvlink4-h100, ib-ndr-400, ib-hdr-200, pcie-gen4-x16, "
+                                       "ethernet-100g, gloo-loopback")
+@argument("--n", type=int, default=None, help="ranks")
+@argument("--collectives", default=None, help="comma list: all_reduce,reduce_scatter,all_gather")
+@argument("--bandwidth", type=float, default=None, help="custom link bandwidth in GB/s")
+@argument("--latency", type=float, default=None, help="custom link latency in microseconds")
+@argument("--save", default=None, metavar="PATH")
+def _comm():
+    """alpha-beta model of collective time vs message size for a link."""
+
+
+@_sub("bench")
+@magic_arguments()
+@argument("kind", choices=("allreduce", "all_reduce", "reduce_scatter", "all_gather"))
+@argument("--sizes", default=None, metavar="LO:HI:K",
+          help="K sizes from LO to HI bytes, log-spaced (default 1e3:3.2e7:8)")
+@argument("--iters", type=int, default=5)
+@argument("--link", default=None, help="link preset to draw the model for")
+@argument("--save", default=None, metavar="PATH")
+def _bench():
+    """Run real collectives on the ranks over a range of sizes; algbw/busbw vs the model."""
+
+
+@_sub("scaling")
+@magic_arguments()
+@argument("--compute-ms", type=float, default=None)
+@argument("--grad-bytes", type=float, default=None)
+@argument("--link", default=None)
+@argument("--overlap", type=float, default=None, help="fraction of comm hidden by compute, 0-1")
+@argument("--max-dp", type=int, default=None)
+@argument("--samples-per-rank", type=int, default=None)
+@argument("--live", action="store_true", help="add measured points from the records")
+@argument("--save", default=None, metavar="PATH")
+def _scaling():
+    """Throughput and scaling efficiency vs DP degree."""
+
+
+@_sub("straggle")
+@magic_arguments()
+@argument("--rank", type=int, default=None, help="rank to slow down")
+@argument("--delay", type=float, default=None, metavar="MS", help="extra ms per step")
+@argument("--clear", action="store_true", help="remove every injected delay")
+def _straggle():
+    """Inject a straggler: RANK sleeps MS milliseconds in every training step."""
+
+
+@_sub("stragglers")
+@magic_arguments()
+@argument("--p", type=float, default=None, help="chance a rank straggles in a step")
+@argument("--n", type=int, default=None, help="ranks for the 1-(1-p)^N curve")
+@argument("--delay", type=float, default=None, metavar="MS")
+@argument("--save", default=None, metavar="PATH")
+def _stragglers():
+    """Per-rank compute and step time of the last steps; the slowest rank gates the step."""
+
+
+@_sub("ring")
+@magic_arguments()
+@argument("--n", type=int, default=None, help="ranks in the drawn ring (default 4)")
+@argument("--size", type=float, default=None, help="message size in bytes")
+@argument("--numel", type=int, default=None, help="--live: elements per rank")
+@argument("--step", type=int, default=None, help="draw only this step")
+@argument("--live", action="store_true",
+          help="run reduce_scatter_tensor + all_gather_into_tensor on the ranks and compare "
+               "with all_reduce")
+@argument("--save", default=None, metavar="PATH")
+def _ring():
+    """Ring all-reduce step by step: reduce-scatter then all-gather."""
+
+
+@_sub("dashboard")
+@magic_arguments()
+@argument("--interval", type=float, default=None, help="seconds between updates (default 1)")
+def _dashboard():
+    """Cluster status, live step/loss/throughput and memory per rank, updating while training."""
+
+
 @_sub("(cell)", prog="%dp")
 @magic_arguments()
 @argument("--ranks", default=None,
@@ -202,6 +330,10 @@ def _pull_model():
           help="do not stream output while the cell runs")
 def _cell():
     """%%dp [--ranks SPEC] [--timeout S]: run the cell on the selected ranks."""
+
+
+def _is_dpnb_error(e: Exception) -> bool:
+    return type(e).__module__.startswith("dpnb.")
 
 
 def _help_text() -> str:
@@ -251,7 +383,11 @@ class DPMagics(Magics):
             return self._dispatch(line)
         except RemoteCellError:
             raise  # IPython shows its report via _render_traceback_
-        except DpnbError as e:
+        except (DpnbError, ValueError) as e:
+            # DpnbError, and the views' ViewError / core ConfigError (both
+            # ValueErrors): bad input, told in one line
+            if isinstance(e, ValueError) and not _is_dpnb_error(e):
+                raise
             raise UsageError(str(e)) from None
 
     dp.__doc__ = _help_text()
@@ -373,6 +509,112 @@ class DPMagics(Magics):
 
     def _do_pull_model(self, a):
         return self._need().pull_model()
+
+    # ------------------------------------------------------------- views
+    def _live(self, a):
+        return self._need() if getattr(a, "live", False) else None
+
+    @staticmethod
+    def _kw(a, **names):
+        """Keyword arguments for a view: only the options the user gave."""
+        # identity, not equality: 0 == False, and --dp 0 must reach validation
+        return {key: getattr(a, attr) for key, attr in names.items()
+                if getattr(a, attr) is not None and getattr(a, attr) is not False}
+
+    def _show(self, module, a, cluster, kw):
+        from . import widgets
+
+        view = getattr(widgets, module)
+        if getattr(a, "save", None):
+            path = view.save(a.save, cluster, **kw) if module != "comm" else view.save(a.save, **kw)
+            print(f"dpnb: wrote {path}")
+        else:
+            view.show(cluster, **kw)
+
+    def _do_gradsync(self, a):
+        from .widgets import gradsync
+
+        c = self._need()
+        if a.watch:
+            gradsync.watch(c)
+            print("dpnb: timing hooks installed on every rank")
+            return
+        kw = self._kw(a, last="last", step="step", cap_mb="cap_mb", link="link")
+        self._show("gradsync", a, c, kw)
+
+    def _do_batch(self, a):
+        kw = self._kw(a, micro_batch="micro_batch", dp="dp", grad_accum="grad_accum",
+                      seq_len="seq_len", target_tokens="target_tokens", ref_lr="ref_lr",
+                      ref_batch="ref_batch", tp="tp", pp="pp", gpus="gpus")
+        self._show("batch", a, self._live(a), kw)
+
+    def _do_memory(self, a):
+        kw = self._kw(a, n_params="params", dp="dp", precision="precision",
+                      optimizer="optimizer", capacity_gb="capacity_gb", offload="offload",
+                      fp32_grad_accum="fp32_grad_accum")
+        if "n_params" in kw:
+            kw["n_params"] = int(kw["n_params"])
+        self._show("memory", a, self._live(a), kw)
+
+    def _do_comm(self, a):
+        kw = self._kw(a, link="link", n="n", bandwidth_gbs="bandwidth", latency_us="latency")
+        if a.collectives:
+            kw["collectives"] = tuple(x.strip() for x in a.collectives.split(",") if x.strip())
+        self._show("comm", a, None, kw)
+
+    def _do_bench(self, a):
+        from .widgets import comm
+
+        c = self._need()
+        kind = "all_reduce" if a.kind == "allreduce" else a.kind
+        sizes = None
+        if a.sizes:
+            try:
+                lo, hi, k = a.sizes.split(":")
+                sizes = comm.log_sizes(float(lo), float(hi), int(k))
+            except ValueError:
+                raise UsageError(f"--sizes {a.sizes!r}: use LO:HI:K, e.g. 1e3:3.2e7:8") from None
+        if a.iters < 1:
+            raise UsageError("--iters must be >= 1")
+        b = comm.show_bench(c, sizes=sizes, kind=kind, iters=a.iters, link=a.link)
+        if a.save:
+            print(f"dpnb: wrote {comm.save(a.save, link=a.link or 'gloo-loopback', n=b.world_size, collectives=(kind,), bench=b)}")
+        return b
+
+    def _do_scaling(self, a):
+        kw = self._kw(a, compute_ms="compute_ms", grad_bytes="grad_bytes", link="link",
+                      overlap="overlap", max_dp="max_dp", samples_per_rank="samples_per_rank")
+        self._show("scaling", a, self._live(a), kw)
+
+    def _do_straggle(self, a):
+        from .widgets import stragglers
+
+        c = self._need()
+        if a.clear:
+            stragglers.clear(c)
+            print("dpnb: straggler delays cleared")
+            return
+        if a.rank is None or a.delay is None:
+            raise UsageError("%dp straggle needs --rank R --delay MS (or --clear)")
+        if a.delay < 0:
+            raise UsageError("--delay must be >= 0 milliseconds")
+        delays = stragglers.inject(c, a.rank, a.delay)
+        print("dpnb: per-step delay by rank: " +
+              ", ".join(f"rank {r}: {d * 1e3:g} ms" for r, d in enumerate(delays)))
+
+    def _do_stragglers(self, a):
+        kw = self._kw(a, p="p", n="n", delay_ms="delay")
+        self._show("stragglers", a, self._need(), kw)
+
+    def _do_ring(self, a):
+        kw = self._kw(a, n="n", size_bytes="size", numel="numel", step="step")
+        self._show("ring", a, self._live(a), kw)
+
+    def _do_dashboard(self, a):
+        from .widgets import dashboard
+
+        kw = self._kw(a, interval="interval")
+        dashboard.show(self._need(), **kw)
 
 
 def load(ip) -> DPMagics:

@@ -48,6 +48,11 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
     info = _rank0(res)
     cluster.last_wrap = {"model": model, "strategy": strategy, **opts, "summary": info}
     cluster.setup_log.append(("wrap", {"model": model, "strategy": strategy, "opts": opts}))
+    # Timing hooks for the gradient-sync view (optimizer step, FSDP
+    # all-gather / reduce-scatter); local to each rank, no communication.
+    from .widgets import gradsync
+
+    gradsync.watch(cluster)
     return info
 
 

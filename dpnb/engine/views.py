@@ -371,13 +371,14 @@ def _timed_comms(watch: _Watch, pg: Any):
         name = getattr(state, "name", "")
         return "forward" if name == "FORWARD" else "backward"
 
-    unit = getattr(pg, "_module_fqn", None) or "(root)"
+    def unit() -> str:  # FSDP sets the name at lazy init, after watch() may have run
+        return getattr(pg, "_module_fqn", None) or "(root)"
 
     class TimedAllGather(DefaultAllGather):
         """FSDP2's default all-gather, timed (a subclass, so FSDP treats it as the default)."""
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
-            ev = watch.begin("all_gather", output_tensor.numel() * output_tensor.element_size(), phase(), unit)
+            ev = watch.begin("all_gather", output_tensor.numel() * output_tensor.element_size(), phase(), unit())
             work = super().__call__(output_tensor, input_tensor, group, async_op)
             watch.end(ev, work)
             return work
@@ -386,7 +387,7 @@ def _timed_comms(watch: _Watch, pg: Any):
         """FSDP2's default reduce-scatter, timed."""
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-            ev = watch.begin("reduce_scatter", input_tensor.numel() * input_tensor.element_size(), "backward", unit)
+            ev = watch.begin("reduce_scatter", input_tensor.numel() * input_tensor.element_size(), "backward", unit())
             work = super().__call__(output_tensor, input_tensor, group, op, async_op)
             watch.end(ev, work)
             return work

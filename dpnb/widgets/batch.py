@@ -174,7 +174,8 @@ def figure(d: BatchView):
     ax2.set_ylabel("learning rate (log)")
     ax2.set_title("Learning rate scaled to the global batch", fontsize=11)
     ax2.legend(fontsize=8, loc="upper left")
-    ax2.grid(True, which="both", alpha=0.3)
+    ax2.grid(True, which="major", alpha=0.3)
+    ax2.minorticks_off()
     if d.warnings:
         import textwrap
 

@@ -34,7 +34,8 @@ PRESETS = {
     "ethernet-100g": "Ethernet 100 Gb/s",
     "gloo-loopback": "gloo over loopback (CPU)",
 }
-BENCH_SIZES = C.log_sizes(1e3, 3.2e7, 8)
+log_sizes = C.log_sizes  # ``%dp bench --sizes LO:HI:K`` → log_sizes(LO, HI, K)
+BENCH_SIZES = log_sizes(1e3, 3.2e7, 8)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,8 @@ def _summary(d: CommView) -> list[str]:
     lk = d.link
     lines = [f"link {lk.name}: β = {lk.bandwidth_Bps / 1e9:g} GB/s per rank one way, α = {lk.latency_s * 1e6:g} µs "
              f"per step; N = {d.n} ranks. Ring: all-reduce sends 2(N−1)/N·S = {2 * (d.n - 1) / d.n:.3g}·S per rank "
-             f"in {2 * (d.n - 1)} steps; RS/AG (N−1)/N·S = {(d.n - 1) / d.n:.3g}·S in {d.n - 1} steps"]
+             f"in {2 * (d.n - 1)} steps; RS/AG (N−1)/N·S = {(d.n - 1) / d.n:.3g}·S in {d.n - 1} step"
+             + ("s" if d.n > 2 else "")]
     if lk.note:
         lines.append(lk.note)
     if d.bench is not None:
@@ -270,13 +272,14 @@ def figure(d: CommView):
             sizes = [float(s) for s in C.log_sizes(min(b.sizes), max(b.sizes), 30)]
             ax.plot(sizes, [collective_time(b.kind, s, b.world_size, d.fitted) * 1e3 for s in sizes],  # type: ignore[arg-type]
                     "--", color="black", lw=1,
-                    label=f"fitted: β={d.fitted.bandwidth_Bps / 1e9:.2g} GB/s, α={d.fitted.latency_s * 1e6:.2g} µs")
+                    label=f"fitted: β={d.fitted.bandwidth_Bps / 1e9:.3g} GB/s, α={d.fitted.latency_s * 1e6:.3g} µs")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("message size S (bytes, log)")
     ax.set_ylabel("time (ms, log)")
     ax.set_title(f"Collective time, N = {d.n} ranks, {PRESETS.get(d.link.name, d.link.name)}", fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
+    ax.minorticks_off()  # log axes: minor ticks cost more to draw than everything else
     ax.legend(fontsize=7, loc="upper left")
     ax2.axhline(d.link.bandwidth_Bps / 1e9, color="gray", lw=0.8, ls="--")
     ax2.text(min(c.sizes[0] for c in d.curves), d.link.bandwidth_Bps / 1e9,
@@ -287,6 +290,7 @@ def figure(d: CommView):
     ax2.set_ylabel("bandwidth (GB/s = 10⁹ B/s, log)")
     ax2.set_title("algbw = S / t,  busbw = algbw × bus factor", fontsize=10)
     ax2.grid(True, which="major", alpha=0.3)
+    ax2.minorticks_off()
     ax2.legend(fontsize=7, loc="lower right")
     return fig
 

@@ -160,8 +160,6 @@ def live_data(snapshots: list[dict]) -> LiveMemory:
         after = snap.get("phase") == "after_step"
         predicted = {"params": p.params, "grads": p.grad_storage if after else 0,
                      "optimizer": p.optimizer_state}
-        if s0["strategy"] == "ddp" and not s0.get("gradient_as_bucket_view", True) and after:
-            pass  # separate bucket buffers are not reachable from the parameters: not measured
         m = snap["measured"]
         measured = {k: int(m.get(k) or 0) for k in LIVE_PARTS}
         diff = {k: measured[k] - predicted[k] for k in LIVE_PARTS}

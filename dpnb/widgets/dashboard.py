@@ -1,0 +1,312 @@
+"""Dashboard (``%dp dashboard``): cluster status, live step / loss / throughput, memory per rank.
+
+Who talks to whom: while ``%dp train`` runs, the engines are busy, so the
+dashboard never sends them anything then.  Training started with
+``publish=True`` sends a small progress dict from every rank through
+ipyparallel's data channel (``datapub``, at most ~5 per second); the
+notebook's ipyparallel client stores it in its ``metadata`` as messages
+arrive (on its own I/O thread).  The dashboard's poller thread only *reads*
+that, so it updates while the notebook's main thread waits for the training
+call.  When the cluster is idle, the "refresh" button (main thread) asks
+every rank for ``%dp status`` and its last records
+(``dpnb.engine.views.live_summary``; no collective).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _common as C
+
+
+@dataclass(frozen=True)
+class DashboardView:
+    """What the dashboard shows (all optional: a part with no data is left out)."""
+
+    status: tuple[dict, ...] = ()
+    progress: dict = field(default_factory=dict)  # rank -> latest progress payload
+    history: tuple[tuple[int, float, float | None], ...] = ()  # (step, loss, samples/s)
+    memory: tuple[dict, ...] = ()  # per rank: rank, rss_bytes, cuda_allocated, state_bytes
+    strategy: str | None = None
+    running: bool = False
+
+    @property
+    def last(self) -> dict | None:
+        if self.progress:
+            return self.progress[min(self.progress)]
+        return None
+
+
+def data(status: list[dict] | None = None, summaries: list[dict] | None = None,
+         progress: dict | None = None, history: list | None = None, running: bool = False) -> DashboardView:
+    """Combine ``cluster.status()`` rows, each rank's ``live_summary`` and datapub progress."""
+    hist: dict[int, tuple[int, float, float | None]] = {}
+    strategy = None
+    mem: dict[int, dict] = {}
+    for row in status or []:
+        mem[row["rank"]] = {"rank": row["rank"], "rss_bytes": row.get("rss_bytes"),
+                            "cuda_allocated": row.get("cuda_allocated"), "state_bytes": None}
+    for s in summaries or []:
+        strategy = s.get("strategy", strategy)
+        if s.get("rank") == 0 or not hist:
+            for step, loss, sps in s.get("history") or []:
+                hist[int(step)] = (int(step), float(loss), sps)
+        last = s.get("last") or {}
+        b = last.get("bytes") if isinstance(last, dict) else None
+        m = mem.setdefault(s["rank"], {"rank": s["rank"], "rss_bytes": None, "cuda_allocated": None})
+        m["state_bytes"] = b.get("total") if b else None
+    for step, loss, *rest in history or []:
+        hist[int(step)] = (int(step), float(loss), rest[0] if rest else None)
+    prog = dict(progress or {})
+    for p in prog.values():
+        for step, loss in p.get("history") or []:
+            old = hist.get(int(step))
+            hist[int(step)] = (int(step), float(loss), old[2] if old else None)
+        if p.get("step") is not None and p.get("samples_per_s") is not None:
+            st = int(p["step"])
+            hist[st] = (st, float(p.get("loss", hist.get(st, (0, float("nan")))[1])), p["samples_per_s"])
+    return DashboardView(tuple(status or ()), prog, tuple(hist[k] for k in sorted(hist)),
+                         tuple(mem[k] for k in sorted(mem)), strategy, bool(running))
+
+
+def progress_from_client(client) -> dict:
+    """Latest ``dpnb_progress`` payload per rank from in-flight ipyparallel requests (read-only)."""
+    out: dict = {}
+    try:
+        ids = list(client.outstanding)
+    except Exception:
+        return out
+    for mid in ids:
+        try:
+            md = client.metadata.get(mid)
+            p = (md.get("data") or {}).get("dpnb_progress") if md is not None else None
+        except Exception:
+            p = None
+        if p and "rank" in p:
+            if p["rank"] not in out or p.get("step", -1) >= out[p["rank"]].get("step", -1):
+                out[p["rank"]] = dict(p)
+    return out
+
+
+# ----------------------------------------------------------------- output
+STATUS_HEADERS = ("rank", "host", "pid", "device", "backend", "alive", "state", "host RSS", "GPU allocated",
+                  "model states")
+
+
+def status_rows(d: DashboardView) -> list[list[str]]:
+    mem = {m["rank"]: m for m in d.memory}
+    rows = []
+    for r in d.status:
+        m = mem.get(r["rank"], {})
+        rows.append([str(r["rank"]), str(r.get("host", "")), str(r.get("pid", "")), str(r.get("device", "")),
+                     str(r.get("backend", "")), "yes" if r.get("alive", True) else "NO", str(r.get("state", "")),
+                     C.fmt_bytes(r.get("rss_bytes"), binary=True), C.fmt_bytes(r.get("cuda_allocated"), binary=True),
+                     C.fmt_bytes(m.get("state_bytes"))])
+    return rows
+
+
+def _summary(d: DashboardView) -> list[str]:
+    lines = []
+    if d.status:
+        alive = sum(1 for r in d.status if r.get("alive", True))
+        lines.append(f"{len(d.status)} ranks, {alive} alive" + (f", {d.strategy}" if d.strategy else ""))
+    p = d.last
+    if p:
+        thr = f", {p['samples_per_s']:,.1f} samples/s" if p.get("samples_per_s") else ""
+        tok = f", {p['tokens_per_s']:,.0f} tokens/s" if p.get("tokens_per_s") else ""
+        lines.append(f"{'training' if d.running else 'last run'}: step {p.get('step')} "
+                     f"({p.get('done', '?')}/{p.get('total', '?')}), loss {p.get('loss', float('nan')):.4g}{thr}{tok}")
+    elif d.history:
+        s, loss, sps = d.history[-1]
+        lines.append(f"last recorded step {s}: loss {loss:.4g}" + (f", {sps:,.1f} samples/s" if sps else ""))
+    else:
+        lines.append("no training yet: run %dp train (with publish=True for live updates)")
+    return lines
+
+
+def text(d: DashboardView) -> str:
+    out = ["dpnb dashboard"] + ["  " + s for s in _summary(d)]
+    if d.status:
+        out += ["", C.text_table(STATUS_HEADERS, status_rows(d))]
+    return "\n".join(out)
+
+
+def html(d: DashboardView) -> str:
+    out = C.html_lines(_summary(d))
+    if d.status:
+        out += C.html_table(STATUS_HEADERS, status_rows(d), "Cluster status",
+                            highlight=lambda i: not d.status[i].get("alive", True))
+    return out
+
+
+def figure(d: DashboardView):
+    """Loss vs step, samples/s vs step, memory per rank (host RSS and model-state bytes)."""
+    fig = C.new_figure(3.6)
+    ax, ax2, ax3 = fig.subplots(1, 3)
+    if d.history:
+        steps = [h[0] for h in d.history]
+        ax.plot(steps, [h[1] for h in d.history], "-", color=C.COLORS["backward"], lw=1.5)
+        thr = [(h[0], h[2]) for h in d.history if h[2]]
+        if thr:
+            ax2.plot([t[0] for t in thr], [t[1] for t in thr], "-", color=C.COLORS["all_reduce"], lw=1.2)
+    else:
+        for a in (ax, ax2):
+            a.text(0.5, 0.5, "no steps yet", ha="center", va="center", transform=a.transAxes)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (global mean)")
+    ax.set_title("Loss", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("throughput (samples/s)")
+    ax2.set_title("Throughput", fontsize=10)
+    ax2.grid(True, alpha=0.3)
+    if d.memory:
+        ranks = [m["rank"] for m in d.memory]
+        rss = [m.get("rss_bytes") or 0 for m in d.memory]
+        gpu = [m.get("cuda_allocated") or 0 for m in d.memory]
+        state = [m.get("state_bytes") or 0 for m in d.memory]
+        series = [("host RSS", rss, "#8C8C8C"), ("GPU allocated", gpu, C.COLORS["grads"]),
+                  ("model states", state, C.COLORS["params"])]
+        series = [s for s in series if any(s[1])]
+        vals_all = [v for s in series for v in s[1] if v]
+        top = max(vals_all or [1])
+        wide = bool(vals_all) and top / min(vals_all) > 50
+        w = 0.8 / max(1, len(series))
+        for k, (name, vals, col) in enumerate(series):
+            xs = [r - 0.4 + w * (k + 0.5) for r in range(len(ranks))]
+            ax3.bar(xs, vals, w * 0.95, color=col, label=name)
+            for x, v in zip(xs, vals):
+                if v:
+                    ax3.text(x, v, C.fmt_bytes(v, binary=True, digits=3), ha="center", va="bottom", fontsize=6.5)
+        ax3.set_xticks(range(len(ranks)))
+        ax3.set_xticklabels([f"rank {r}" for r in ranks], fontsize=8)
+        if wide:
+            ax3.set_yscale("log")
+            ax3.set_ylim(min(vals_all) / 3, top * 8)
+            ax3.set_ylabel("memory (bytes, log)")
+        else:
+            div, unit = C.byte_scale(top, binary=True)
+            from matplotlib.ticker import FuncFormatter
+
+            ax3.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v / div:g}"))
+            ax3.set_ylim(0, top * 1.2)
+            ax3.set_ylabel(f"memory ({C.unit_note(unit)})")
+        if series:
+            ax3.legend(fontsize=7, loc="upper left")
+    else:
+        ax3.text(0.5, 0.5, "no status yet", ha="center", va="center", transform=ax3.transAxes)
+    ax3.set_title("Memory per rank", fontsize=10)
+    ax3.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(" | ".join(_summary(d)), fontsize=9)
+    return fig
+
+
+# ----------------------------------------------------------------- widget
+def collect(cluster) -> tuple[list[dict], list[dict]]:
+    """``cluster.status()`` and every rank's ``live_summary`` (main thread, cluster idle)."""
+    status = cluster.status()
+    try:
+        summ = C.call_ok(cluster, "dpnb.engine.views.live_summary")
+    except C.ViewError:
+        summ = []
+    return status, summ
+
+
+class _Poller:
+    """Background thread: re-reads datapub progress every ``interval`` s and refreshes the view."""
+
+    def __init__(self, box, cluster, state, interval: float):
+        self.box, self.cluster, self.state, self.interval = box, cluster, state, interval
+        self.stop_evt = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="dpnb-dashboard", daemon=True)
+
+    def run(self) -> None:
+        last_sig = None
+        while not self.stop_evt.wait(self.interval):
+            if not getattr(self.cluster, "running", True):
+                break
+            prog = progress_from_client(self.cluster.client)
+            sig = tuple(sorted((r, p.get("step"), p.get("done")) for r, p in prog.items()))
+            running = bool(getattr(self.cluster.client, "outstanding", ()))
+            if prog and sig != last_sig:
+                self.state["progress"].update(prog)
+                for p in prog.values():
+                    for step, loss in p.get("history") or []:
+                        self.state["history"][int(step)] = [int(step), float(loss), p.get("samples_per_s")]
+                self.state["running"] = running
+                last_sig = sig
+                self.box.refresh()
+            elif self.state.get("running") != running:
+                self.state["running"] = running
+                self.box.refresh()
+
+
+def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict] | None = None,
+         progress: dict | None = None, interval: float = 0.5, live: bool = True):
+    """The dashboard widget.  With ``cluster``: status and summaries fetched now,
+    a refresh button, and (``live=True``) a poller that follows training
+    started with ``publish=True``.  ``box.stop()`` ends the poller."""
+    import ipywidgets as w
+
+    state: dict[str, Any] = {"status": status or [], "summaries": summaries or [], "progress": dict(progress or {}),
+                             "history": {}, "running": False}
+    if cluster is not None and status is None:
+        state["status"], state["summaries"] = collect(cluster)
+    lock = threading.Lock()
+
+    def compute(_v: dict) -> DashboardView:
+        return data(state["status"], state["summaries"], state["progress"], list(state["history"].values()),
+                    state["running"])
+
+    refresh_btn = w.Button(description="refresh", tooltip="status + last records from every rank (when idle)")
+    extra = [refresh_btn] if cluster is not None else []
+    box = C.viewbox("dpnb dashboard", {}, compute, figure, html, text, extra=extra)
+    plain_refresh = box.refresh
+
+    def locked_refresh() -> None:
+        with lock:
+            plain_refresh()
+
+    box.refresh = locked_refresh  # type: ignore[method-assign]
+    box.poller = None
+    if cluster is not None:
+        def on_refresh(_b):
+            if getattr(cluster.client, "outstanding", None):
+                box.message.value = "<i>training is running: the status refreshes when it is done</i>"
+                return
+            state["status"], state["summaries"] = collect(cluster)
+            box.refresh()
+
+        refresh_btn.on_click(on_refresh)
+        if live:
+            box.poller = _Poller(box, cluster, state, interval)
+            box.poller.thread.start()
+
+    def stop() -> None:
+        if box.poller is not None:
+            box.poller.stop_evt.set()
+
+    box.stop = stop
+    return box
+
+
+def show(cluster=None, **kw: Any) -> None:
+    if C._in_kernel():
+        C.show_view(view(cluster, **kw))
+    else:
+        if cluster is not None:
+            status, summ = collect(cluster)
+            kw.setdefault("status", status)
+            kw.setdefault("summaries", summ)
+        print(text(data(kw.get("status"), kw.get("summaries"), kw.get("progress"))))
+
+
+def save(path: str, cluster=None, **kw: Any) -> str:
+    if cluster is not None:
+        status, summ = collect(cluster)
+        kw.setdefault("status", status)
+        kw.setdefault("summaries", summ)
+    return C.save_figure(figure(data(kw.get("status"), kw.get("summaries"), kw.get("progress"))), path)
+
