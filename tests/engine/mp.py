@@ -1,0 +1,195 @@
+"""A real multi-process gloo group for engine tests, without ipyparallel.
+
+``run_ranks(fn, *args)`` spawns ``world_size`` fresh Python processes, forms
+a default gloo process group among them over ``tcp://127.0.0.1:<free port>``,
+builds in each one the engine namespace that dpnb's cluster start builds on an
+engine (``_dpnb`` EngineState, ``rank``, ``world_size``, ``device``, ``torch``,
+``dist``), and calls ``fn(ns, *args, **kwargs)`` there.  It returns the list
+of per-rank return values (rank order).  An exception on any rank fails the
+test with every rank's traceback.
+
+``fn`` must be a module-level function of a test module (or of this module):
+the children load that module from its file by path, so nothing depends on
+pytest's import mode and no closure is ever pickled -- the same discipline the
+engines follow.
+
+``reform(ns, port)`` plays the part of the lead's recovery code: it destroys
+the default group, forms a new one on ``port``, bumps the generation and runs
+the ``on_reform`` callbacks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import queue as _queue
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import multiprocessing as _mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+TIMEOUT_S = 20
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_ns(rank: int, world_size: int, port: int) -> dict:
+    """The namespace an engine holds after dpnb's cluster start (CPU/gloo)."""
+    import torch
+    import torch.distributed as dist
+
+    from dpnb.engine.state import STATE_NAME, EngineState
+
+    device = torch.device("cpu")
+    state = EngineState(
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank,
+        local_world_size=world_size,
+        node_rank=0,
+        backend="gloo",
+        device=device,
+        master_addr="127.0.0.1",
+        master_port=port,
+        timeout_s=TIMEOUT_S,
+    )
+    return {
+        STATE_NAME: state,
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": rank,
+        "device": device,
+        "torch": torch,
+        "dist": dist,
+    }
+
+
+def init_group(rank: int, world_size: int, port: int) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=TIMEOUT_S),
+    )
+
+
+def reform(ns: dict, port: int) -> None:
+    """Destroy the default group and form a new one on ``port``, as the
+    lead's recovery code does, then run the registered callbacks."""
+    import torch.distributed as dist
+
+    state = ns["_dpnb"]
+    dist.destroy_process_group()
+    init_group(state.rank, state.world_size, port)
+    state.master_port = port
+    state.generation += 1
+    for cb in list(state.on_reform):
+        cb(ns, state)
+
+
+def _load(path: str, name: str):
+    modname = "_dpnb_test_" + os.path.splitext(os.path.basename(path))[0]
+    mod = sys.modules.get(modname)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(modname, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = mod
+        spec.loader.exec_module(mod)
+    return getattr(mod, name)
+
+
+def _child(rank, world_size, port, path, name, args, kwargs, q):
+    for p in (HERE, REPO):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        torch.set_num_interop_threads(1)
+        init_group(rank, world_size, port)
+        ns = make_ns(rank, world_size, port)
+        fn = _load(path, name)
+        out = fn(ns, *args, **kwargs)
+        q.put(("ok", rank, pickle.dumps(out)))
+    except BaseException:  # report everything, including KeyboardInterrupt
+        q.put(("err", rank, traceback.format_exc()))
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_ranks(fn, *args, world_size: int = 2, timeout: float = 120, **kwargs):
+    """Run ``fn(ns, *args, **kwargs)`` on ``world_size`` gloo ranks."""
+    path = os.path.abspath(sys.modules[fn.__module__].__file__)
+    ctx = _mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(r, world_size, port, path, fn.__name__, args, kwargs, q),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) + len(errors) < world_size:
+            # Once one rank failed, the others are usually stuck in a
+            # collective: give them a moment to report, then stop waiting.
+            left = deadline - time.monotonic()
+            if errors:
+                left = min(left, 3.0)
+            if left <= 0:
+                break
+            try:
+                kind, rank, payload = q.get(timeout=min(left, 0.5))
+            except _queue.Empty:
+                # A child that died before reporting (e.g. at start-up) will
+                # never report: stop waiting for it.
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode is not None and r not in results and r not in errors]
+                for r in dead:
+                    errors[r] = f"process exited with code {procs[r].exitcode} without reporting"
+                continue
+            if kind == "ok":
+                results[rank] = pickle.loads(payload)
+            else:
+                errors[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors or len(results) < world_size:
+        missing = [r for r in range(world_size) if r not in results and r not in errors]
+        msg = [f"rank {r} failed:\n{tb}" for r, tb in sorted(errors.items())]
+        if missing:
+            msg.append(f"ranks {missing} did not report within {timeout}s")
+        raise AssertionError("\n".join(msg))
+    return [results[r] for r in range(world_size)]
