@@ -33,7 +33,7 @@ def install_kernel(*, user: bool = False, sys_prefix: bool = False, prefix: str 
         if sys_prefix:
             prefix = sys.prefix
         return KernelSpecManager().install_kernel_spec(src, kernel_name=name, user=user,
-                                                       prefix=prefix, replace=True)
+                                                       prefix=prefix)
 
 
 def main(argv: list[str] | None = None) -> int:

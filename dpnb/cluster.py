@@ -212,8 +212,14 @@ class Cluster:
         import ipyparallel as ipp
 
         profile_dir = tempfile.mkdtemp(prefix="dpnb-profile-")  # 0700: keys stay private
+        # ipyparallel logs every engine's exit (with its output) as a warning
+        # when the cluster stops; in a notebook that lands in the cell as red
+        # stderr.  Start failures read the engine output directly instead.
         ipp_log = logging.getLogger("dpnb.ipyparallel")
-        ipp_log.setLevel(logging.WARNING)
+        ipp_log.setLevel(logging.ERROR)
+        ipp_log.propagate = False
+        if not ipp_log.handlers:
+            ipp_log.addHandler(logging.NullHandler())
         kwargs: dict[str, Any] = dict(
             n=n, engines=engines, profile_dir=profile_dir, log=ipp_log,
             engine_timeout=int(start_timeout), shutdown_atexit=True, parent=None,

@@ -76,7 +76,7 @@ class TrainProgress:
         """Take rank 0's latest published dict (or None if nothing new)."""
         if data and data.get("step") is not None and data["step"] != self._seen_step:
             self._seen_step = data["step"]
-            # ``history`` holds every step since the last publish (publishing
+            # ``history`` holds the recent steps (publishing
             # is rate-limited on the engine), so the curve misses no step.
             hist = data.get("history") or [(data["step"], data.get("loss"))]
             known = self.losses[-1][0] if self.losses else -1
@@ -99,7 +99,8 @@ class TrainProgress:
         total = d.get("total") or self.total
         total = f"/{total}" if total else ""
         loss = d.get("loss")
-        parts = [f"step {done}{total} (global {d.get('step')})",
+        taken = int(d["step"]) + 1 if d.get("step") is not None else None
+        parts = [f"step {done}{total}" + (f" ({taken} in total)" if taken and taken != done else ""),
                  f"loss {loss:.4f}" if loss is not None else "loss -",
                  f"{_fmt_rate(d.get('samples_per_s'))} samples/s",
                  f"{_fmt_rate(d.get('tokens_per_s'))} tokens/s"]

@@ -835,7 +835,10 @@ def train(
     losses: list = []
     stop_reason = None
     last_pub = 0.0
-    pub_hist: list = []
+    # Every publish carries the recent history, not just what is new since
+    # the last one: the notebook only sees the latest published dict, and
+    # it polls less often than steps may finish.
+    pub_hist: deque = deque(maxlen=500)
     t_call = time.perf_counter()
     samples_total = 0
 
@@ -971,14 +974,13 @@ def train(
                             "tokens_per_s": rec_d["tokens_per_s"],
                             "step_time_s": dt,
                             "compute_s_all": rec_d["compute_s_all"],
-                            "history": pub_hist,
+                            "history": list(pub_hist),
                         }
                     }
                     try:
                         publisher(payload)
                     except Exception:
                         publisher = None  # not inside an engine; keep training
-                    pub_hist = []
                     last_pub = now
             if allst[:, 1].max() > 0:
                 stop_reason = stop_local or "stopped_by_other_rank"

@@ -1,0 +1,266 @@
+"""The quick start, run the way a learner runs it: JupyterLab in Chromium.
+
+Starts ``jupyter lab`` on a free local port with a random token, temporary
+Jupyter/JupyterLab state dirs and the "Python 3 (dpnb)" kernelspec in a temp
+prefix; drives Debian's Chromium headless with Playwright's Python API (the
+package only: no ``playwright install``, the browser is /usr/bin/chromium);
+opens notebooks/00_quickstart.ipynb, does Run -> Run All Cells, and checks the
+rendered page: no error output, the live progress widget, the quiz widgets.
+A full-page screenshot goes to the test's tmp_path and to
+test-artifacts/browser/ (git-ignored).
+
+The notebook in the repository is never written: autosave is off, checkpoints
+go to a temp dir, and the file's bytes are compared before and after.
+
+    python -m pytest -m browser tests/browser
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("DPNB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+RUN_ALL_TIMEOUT_S = 240
+NOTEBOOK = "notebooks/00_quickstart.ipynb"
+# errors render as stderr text in JupyterLab (tracebacks and a cell's stderr alike)
+STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+
+
+def _load_nbutil():
+    name = "_dpnb_test_nbutil"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parents[1] / "_nbutil.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+nbu = _load_nbutil()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on 127.0.0.1: yields (base_url, token)."""
+    env = {**os.environ, **nbu.jupyter_env(tmp_path / "home")}
+    env["JUPYTER_PATH"] = nbu.install_kernelspec(tmp_path / "kernelspec")
+    settings = Path(env["JUPYTERLAB_SETTINGS_DIR"])
+    # never write the repository's notebook (Lab autosaves every 2 minutes)
+    _write_json(settings / "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings",
+                {"autosave": False})
+    # every cell in the DOM (Lab 4 may virtualize long notebooks), for the
+    # checks and the full-page screenshot
+    _write_json(settings / "@jupyterlab/notebook-extension/tracker.jupyterlab-settings",
+                {"windowingMode": "none"})
+    _write_json(Path(env["JUPYTER_CONFIG_DIR"]) / "labconfig" / "page_config.json",
+                {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
+    port, token = nbu.free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
+           f"--port={port}", f"--IdentityProvider.token={token}",
+           f"--ServerApp.root_dir={nbu.REPO}",
+           f"--FileCheckpoints.checkpoint_dir={tmp_path / 'checkpoints'}",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # CI containers run as root
+    log_path = tmp_path / "jupyter-lab.log"
+    log = open(log_path, "w")
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"jupyter lab exited ({server.returncode}):\n"
+                            + log_path.read_text()[-3000:])
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
+                    break
+            except Exception:
+                if time.monotonic() > deadline:
+                    pytest.fail("jupyter lab did not answer in 90 s:\n"
+                                + log_path.read_text()[-3000:])
+                time.sleep(0.5)
+        yield base, token
+    finally:
+        nbu.stop_process(server)  # by PID; then whatever it started that outlived it
+        log.close()
+
+
+@pytest.fixture
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright Python package is not installed (pip install playwright)")
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _select_dpnb_kernel_if_asked(page) -> None:
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() and dialog.locator("select").count():
+        dialog.locator("select").select_option(label="Python 3 (dpnb)")
+        dialog.locator(".jp-mod-accept").click()
+
+
+def _all_ran(page) -> dict:
+    return page.evaluate("""() => {
+        const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
+        const prompts = Array.from(nb.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt'))
+            .map(e => e.innerText.trim());
+        const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
+        return {prompts, status: ind ? ind.getAttribute('data-status') : null};
+    }""")
+
+
+def test_run_all_in_jupyterlab(browser, lab, tmp_path):  # browser first: skip before starting Lab
+    base, token = lab
+    nb_path = nbu.REPO / NOTEBOOK
+    before = nb_path.read_bytes()
+    checkpoints = nb_path.parent / ".ipynb_checkpoints"
+    checkpoints_before = sorted(checkpoints.glob("*")) if checkpoints.exists() else []
+    artifacts = nbu.ARTIFACTS / "browser"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = tmp_path / "00_quickstart.png"
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    console_errors: list[str] = []
+    page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
+    try:
+        page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}", timeout=90_000)
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
+        # the dpnb kernel is up (the notebook names it; pick it if Lab asks)
+        kname = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName").first
+        deadline = time.monotonic() + 90
+        while True:
+            _select_dpnb_kernel_if_asked(page)
+            name = kname.inner_text().strip() if kname.count() else ""
+            idle = page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').count()
+            if name == "Python 3 (dpnb)" and idle:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"the dpnb kernel did not start in 90 s (toolbar says {name!r})")
+            page.wait_for_timeout(500)
+
+        # more room for the notebook in the screenshot: fold the file browser
+        left = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
+        if left.count():
+            left.first.click()
+
+        # Run -> Run All Cells
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.locator(".lm-Menu-item:not(.lm-mod-disabled)", has=page.locator(
+            ".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$"))).click()
+
+        n_code = page.locator(".jp-Notebook .jp-CodeCell").count()
+        deadline = time.monotonic() + RUN_ALL_TIMEOUT_S
+        state = _all_ran(page)
+        while time.monotonic() < deadline:
+            state = _all_ran(page)
+            done = [p for p in state["prompts"] if re.fullmatch(r"\[\d+\]:", p)]
+            if state["status"] == "idle" and len(done) == n_code:
+                break
+            # a failing cell ends Run All early (the cells after it never run)
+            if state["status"] == "idle" and done and not any("*" in p for p in state["prompts"]) \
+                    and page.locator(f"{STDERR} >> text=/Traceback|Error/").count():
+                break
+            if state["status"] == "dead":
+                pytest.fail(f"the kernel died during Run All: {state}")
+            page.wait_for_timeout(1000)
+        else:
+            pytest.fail(f"Run All did not finish in {RUN_ALL_TIMEOUT_S} s: {state}")
+        page.wait_for_timeout(1500)  # last widget/image updates
+        (tmp_path / "00_quickstart.html").write_text(page.content())
+        _screenshot(page, shot)
+        shutil.copy(shot, artifacts / shot.name)
+        (artifacts / "00_quickstart-failure.png").unlink(missing_ok=True)  # from an older run
+
+        # no error output anywhere
+        stderr = page.locator(STDERR).all_inner_texts()
+        bad = [t for t in stderr if re.search(r"Traceback|Error", t)]
+        assert not bad, "error output in the notebook:\n" + "\n---\n".join(t[-1500:] for t in bad)
+
+        text = page.locator(".jp-Notebook").inner_text()
+        assert "2 ranks up" in text
+        assert "all_reduce gives 3" in text
+        assert "dpnb: OK" in text
+        assert "cluster stopped" in text
+
+        # the live progress widget rendered in the train cell, and it finished
+        progress = page.locator(".jp-Notebook .dpnb-train-progress")
+        assert progress.count() == 1, "no .dpnb-train-progress widget on the page"
+        # ipywidgets 8 renders IntProgress as .widget-hprogress > .progress > .progress-bar
+        assert progress.locator(".widget-hprogress, .widget-progress").count() == 1
+        assert progress.locator("progress, .progress-bar").count() >= 1
+        assert "step 20/20" in progress.inner_text()
+        assert progress.locator("img").count() == 1  # the live loss curve
+
+        # the check questions are widgets
+        assert page.locator(".jp-Notebook .dpnb-quiz").count() == 2
+
+        # the memory view renders its chart (predicted beside measured)
+        mem = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea-editor",
+                                                            has_text=re.compile(r"%dp memory")))
+        assert mem.count() == 1, "no %dp memory cell in the quick start"
+        assert mem.first.locator(".jp-OutputArea-output img, .jp-OutputArea-output svg, "
+                                 ".jp-OutputArea-output canvas").count() >= 1, \
+            "the %dp memory cell shows no chart"
+    except BaseException:
+        try:
+            (tmp_path / "failure.html").write_text(page.content())
+            _screenshot(page, tmp_path / "failure.png")
+            shutil.copy(tmp_path / "failure.png", artifacts / "00_quickstart-failure.png")
+        except Exception:
+            pass
+        raise
+    finally:
+        page.close()
+        assert nb_path.read_bytes() == before, f"{NOTEBOOK} was modified by the test"
+        assert (sorted(checkpoints.glob("*")) if checkpoints.exists() else []) \
+            == checkpoints_before, f"Lab wrote a checkpoint into {checkpoints}"
+    print(f"screenshot: {shot} (copy in {artifacts}); console errors: {console_errors[:5]}")
+
+
+def _screenshot(page, path: Path) -> None:
+    """The whole notebook in one image: grow the viewport to fit its height."""
+    h = page.evaluate("""() => {
+        const o = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')
+               || document.querySelector('.jp-NotebookPanel .jp-Notebook');
+        return o ? o.scrollHeight : 1000;
+    }""")
+    vp = page.viewport_size or {"width": 1400, "height": 1000}
+    page.set_viewport_size({"width": vp["width"], "height": max(1000, min(int(h) + 120, 16000))})
+    page.wait_for_timeout(800)
+    page.evaluate("""() => document.querySelectorAll('.jp-NotebookPanel .jp-WindowedPanel-outer')
+                         .forEach(o => { o.scrollTop = 0; })""")
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(path), full_page=True)
