@@ -723,8 +723,14 @@ class Cluster:
             have = [r for r in sel if r not in lacking]
             hint = f"; pull it from {rank_label(have)} with --rank {have[0]}" if have else ""
             raise DpnbError(f"{name!r} is not defined on {rank_label(lacking)}{hint}")
-        res = self._finish(self._call_apply(_runner("get_value"), (name,), sel), True)
-        vals = res.values
+        res = self._call_apply(_runner("get_value"), (name,), sel)
+        unsendable = [o for o in res.outcomes.values()
+                      if o.status == "error" and "serialize" in o.traceback]
+        if unsendable:
+            raise DpnbError(f"{name!r} cannot be sent to the notebook ({unsendable[0].ename}: "
+                            f"{unsendable[0].evalue}); pull plain values such as tensors, "
+                            f"numbers or a state_dict (for a wrapped model: %dp pull-model)")
+        vals = self._finish(res, True).values
         return vals[0] if rank is not None else vals
 
     def _call_apply(self, fn, args, sel) -> CellResult:
