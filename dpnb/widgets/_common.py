@@ -132,7 +132,7 @@ def unit_note(unit: str) -> str:
     return f"{unit}" if unit == "B" else f"{unit} = {notes[unit]}"
 
 
-def fmt_bytes(n: float | None, binary: bool = False, digits: int = 3) -> str:
+def fmt_bytes(n: float | None, binary: bool = False, digits: int = 4) -> str:
     """``1.23 GB`` (decimal) or ``1.15 GiB`` (binary); exact ``B`` below 1 kB."""
     if n is None:
         return "-"

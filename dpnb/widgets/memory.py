@@ -260,7 +260,7 @@ def figure(d: MemoryView):
         ax.bar(x, [b.parts[part] / div for b in d.bars], 0.6, bottom=bottoms, color=C.COLORS[part],
                label=PART_LABELS[part], edgecolor="white", linewidth=0.5)
     for i, b in enumerate(d.bars):
-        ax.text(i, b.total / div, f"{b.total / div:,.3g}", ha="center", va="bottom", fontsize=9)
+        ax.text(i, b.total / div, f"{b.total / div:,.4g}", ha="center", va="bottom", fontsize=9)
     if cap_on_scale:
         ax.axhline(d.capacity_bytes / div, color="black", ls="--", lw=1.2,
                    label=f"device capacity {d.capacity_bytes / GB:g} GB")

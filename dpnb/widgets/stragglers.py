@@ -15,6 +15,8 @@ that everyone pays.
 
 from __future__ import annotations
 
+import statistics
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,8 +91,11 @@ def data(records: list[dict] | None = None, *, p: float = 0.01, n: int | None = 
         if any(delays):
             delay_s = max(delays)
         elif rows:
-            gaps = sorted(max(r.compute_s) - sorted(r.compute_s)[len(r.compute_s) // 2] for r in rows)
-            delay_s = gaps[len(gaps) // 2]
+            # how much later than the median of the *other* ranks the slowest
+            # one finishes (with 2 ranks: slowest minus the other)
+            gaps = sorted(max(r.compute_s) - statistics.median(sorted(r.compute_s)[:-1] or [0.0])
+                          for r in rows)
+            delay_s = statistics.median(gaps)
         else:
             delay_s = 0.1
     else:

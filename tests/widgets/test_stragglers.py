@@ -96,3 +96,12 @@ def test_widget_p_slider():
     assert box.data.estimate.probability > p0
     box.controls["n"].value = 1024
     assert box.data.estimate.probability == pytest.approx(straggler_probability(0.1, 1024))
+
+
+def test_estimated_delay_without_injection_on_two_ranks():
+    """With no injected delay known, the lateness is read from the records:
+    on 2 ranks, the slowest rank minus the other (an upper median would make
+    it always 0)."""
+    recs = [{"step": i, "compute_s_all": [0.010, 0.110], "step_time_s": 0.12} for i in range(4)]
+    d = stragglers.data(recs, p=0.01)
+    assert d.delay_s == pytest.approx(0.100)
