@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
-def kernel():
+def manager():
     from jupyter_client.manager import KernelManager
 
     from dpnb.cli import install_kernel
@@ -29,15 +29,22 @@ def kernel():
     os.environ["JUPYTER_PATH"] = os.path.join(prefix, "share", "jupyter")
     km = KernelManager(kernel_name="dpnb")
     km.start_kernel()
-    kc = km.client()
+    yield km
+    if km.is_alive():
+        km.shutdown_kernel(now=False)
+
+
+@pytest.fixture(scope="module")
+def kernel(manager):
+    kc = manager.client()
     kc.start_channels()
     kc.wait_for_ready(timeout=60)
     yield kc
     try:
-        _run(kc, "%dp stop", timeout=60)
+        if manager.is_alive():
+            _run(kc, "%dp stop", timeout=60)
     finally:
         kc.stop_channels()
-        km.shutdown_kernel(now=False)
 
 
 def _run(kc, code, timeout=120):
@@ -126,3 +133,31 @@ def test_error_in_kernel_is_a_report_not_a_dpnb_traceback(kernel):
     text = "\n".join(err["traceback"])
     assert "rank 1 raised RuntimeError: nope" in text
     assert "dpnb/cluster.py" not in text and "site-packages/ipyparallel" not in text
+
+
+def test_kernel_restart_leaves_no_process_and_start_works_at_once(manager, kernel):
+    """Restart the kernel while its cluster runs: every PID it started goes,
+    and a fresh kernel starts a new cluster straight away."""
+    import psutil
+
+    msgs, reply = _run(kernel, "%dp start -n 2 --timeout 8", timeout=120)
+    text = _texts(msgs)
+    if "already running" not in text:
+        assert reply["content"]["status"] == "ok", text
+    msgs, reply = _run(kernel, "import json, dpnb\n"
+                               "print('PIDS', json.dumps(dpnb.get_cluster()._owned_pids()))")
+    line = [t for t in _texts(msgs).splitlines() if t.startswith("PIDS")][0]
+    pids = json.loads(line.split(" ", 1)[1])
+    assert len(pids) >= 3
+    manager.restart_kernel(now=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    kernel.wait_for_ready(timeout=60)
+    msgs, reply = _run(kernel, "%dp start -n 2 --timeout 8")
+    assert reply["content"]["status"] == "ok", _texts(msgs)
+    assert "2 ranks up" in _texts(msgs)
