@@ -38,13 +38,12 @@ from typing import Any, Iterable, Sequence
 
 from . import output as out
 from .errors import (
-    AlreadyRunningError,
     DpnbError,
     NotRunningError,
     RemoteCellError,
     StartError,
 )
-from .ranks import format_ranks, parse_ranks, rank_label
+from .ranks import parse_ranks, rank_label
 
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")

@@ -112,7 +112,7 @@ def run_demo(out_dir: str = "demo-out", *, n: int = 2, steps: int = 20,
 
 
 def _write_report(out_dir: str, sections, *, n: int, strategy: str, elapsed: float) -> str:
-    parts = [f"<!doctype html><meta charset='utf-8'><title>dpnb demo</title>",
+    parts = ["<!doctype html><meta charset='utf-8'><title>dpnb demo</title>",
              "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
              "pre{background:#f6f6f6;padding:8px;overflow:auto}img{max-width:100%}</style>",
              f"<h1>dpnb quick start</h1><p>{n} CPU engines (gloo), strategy {strategy}, "

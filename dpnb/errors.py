@@ -16,10 +16,6 @@ class NotRunningError(DpnbError):
     """No cluster is running (or it was stopped)."""
 
 
-class AlreadyRunningError(DpnbError):
-    """``start`` was called while a cluster is running."""
-
-
 class RankSpecError(DpnbError, ValueError):
     """A ``--ranks`` selection that does not parse or is out of range."""
 

@@ -8,7 +8,6 @@ magic does can be done from a script with ``dpnb.start(...)``.
 from __future__ import annotations
 
 import shlex
-import sys
 import textwrap
 
 from IPython.core.error import UsageError

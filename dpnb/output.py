@@ -16,7 +16,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from .ranks import format_ranks, rank_label
+from .ranks import rank_label
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cluster import CellResult
@@ -101,7 +101,6 @@ def _short_tb(traceback: str, limit: int = 40) -> str:
 def error_report(res: "CellResult", *, culprits: list[int], waiting: list[int],
                  timeout_s: float, reform_msg: str = "") -> tuple[str, str]:
     """``(summary, report)`` for a cell that failed on some ranks."""
-    world = len(res.ranks)
     oc = res.outcomes
     lines: list[str] = []
     summary_bits: list[str] = []
@@ -146,11 +145,6 @@ def error_report(res: "CellResult", *, culprits: list[int], waiting: list[int],
             f"released {'it' if len(waiting) == 1 else 'them'} "
             f"({o.ename}: {_first_line(o.evalue)})")
         summary_bits.append(f"{rank_label(waiting)} waiting on {on}")
-    else:
-        coll = [r for r in res.ranks if oc[r].status == "error" and oc[r].collective
-                and r not in errs]
-        for r in coll:
-            pass
 
     if reform_msg:
         lines.append(reform_msg)

@@ -325,7 +325,11 @@ def show_view(box, data: Any = None, fig: Figure | None = None, text: str | None
         from IPython.display import display
 
         if box is not None:
-            box.image.layout.display = "none"  # the static copy below shows the figure
+            # the static copy below shows the figure and the tables, kept up to
+            # date by the controls; showing them in the widget too would
+            # print everything twice
+            box.image.layout.display = "none"
+            box.readout.layout.display = "none"
             display(box)
             bundle = static_bundle(box.figure, box.readout.value, box.text())
             handle = display(bundle, raw=True, display_id=True)

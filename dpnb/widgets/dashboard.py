@@ -71,11 +71,17 @@ def data(status: list[dict] | None = None, summaries: list[dict] | None = None,
                          tuple(mem[k] for k in sorted(mem)), strategy, bool(running))
 
 
-def progress_from_client(client) -> dict:
-    """Latest ``dpnb_progress`` payload per rank from in-flight ipyparallel requests (read-only)."""
+def progress_from_client(client, also: dict | None = None) -> dict:
+    """Latest ``dpnb_progress`` payload per rank from in-flight ipyparallel requests (read-only).
+
+    ``also``: message ids seen earlier; their final payload is kept in the
+    client's metadata after they finish, so a run shorter than the polling
+    interval still shows its last step.  Ids that carried progress are added
+    to ``also`` (a dict used as an insertion-ordered set).
+    """
     out: dict = {}
     try:
-        ids = list(client.outstanding)
+        ids = list(client.outstanding) + list(also or ())
     except Exception:
         return out
     for mid in ids:
@@ -85,6 +91,8 @@ def progress_from_client(client) -> dict:
         except Exception:
             p = None
         if p and "rank" in p:
+            if also is not None:
+                also[mid] = None
             if p["rank"] not in out or p.get("step", -1) >= out[p["rank"]].get("step", -1):
                 out[p["rank"]] = dict(p)
     return out
@@ -224,10 +232,13 @@ class _Poller:
 
     def run(self) -> None:
         last_sig = None
+        seen: dict = {}
         while not self.stop_evt.wait(self.interval):
             if not getattr(self.cluster, "running", True):
                 break
-            prog = progress_from_client(self.cluster.client)
+            prog = progress_from_client(self.cluster.client, seen)
+            for mid in list(seen)[:-16]:  # only the latest runs matter
+                del seen[mid]
             sig = tuple(sorted((r, p.get("step"), p.get("done")) for r, p in prog.items()))
             running = bool(getattr(self.cluster.client, "outstanding", ()))
             if prog and sig != last_sig:

@@ -5,6 +5,7 @@ break it (kill an engine) start their own or restore it before returning.
 """
 
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
 import dpnb
 
@@ -25,3 +26,14 @@ def healthy(cluster):
     yield cluster
     if cluster.running and (cluster.dead or cluster.busy or not cluster.group_ok):
         cluster.restart()
+
+
+@pytest.fixture(scope="module")
+def ip():
+    """An IPython shell with ``%load_ext dpnb``; its cluster is stopped after the module."""
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "dpnb")
+    yield shell
+    c = dpnb.get_cluster(shell)
+    if c is not None:
+        c.stop()

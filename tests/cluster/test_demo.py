@@ -1,6 +1,5 @@
 """The README's main job: ``dpnb demo`` runs headless and writes its report."""
 
-import os
 import subprocess
 import sys
 

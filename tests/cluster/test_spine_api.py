@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-import dpnb
 from dpnb.errors import DpnbError, RemoteCellError
 
 GROUP_TIMEOUT = 6.0  # matches tests/cluster/conftest.py

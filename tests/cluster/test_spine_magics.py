@@ -2,21 +2,10 @@
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 import dpnb
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "dpnb")
-    yield shell
-    c = dpnb.get_cluster(shell)
-    if c is not None:
-        c.stop()
 
 
 def _usage(ip, line, cell=None):

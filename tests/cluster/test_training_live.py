@@ -13,7 +13,6 @@ import time
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 import dpnb
 
@@ -27,15 +26,9 @@ net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Line
 """
 
 
-@pytest.fixture(scope="module")
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "dpnb")
-    shell.run_line_magic("dp", "start -n 2 --timeout 6")
-    yield shell
-    c = dpnb.get_cluster(shell)
-    if c is not None:
-        c.stop()
+@pytest.fixture(scope="module", autouse=True)
+def _started(ip):
+    ip.run_line_magic("dp", "start -n 2 --timeout 6")
 
 
 def test_wrap_data_train_check_via_magics(ip, capsys):

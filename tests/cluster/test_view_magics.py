@@ -2,21 +2,9 @@
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
-import dpnb
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "dpnb")
-    yield shell
-    c = dpnb.get_cluster(shell)
-    if c is not None:
-        c.stop()
 
 
 def test_model_views_need_no_cluster(ip, capsys, tmp_path):

@@ -57,6 +57,20 @@ def test_progress_from_client_reads_datapub_metadata():
     assert p == {0: {"rank": 0, "step": 3}, 1: {"rank": 1, "step": 2}}
 
 
+def test_progress_survives_the_request_finishing():
+    """A run shorter than the polling interval: once its request is no longer
+    outstanding, the last payload is still read from the ids seen before."""
+    client = FakeClient()
+    seen: dict = {}
+    assert dashboard.progress_from_client(client, seen)[0]["step"] == 3
+    assert set(seen) == {"a", "b"}
+    client.metadata["a"]["data"]["dpnb_progress"]["step"] = 19  # final publish
+    client.outstanding = set()  # training finished between two polls
+    p = dashboard.progress_from_client(client, seen)
+    assert p[0]["step"] == 19 and p[1]["step"] == 2
+    assert dashboard.progress_from_client(client) == {}  # without memory: lost
+
+
 def test_widget_without_cluster():
     box = dashboard.view(status=STATUS, summaries=SUMMARIES, progress=PROGRESS)
     assert box.poller is None and box.data.last["step"] == 21
