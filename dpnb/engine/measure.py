@@ -240,6 +240,10 @@ class BucketRecorder:
     def begin_step(self, step: int, origin: float | None = None) -> None:
         """Start recording step ``step``; on CPU ``origin`` (a ``time.time()``
         value, the step record's ``t_start``) is the zero of its timeline."""
+        # DDP's first iteration runs with its construction-time buckets (one
+        # per dtype); it rebuilds them in gradient-ready order in the next
+        # forward.  Counted even when recording is off.
+        self.iterations = getattr(self, "iterations", 0) + 1
         if not self.enabled:
             return
         self._step = step
@@ -285,6 +289,7 @@ class BucketRecorder:
         self.steps.append(
             {
                 "step": self._step,
+                "initial_buckets": self.iterations == 1,
                 "clock": "cuda_event" if self.clock.cuda else "time",
                 "buckets": buckets,
                 "backward": {

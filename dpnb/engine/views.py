@@ -503,6 +503,7 @@ def gradsync_records(ns: dict, last: int = 1) -> list:
             "straggle_delay_s": r.get("straggle_delay_s", 0.0),
             "grad_accum": r.get("grad_accum", 1),
             "buckets": [dict(x) for x in b["buckets"]] if b else [],
+            "initial_buckets": bool(b.get("initial_buckets")) if b else False,
             "backward": dict(b["backward"]) if b else None,
             "forward": wv["forward"] if wv else [],
             "optimizer": wv["optimizer"] if wv else None,

@@ -34,6 +34,7 @@ from dpnb.core import (
     Timeline,
     ddp_bucket_caps,
     ddp_buckets,
+    initial_ddp_buckets,
     overlap_timeline,
 )
 from . import _common as C
@@ -299,7 +300,11 @@ def predict(rec: dict, cap_mb: float | None, link: Link, n: int) -> Prediction:
     pbytes = [int(rec["param_bytes"][nm]) for nm in names]
     order, ready = _ready_order(rec)
     first, cap = ddp_bucket_caps(cap_mb)
-    buckets = ddp_buckets(pbytes, cap, first, order=order)
+    if rec.get("initial_buckets"):
+        # the first DDP iteration still uses the construction-time buckets
+        buckets = initial_ddp_buckets(pbytes, cap, first)
+    else:
+        buckets = ddp_buckets(pbytes, cap, first, order=order)
     bw = rec.get("backward") or {}
     start = float(bw.get("start") or 0.0)
     known = [t for t in ready.values()]

@@ -144,3 +144,20 @@ def test_widget_cap_slider():
     box.controls["link"].value = "nvlink4-h100"
     assert box.data.link.name == "nvlink4-h100"
     assert "Buckets" in box.readout.value
+
+
+def test_first_iteration_is_compared_with_construction_time_buckets():
+    """DDP's first iteration uses one bucket (per dtype); only later does it
+    rebuild in ready order.  A step flagged initial is predicted that way."""
+    recs = []
+    for rank in (0, 1):
+        r = ddp_record(rank)
+        r["initial_buckets"] = True
+        r["buckets"] = [{"index": 0, "numel": 3535, "bytes": 14140, "params": list(PARAMS),
+                         "start": 0.0051, "end": 0.0075}]
+        recs.append(r)
+    d = gradsync.data(recs)
+    assert d.predicted.bucket_bytes == (14140,)
+    assert "buckets: measured 1, model 1 (same sizes)" in d.comparison
+    later = gradsync.data(records())  # the rebuilt buckets of a later step
+    assert later.predicted.bucket_bytes == (10100, 4040)
