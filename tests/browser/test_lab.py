@@ -17,7 +17,6 @@ go to a temp dir, and the file's bytes are compared before and after.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -42,18 +41,7 @@ NOTEBOOK = "notebooks/00_quickstart.ipynb"
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
 
 
-def _load_nbutil():
-    name = "_dpnb_test_nbutil"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parents[1] / "_nbutil.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-nbu = _load_nbutil()
+import _nbutil as nbu  # tests/ is on pytest's pythonpath
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -12,14 +12,12 @@ batch of 12).  Adam is used so the optimizer state really matters.
 
 import json
 import os
-import sys
 
 import pytest
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mp import run_ranks  # noqa: E402
+from mp import run_ranks
 
 from dpnb.data import SyntheticRegression
 

@@ -3,15 +3,13 @@ and train-time errors, on 2 gloo ranks (one run for all of them)."""
 
 import os
 import signal
-import sys
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mp import run_ranks  # noqa: E402
+from mp import run_ranks
 
 from dpnb.data import CharTextDataset, SyntheticRegression, TinyLM
 

@@ -10,8 +10,6 @@ copy of a parameter (ddp/zero1) or of a replicated buffer (zero2/zero3) is
 perturbed, fail naming that tensor.
 """
 
-import os
-import sys
 
 import pytest
 import torch
@@ -19,8 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mp import run_ranks  # noqa: E402
+from mp import run_ranks
 
 from dpnb.data import SyntheticRegression
 

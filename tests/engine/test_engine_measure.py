@@ -9,15 +9,12 @@ model ``dpnb.core.memory.exact_rank_bytes``.
 """
 
 import math
-import os
-import sys
 
 import pytest
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mp import run_ranks  # noqa: E402
+from mp import run_ranks
 
 from dpnb.data import SyntheticRegression
 

@@ -16,7 +16,6 @@ JupyterLab and dpnb):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,18 +26,7 @@ from pathlib import Path
 import pytest
 
 
-def _load_nbutil():
-    name = "_dpnb_test_nbutil"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parents[1] / "_nbutil.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-nbu = _load_nbutil()
+import _nbutil as nbu  # tests/ is on pytest's pythonpath
 BINDER = nbu.REPO / "binder"
 
 

@@ -11,25 +11,9 @@ committed notebooks is instant and carries no marker.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import _nbutil as nbu  # tests/ is on pytest's pythonpath
 import pytest
 
-
-def _load_nbutil():
-    name = "_dpnb_test_nbutil"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().parents[1] / "_nbutil.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-nbu = _load_nbutil()
 NOTEBOOKS = nbu.notebooks()
 CELL_TIMEOUT = 180
 
