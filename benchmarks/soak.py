@@ -140,6 +140,7 @@ def run_soak(seconds: float, seed: int = 0, n: int = 2, timeout: float = 5.0,
                     and p.status() != psutil.STATUS_ZOMBIE)
     long_lived = {pid: v for pid, v in rss.items() if len(v) >= 3}
     growth = {pid: (v[-1] - v[1]) for pid, v in long_lived.items()}  # v[0]: warm-up
+    oldest = max(rss.items(), key=lambda kv: len(kv[1]), default=(None, []))
     return {
         "seconds": round(time.monotonic() - t_start, 1),
         "cycles": cycles,
@@ -149,6 +150,9 @@ def run_soak(seconds: float, seed: int = 0, n: int = 2, timeout: float = 5.0,
         "recover_s_median": round(statistics.median(recover_s), 2) if recover_s else None,
         "recover_s_max": round(max(recover_s), 2) if recover_s else None,
         "engine_rss_growth_mb": {str(k): round(v / 2**20, 1) for k, v in growth.items()},
+        # the engine that lived through the most cycles: its memory over time
+        "longest_engine": {"cycles": len(oldest[1]),
+                           "rss_mb": [round(x / 2**20, 1) for x in oldest[1]]},
         "fds_first_last": (fds[0], fds[-1]),
         "fds_max": max(fds),
         "stopped_pids": len(pids),
