@@ -86,12 +86,21 @@ def init_group(rank: int, world_size: int, port: int) -> None:
     )
 
 
-def reform(ns: dict, port: int) -> None:
-    """Destroy the default group and form a new one on ``port``, as the
-    lead's recovery code does, then run the registered callbacks."""
+def reform(ns: dict, port: int | None = None) -> None:
+    """Destroy the default group and form a new one, as the lead's recovery
+    code does, then run the registered callbacks.
+
+    The new port is chosen now by rank 0 and sent over the old group: a port
+    picked long before could meanwhile be taken (e.g. as the local end of
+    one of gloo's own connections).  ``port`` is ignored but kept for
+    callers that still pass one.
+    """
     import torch.distributed as dist
 
     state = ns["_dpnb"]
+    box = [free_port() if state.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    port = int(box[0])
     dist.destroy_process_group()
     init_group(state.rank, state.world_size, port)
     state.master_port = port
@@ -115,6 +124,10 @@ def _child(rank, world_size, port, path, name, args, kwargs, q):
     for p in (HERE, REPO):
         if p not in sys.path:
             sys.path.insert(0, p)
+    import faulthandler
+
+    # a rank that hangs past the harness's patience shows where, in the log
+    faulthandler.dump_traceback_later(kwargs.pop("_hang_dump_s", 200), exit=False)
     try:
         import torch
 
@@ -139,6 +152,7 @@ def _child(rank, world_size, port, path, name, args, kwargs, q):
 
 def run_ranks(fn, *args, world_size: int = 2, timeout: float = 120, **kwargs):
     """Run ``fn(ns, *args, **kwargs)`` on ``world_size`` gloo ranks."""
+    kwargs = {**kwargs, "_hang_dump_s": max(10.0, timeout - 15.0)}
     path = os.path.abspath(sys.modules[fn.__module__].__file__)
     ctx = _mp.get_context("spawn")
     q = ctx.Queue()
