@@ -651,12 +651,16 @@ class Cluster:
         self._check_running()
         if self.dead:
             raise DpnbError(f"{rank_label(self.dead)} died: run %dp restart instead")
+        return self._regroup(callbacks=True, hint="; try %dp restart")
+
+    def _regroup(self, *, callbacks: bool, hint: str = "") -> dict:
+        """Rank 0 opens a fresh store socket, then every rank re-forms the group."""
         port = self.client[self._eid(0)].apply_sync(_fn("listen_store"), self.master_addr)
-        res = self._call_all(_SETUP + ".reform_group", (port,), timeout=self.timeout_s + 15)
+        res = self._call_all(_SETUP + ".reform_group", (port, callbacks),
+                             timeout=self.timeout_s + 15)
         if not res.ok:
             self.group_ok = False
-            raise DpnbError("could not re-form the process group: " + _first_error(res)
-                            + "; try %dp restart")
+            raise DpnbError("could not re-form the process group: " + _first_error(res) + hint)
         self.master_port = port
         self.generation = max(o.value["generation"] for o in res.outcomes.values())
         self.group_ok = True
@@ -870,17 +874,7 @@ class Cluster:
                         threads=self.threads, local_cluster=self.local,
                         watch_ppid=kernel_pid if (self.local and r in new) else None)
             self.client[self._eid(r)].apply_sync(_fn("init_rank"), info)
-        port = self.client[self._eid(0)].apply_sync(_fn("listen_store"), self.master_addr)
-        res = self._call_all(_SETUP + ".reform_group", (port, not new),
-                             timeout=self.timeout_s + 15)
-        if not res.ok:
-            self.group_ok = False
-            raise DpnbError("could not re-form the process group: " + _first_error(res))
-        self.master_port = port
-        self.generation = max(o.value["generation"] for o in res.outcomes.values())
-        self.group_ok = True
-        problems = sorted({p for o in res.outcomes.values() for p in o.value.get("problems", [])})
-        return {"port": port, "problems": problems}
+        return self._regroup(callbacks=not new)
 
     def _kill_rank(self, r: int) -> None:
         if self.local:
