@@ -230,6 +230,12 @@ class Cluster:
         kwargs["controller_ip"] = controller_ip or (
             "127.0.0.1" if engines in ("local", "mpi") else "*")
         icluster = ipp.Cluster(**kwargs)
+        # An engine counts as registered only once the controller's heart
+        # monitor has seen it beat, and by default it beats every 3 s: up to
+        # 3 s of every start spent waiting.  Beat every second instead, and
+        # allow 30 misses, so an engine still has 30 s to answer, as before.
+        icluster.controller_args = [*icluster.controller_args, "--HeartMonitor.period=1000",
+                                    "--HeartMonitor.max_heartmonitor_misses=30"]
         if engines == "mpi":
             # mpiexec refuses to run as root and to place more ranks than cores
             # unless told; dpnb's own processes are what it launches here.
@@ -241,7 +247,10 @@ class Cluster:
         elif launcher_args:
             _apply_launcher_args(icluster, engines, launcher_args)
         try:
-            client = icluster.start_and_connect_sync(n=n)
+            if engines == "local":
+                client = _start_overlapped(icluster, n, start_timeout)
+            else:
+                client = icluster.start_and_connect_sync(n=n)
         except BaseException as e:
             logs = _engine_logs(icluster)
             _stop_quietly(icluster)
@@ -306,8 +315,11 @@ class Cluster:
                    launcher=engines, timeout_s=timeout, profile_dir=profile_dir,
                    master_addr=master_addr, master_port=port, threads=threads, gpus=gpus,
                    local=local)
-        for r, info in zip(final, infos):
-            client[r.engine_id].apply_sync(_fn("init_rank"), info)
+        # one round trip for all ranks, not one per rank
+        pending = [client[r.engine_id].apply_async(_fn("init_rank"), info)
+                   for r, info in zip(final, infos)]
+        for ar in pending:
+            ar.get()
         port = client[final[0].engine_id].apply_sync(_fn("listen_store"), master_addr)
         self.master_port = port
         res = self._call_all(_SETUP + ".form_group", (port,), timeout=timeout + 15)
@@ -340,6 +352,16 @@ class Cluster:
     def _eid(self, rank: int) -> int:
         return self.ranks[rank].engine_id
 
+    def _view(self, rank: int):
+        """The single-engine view of ``rank``'s engine, made once per engine:
+        building a DirectView costs more than sending a short cell."""
+        eid = self.ranks[rank].engine_id
+        views = self.__dict__.setdefault("_views", {})
+        v = views.get(eid)
+        if v is None or v.client is not self.client:
+            v = views[eid] = self.client[eid]
+        return v
+
     def _select(self, ranks) -> list[int]:
         self._check_running()
         sel = parse_ranks(ranks, self.world_size)
@@ -368,7 +390,7 @@ class Cluster:
         sel = self._select(ranks)
         if not isinstance(code, str):
             raise DpnbError("code must be a string of Python source")
-        ars = {r: self.client[self._eid(r)].execute(code, silent=False, block=False)
+        ars = {r: self._view(r).execute(code, silent=False, block=False)
                for r in sel}
         res = self._wait(ars, sel, timeout=timeout, stream=stream and display, kind="execute")
         if display:
@@ -394,14 +416,14 @@ class Cluster:
 
     def _call(self, dotted, args, kwargs, sel, *, timeout=None, stream=False,
               on_poll=None) -> CellResult:
-        ars = {r: self.client[self._eid(r)].apply_async(_runner("call"), dotted, tuple(args),
+        ars = {r: self._view(r).apply_async(_runner("call"), dotted, tuple(args),
                                                          dict(kwargs)) for r in sel}
         return self._wait(ars, sel, timeout=timeout, stream=stream, kind="apply",
                           on_poll=on_poll)
 
     def _call_all(self, dotted, args=(), *, timeout=None) -> CellResult:
         sel = list(range(self.world_size))
-        ars = {r: self.client[self._eid(r)].apply_async(_fn(dotted.rsplit(".", 1)[1]), *args)
+        ars = {r: self._view(r).apply_async(_fn(dotted.rsplit(".", 1)[1]), *args)
                for r in sel}
         return self._wait(ars, sel, timeout=timeout, stream=False, kind="apply")
 
@@ -507,7 +529,10 @@ class Cluster:
     @staticmethod
     def _copy_streams(ar, o: RankOutcome) -> None:
         try:
-            md = ar.metadata
+            # the raw dict: ``ar.metadata`` first parses every timestamp in it
+            # with dateutil, a millisecond per cell that nothing here reads
+            raw = getattr(ar, "_metadata", None)
+            md = raw[0] if isinstance(raw, list) and raw else ar.metadata
             md = md[0] if isinstance(md, list) else md
             o.stdout, o.stderr = md.get("stdout", "") or "", md.get("stderr", "") or ""
             o.outputs = list(md.get("outputs", []) or [])
@@ -655,7 +680,7 @@ class Cluster:
 
     def _regroup(self, *, callbacks: bool, hint: str = "") -> dict:
         """Rank 0 opens a fresh store socket, then every rank re-forms the group."""
-        port = self.client[self._eid(0)].apply_sync(_fn("listen_store"), self.master_addr)
+        port = self._view(0).apply_sync(_fn("listen_store"), self.master_addr)
         res = self._call_all(_SETUP + ".reform_group", (port, callbacks),
                              timeout=self.timeout_s + 15)
         if not res.ok:
@@ -737,7 +762,7 @@ class Cluster:
         return vals[0] if rank is not None else vals
 
     def _call_apply(self, fn, args, sel) -> CellResult:
-        ars = {r: self.client[self._eid(r)].apply_async(fn, *args) for r in sel}
+        ars = {r: self._view(r).apply_async(fn, *args) for r in sel}
         return self._wait(ars, sel, timeout=None, stream=False, kind="apply")
 
     # --------------------------------------------------------------- status
@@ -754,7 +779,7 @@ class Cluster:
         live = [r for r in live if r not in dead_now]
         infos: dict[int, dict] = {}
         if live:
-            ars = {r: self.client[self._eid(r)].apply_async(_fn("status")) for r in live}
+            ars = {r: self._view(r).apply_async(_fn("status")) for r in live}
             for r, ar in ars.items():
                 try:
                     infos[r] = ar.get(timeout=10)
@@ -864,6 +889,7 @@ class Cluster:
         """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
         port = self.master_port  # replaced below, once rank 0 has its identity
         kernel_pid = os.getpid()
+        pending = []
         for r in range(self.world_size):
             ri = self.ranks[r]
             info = dict(rank=r, world_size=self.world_size, local_rank=ri.local_rank,
@@ -873,7 +899,9 @@ class Cluster:
                         master_addr=self.master_addr, master_port=port, timeout_s=self.timeout_s,
                         threads=self.threads, local_cluster=self.local,
                         watch_ppid=kernel_pid if (self.local and r in new) else None)
-            self.client[self._eid(r)].apply_sync(_fn("init_rank"), info)
+            pending.append(self._view(r).apply_async(_fn("init_rank"), info))
+        for ar in pending:
+            ar.get()
         return self._regroup(callbacks=not new)
 
     def _kill_rank(self, r: int) -> None:
@@ -1015,6 +1043,33 @@ def assign_ranks(probes: dict[int, dict]) -> list[RankInfo]:
                                   pid=p["pid"], local_rank=local_rank,
                                   local_world_size=len(eids), node_rank=node_rank, device=""))
     return ranks
+
+
+def _start_overlapped(icluster, n: int, timeout: float):
+    """Start local engines together with the controller, not after it.
+
+    ``start_and_connect`` waits for the controller's connection file before
+    it launches engines; then each engine imports ipyparallel, registers,
+    and only imports torch when the first call needs it.  Launched through
+    :mod:`dpnb.engine.boot`, engines start importing torch and ipyparallel
+    while the controller starts, then read the connection file themselves.
+    """
+    import sys
+
+    launcher = icluster.config.LocalEngineSetLauncher
+    launcher.engine_cmd = [sys.executable, "-m", "dpnb.engine.boot"]
+    launcher.environment = {
+        **dict(launcher.get("environment", {})),
+        "DPNB_CONNECTION_FILE": os.path.join(
+            icluster.profile_dir, "security", f"ipcontroller-{icluster.cluster_id}-engine.json"),
+        "DPNB_CONNECTION_WAIT": str(timeout),
+    }
+    icluster.send_engines_connection_env = False
+    icluster.start_engines_sync(n)
+    icluster.start_controller_sync()
+    client = icluster.connect_client_sync()
+    client.wait_for_engines(n, timeout=timeout)
+    return client
 
 
 def _fn(name: str):

@@ -173,9 +173,11 @@ def test_ctrl_c_stops_all_ranks_at_a_step_boundary_and_keeps_state(results):
     for r, reason in ((r0, "interrupt"), (r1, "stopped_by_other_rank")):
         s = r["interrupted"]
         assert s["interrupted"] and s["stop_reason"] == reason
-        assert s["steps"] == 3 and s["last_step"] == 2  # the interrupted step finished
+        # Ctrl-C came during step 2; every rank learns of it with step 2's
+        # stats, which are read after step 3, so all stop after step 3
+        assert s["steps"] == 4 and s["last_step"] == 3
         assert r["handler_restored"] and r["check_after_interrupt"]
-        assert r["resumed"]["first_step"] == 3 and not r["resumed"]["interrupted"]
+        assert r["resumed"]["first_step"] == 4 and not r["resumed"]["interrupted"]
         # interrupted + resumed == uninterrupted, exactly
         for k, v in r["ref"].items():
             assert torch.equal(r["resumed_w"][k], v), k
@@ -184,7 +186,8 @@ def test_ctrl_c_stops_all_ranks_at_a_step_boundary_and_keeps_state(results):
 def test_stop_file_seen_by_one_rank_stops_both(results):
     assert results[1]["stop_file"]["stop_reason"] == "stop_file"
     assert results[0]["stop_file"]["stop_reason"] == "stopped_by_other_rank"
-    assert results[0]["stop_file"]["steps"] == results[1]["stop_file"]["steps"] == 2
+    # the file appeared in step 1: both ranks stop after step 2
+    assert results[0]["stop_file"]["steps"] == results[1]["stop_file"]["steps"] == 3
 
 
 def test_straggler_delay_shows_in_compute_times(results):

@@ -1,0 +1,62 @@
+"""The engine process's entry point for clusters dpnb starts on this host.
+
+``python -m dpnb.engine.boot [ipengine arguments]`` does what ``python -m
+ipyparallel.engine`` does, but does not sit idle first.  ipyparallel starts
+engines only once the controller has written its connection file, and an
+engine imports torch only when the first cell asks for it, so start-up
+would be controller, then engine imports, then registration, then torch,
+one after another.  Here the engine is launched together with the
+controller; it starts importing torch in a background thread at once,
+imports ipyparallel meanwhile, then waits for the connection file that
+``DPNB_CONNECTION_FILE`` names and hands it to ipyparallel as
+``IPP_CONNECTION_INFO``.  The process and its PID are the engine's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+
+def _preload() -> None:
+    try:
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+    except Exception:  # the engine reports import problems when a cell needs torch
+        pass
+
+
+def wait_for_connection(path: str, timeout: float, poll: float = 0.02) -> str | None:
+    """The connection file's text once it exists and parses (the controller
+    may be caught half-way through writing it), or None after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                text = f.read()
+            json.loads(text)
+            return text
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(poll)
+
+
+def main() -> None:
+    threading.Thread(target=_preload, name="dpnb-preload-torch", daemon=True).start()
+    from ipyparallel.engine.app import main as engine_main
+
+    path = os.environ.pop("DPNB_CONNECTION_FILE", "")
+    wait = float(os.environ.pop("DPNB_CONNECTION_WAIT", "120"))
+    if path and not os.environ.get("IPP_CONNECTION_INFO"):
+        text = wait_for_connection(path, wait)
+        if text is not None:
+            os.environ["IPP_CONNECTION_INFO"] = text
+        # else: ipyparallel looks for the file itself and says it never came
+    engine_main()
+
+
+if __name__ == "__main__":
+    main()
