@@ -58,9 +58,11 @@ def batches(ds, mb, rank, world):
         epoch += 1
 
 
-def wrap(model, strategy, world):
+def wrap(model, strategy, world, dev):
+    model.to(dev)
     if strategy in ("ddp", "zero1"):
-        wrapped = DDP(model, gradient_as_bucket_view=True)
+        wrapped = DDP(model, gradient_as_bucket_view=True,
+                      device_ids=[dev.index] if dev.type == "cuda" else None)
         if strategy == "zero1":
             from torch.distributed.optim import ZeroRedundancyOptimizer
             opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
@@ -71,7 +73,7 @@ def wrap(model, strategy, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(dev.type, (world,))
     for unit in models.fsdp_units(model):
         fully_shard(unit, mesh=mesh, reshard_after_forward=strategy == "zero3")
     fully_shard(model, mesh=mesh, reshard_after_forward=strategy == "zero3")
@@ -81,10 +83,10 @@ def wrap(model, strategy, world):
 class Job:
     """One model wrapped with one strategy, its optimizer and its batches."""
 
-    def __init__(self, name, strategy, tiny, rank, world):
-        self.name, self.strategy, self.world = name, strategy, world
+    def __init__(self, name, strategy, tiny, rank, world, dev):
+        self.name, self.strategy, self.world, self.dev = name, strategy, world, dev
         model, ds, self.mb = models.build(name, tiny)
-        self.net, self.opt = wrap(model, strategy, world)
+        self.net, self.opt = wrap(model, strategy, world, dev)
         self.it = batches(ds, self.mb, rank, world)
 
     def steps(self, n):
@@ -98,6 +100,7 @@ class Job:
         for _ in range(n):
             t0 = time.perf_counter()
             x, y = next(it)
+            x, y = x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
             loss = loss_fn(net(x), y)
             loss.backward()
             opt.step()
@@ -105,21 +108,21 @@ class Job:
             loss_value = loss.item()
             times.append(time.perf_counter() - t0)
         wall = time.perf_counter() - t_loop
-        final = torch.tensor([loss_value], dtype=torch.float64)
+        final = torch.tensor([loss_value], dtype=torch.float64, device=self.dev)
         dist.all_reduce(final)
         return {"model": self.name, "strategy": self.strategy, "micro_batch": self.mb,
                 "world_size": self.world, "step_times_s": times, "loop_wall_s": wall,
                 "steps": n, "final_loss": float(final.item()) / self.world}
 
 
-def run_one(name, strategy, warmup, steps, tiny, rank, world):
-    job = Job(name, strategy, tiny, rank, world)
+def run_one(name, strategy, warmup, steps, tiny, rank, world, dev):
+    job = Job(name, strategy, tiny, rank, world, dev)
     if warmup:
         job.steps(warmup)
     return job.steps(steps)
 
 
-def serve(folder, tiny, rank, world):
+def serve(folder, tiny, rank, world, dev):
     job = None
     resp = None
     with open(os.path.join(folder, f"cmd-{rank}")) as cmds:
@@ -131,7 +134,7 @@ def serve(folder, tiny, rank, world):
                 break
             if cmd["op"] == "setup":
                 name, strategy = cmd["config"].split(":")
-                job = Job(name, strategy, tiny, rank, world)
+                job = Job(name, strategy, tiny, rank, world, dev)
                 out = {"ok": True}
             else:
                 out = job.steps(int(cmd["n"]))
@@ -149,22 +152,28 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                   help="nccl: one GPU per rank (LOCAL_RANK)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     if not a.serve and not (a.configs and a.out):
         p.error("give --configs and --out, or --serve DIR")
     torch.set_num_threads(1)
+    dev = torch.device("cpu")
+    if a.backend == "nccl":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(dev)
     # Long: in --serve mode the ranks wait for commands between collectives.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
     if a.serve:
-        serve(a.serve, a.tiny, rank, world)
+        serve(a.serve, a.tiny, rank, world, dev)
         dist.destroy_process_group()
         return
     rows = []
     for cfg in a.configs.split(","):
         name, strategy = cfg.split(":")
-        rows.append(run_one(name, strategy, a.warmup, a.steps, a.tiny, rank, world))
+        rows.append(run_one(name, strategy, a.warmup, a.steps, a.tiny, rank, world, dev))
     if rank == 0:
         with open(a.out, "w") as f:
             json.dump({"torch": torch.__version__, "backend": dist.get_backend(),

@@ -282,8 +282,8 @@ class PlainServer:
         os.mkfifo(os.path.join(self.dir, "resp"))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(self.n),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               os.path.join(HERE, "plain_train.py"), "--serve", self.dir] + \
-            (["--tiny"] if ctx.tiny else [])
+               os.path.join(HERE, "plain_train.py"), "--serve", self.dir,
+               "--backend", ctx.cluster.backend] + (["--tiny"] if ctx.tiny else [])
         self.log = open(os.path.join(self.dir, "log"), "w+")
         self.proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
                                      stdout=self.log, stderr=subprocess.STDOUT)
@@ -353,7 +353,7 @@ def bench_train(ctx: Context) -> list[Row]:
 
     sh, c = ctx.shell, ctx.cluster
     configs = [(m, s) for m in MODELS for s in STRATEGIES]
-    warmup, steps, rounds = (1, 2, 1) if ctx.smoke else (5, 6, 5 * ctx.rounds)
+    warmup, steps, rounds = (1, 2, 1) if ctx.smoke else (5, 5, 10 * ctx.rounds)
     plain = PlainServer(ctx)
     rows = []
     try:
@@ -529,7 +529,7 @@ def bench_allreduce(ctx: Context) -> list[Row]:
     iters = 20
     if ctx.smoke:
         sizes, iters = [1024, 1 << 20], 2
-    rounds = 1 if ctx.smoke else ctx.rounds
+    rounds = 1 if ctx.smoke else 2 * ctx.rounds
     path = os.path.join(ctx.tmp, "raw_allreduce.json")
 
     def ours():

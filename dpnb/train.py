@@ -71,9 +71,11 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro
           timeout: float | None = None) -> dict:
     """Run training steps on every rank with a live progress display.
 
-    Ctrl-C (Jupyter's "interrupt kernel") stops every rank together at the
-    next step boundary; the model and optimizer keep their state and a later
-    ``train`` continues from the same step.
+    Ctrl-C (Jupyter's "interrupt kernel") stops every rank together after the
+    same step (at most one step after the one that was running: the ranks
+    agree through each step's stats, read one step later); the model and
+    optimizer keep their state and a later ``train`` continues from the next
+    step.
     """
     if steps is None and epochs is None:
         raise DpnbError("say how long to train: --steps S or --epochs E")

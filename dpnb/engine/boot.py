@@ -6,8 +6,10 @@ engines only once the controller has written its connection file, and an
 engine imports torch only when the first cell asks for it, so start-up
 would be controller, then engine imports, then registration, then torch,
 one after another.  Here the engine is launched together with the
-controller; it starts importing torch in a background thread at once,
-imports ipyparallel meanwhile, then waits for the connection file that
+controller; it starts importing torch (and what the first ``%dp wrap``
+needs: DDP, FSDP, torch._dynamo -- another ~3 s of CPU) in a background
+thread at once, imports ipyparallel meanwhile, then waits for the
+connection file that
 ``DPNB_CONNECTION_FILE`` names and hands it to ipyparallel as
 ``IPP_CONNECTION_INFO``.  The process and its PID are the engine's own.
 """
@@ -21,11 +23,15 @@ import time
 
 
 def _preload() -> None:
-    try:
-        import torch  # noqa: F401
-        import torch.distributed  # noqa: F401
-    except Exception:  # the engine reports import problems when a cell needs torch
-        pass
+    import importlib
+
+    from .setup import PRELOAD_MODULES
+
+    for name in ("torch", "torch.distributed", *PRELOAD_MODULES):
+        try:
+            importlib.import_module(name)
+        except Exception:  # the engine reports import problems when a cell needs them
+            pass
 
 
 def wait_for_connection(path: str, timeout: float, poll: float = 0.02) -> str | None:
