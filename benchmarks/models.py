@@ -9,6 +9,8 @@ from the same weights and the same dataset.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -54,6 +56,16 @@ def build(name: str, tiny: bool = False):
         if tiny:
             mb = 4
     return model, ds, mb
+
+
+def rank_device(backend: str) -> torch.device:
+    """This torchrun worker's device: its own GPU (``LOCAL_RANK``) under
+    NCCL, made current, else the CPU."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(dev)
+    return dev
 
 
 def fsdp_units(model: nn.Module) -> list:

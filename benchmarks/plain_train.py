@@ -159,10 +159,7 @@ def main(argv=None):
     if not a.serve and not (a.configs and a.out):
         p.error("give --configs and --out, or --serve DIR")
     torch.set_num_threads(1)
-    dev = torch.device("cpu")
-    if a.backend == "nccl":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(dev)
+    dev = models.rank_device(a.backend)
     # Long: in --serve mode the ranks wait for commands between collectives.
     dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()

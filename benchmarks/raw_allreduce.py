@@ -17,10 +17,14 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
 
 
 def main(argv=None):
@@ -32,10 +36,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    dev = torch.device("cpu")
-    if a.backend == "nccl":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(dev)
+    dev = models.rank_device(a.backend)
     dist.init_process_group(a.backend, timeout=datetime.timedelta(seconds=60))
     world = dist.get_world_size()
 

@@ -144,13 +144,23 @@ def quiet():
     return contextlib.redirect_stdout(io.StringIO())
 
 
+def torchrun_env() -> dict:
+    # torchrun sets OMP_NUM_THREADS=1 itself for more than one worker, with a
+    # warning; one thread per rank is also what dpnb gives its engines here.
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def torchrun_cmd(script: str, args: list[str], nproc: int) -> list[str]:
+    """``benchmarks/script`` under this interpreter's torchrun, on loopback."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            os.path.join(HERE, script), *args]
+
+
 def torchrun(script: str, args: list[str], nproc: int, timeout: float = 600) -> None:
-    """Run ``benchmarks/script`` under torchrun (this interpreter's) on loopback."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           os.path.join(HERE, script), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    """Run ``benchmarks/script`` under torchrun to the end."""
+    p = subprocess.run(torchrun_cmd(script, args, nproc), env=torchrun_env(),
+                       capture_output=True, text=True, timeout=timeout)
     if p.returncode:
         raise RuntimeError(f"{script} under torchrun failed ({p.returncode}):\n{p.stderr[-3000:]}")
 
@@ -280,13 +290,11 @@ class PlainServer:
         for r in range(self.n):
             os.mkfifo(os.path.join(self.dir, f"cmd-{r}"))
         os.mkfifo(os.path.join(self.dir, "resp"))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(self.n),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               os.path.join(HERE, "plain_train.py"), "--serve", self.dir,
-               "--backend", ctx.cluster.backend] + (["--tiny"] if ctx.tiny else [])
+        cmd = torchrun_cmd("plain_train.py", ["--serve", self.dir, "--backend", ctx.cluster.backend]
+                           + (["--tiny"] if ctx.tiny else []), self.n)
         self.log = open(os.path.join(self.dir, "log"), "w+")
-        self.proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, env=torchrun_env(), stdout=self.log,
+                                     stderr=subprocess.STDOUT)
         self.cmds = [self._open_write(os.path.join(self.dir, f"cmd-{r}")) for r in range(self.n)]
         self.resp = os.fdopen(os.open(os.path.join(self.dir, "resp"), os.O_RDONLY | os.O_NONBLOCK))
         self._buf = ""

@@ -155,6 +155,7 @@ class Cluster:
         self.group_ok = True
         self.generation = 1
         self._reaper: subprocess.Popen | None = None
+        self._views: dict[int, Any] = {}  # engine id -> its DirectView (see _view)
         # A kernel that exits normally stops its cluster (and removes the
         # profile with its keys); a weak reference lets an unused Cluster go.
         ref = weakref.ref(self)
@@ -315,12 +316,8 @@ class Cluster:
                    launcher=engines, timeout_s=timeout, profile_dir=profile_dir,
                    master_addr=master_addr, master_port=port, threads=threads, gpus=gpus,
                    local=local)
-        # one round trip for all ranks, not one per rank
-        pending = [client[r.engine_id].apply_async(_fn("init_rank"), info)
-                   for r, info in zip(final, infos)]
-        for ar in pending:
-            ar.get()
-        port = client[final[0].engine_id].apply_sync(_fn("listen_store"), master_addr)
+        self._init_ranks(infos)
+        port = self._view(0).apply_sync(_fn("listen_store"), master_addr)
         self.master_port = port
         res = self._call_all(_SETUP + ".form_group", (port,), timeout=timeout + 15)
         if not res.ok:
@@ -356,11 +353,18 @@ class Cluster:
         """The single-engine view of ``rank``'s engine, made once per engine:
         building a DirectView costs more than sending a short cell."""
         eid = self.ranks[rank].engine_id
-        views = self.__dict__.setdefault("_views", {})
-        v = views.get(eid)
-        if v is None or v.client is not self.client:
-            v = views[eid] = self.client[eid]
+        v = self._views.get(eid)
+        if v is None:
+            v = self._views[eid] = self.client[eid]
         return v
+
+    def _init_ranks(self, infos: list[dict]) -> None:
+        """:func:`dpnb.engine.setup.init_rank` on every rank, ``infos[r]`` for
+        rank ``r``: all sent before any is waited for, one round trip in all."""
+        pending = [self._view(r).apply_async(_fn("init_rank"), info)
+                   for r, info in enumerate(infos)]
+        for ar in pending:
+            ar.get()
 
     def _select(self, ranks) -> list[int]:
         self._check_running()
@@ -889,7 +893,7 @@ class Cluster:
         """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
         port = self.master_port  # replaced below, once rank 0 has its identity
         kernel_pid = os.getpid()
-        pending = []
+        infos = []
         for r in range(self.world_size):
             ri = self.ranks[r]
             info = dict(rank=r, world_size=self.world_size, local_rank=ri.local_rank,
@@ -899,9 +903,8 @@ class Cluster:
                         master_addr=self.master_addr, master_port=port, timeout_s=self.timeout_s,
                         threads=self.threads, local_cluster=self.local,
                         watch_ppid=kernel_pid if (self.local and r in new) else None)
-            pending.append(self._view(r).apply_async(_fn("init_rank"), info))
-        for ar in pending:
-            ar.get()
+            infos.append(info)
+        self._init_ranks(infos)
         return self._regroup(callbacks=not new)
 
     def _kill_rank(self, r: int) -> None:
@@ -1054,8 +1057,6 @@ def _start_overlapped(icluster, n: int, timeout: float):
     :mod:`dpnb.engine.boot`, engines start importing torch and ipyparallel
     while the controller starts, then read the connection file themselves.
     """
-    import sys
-
     launcher = icluster.config.LocalEngineSetLauncher
     launcher.engine_cmd = [sys.executable, "-m", "dpnb.engine.boot"]
     launcher.environment = {

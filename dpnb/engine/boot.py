@@ -23,15 +23,9 @@ import time
 
 
 def _preload() -> None:
-    import importlib
+    from .setup import PRELOAD_MODULES, import_quietly
 
-    from .setup import PRELOAD_MODULES
-
-    for name in ("torch", "torch.distributed", *PRELOAD_MODULES):
-        try:
-            importlib.import_module(name)
-        except Exception:  # the engine reports import problems when a cell needs them
-            pass
+    import_quietly(("torch", "torch.distributed", *PRELOAD_MODULES))
 
 
 def wait_for_connection(path: str, timeout: float, poll: float = 0.02) -> str | None:

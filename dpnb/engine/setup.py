@@ -233,20 +233,24 @@ PRELOAD_MODULES = ("torch.nn.parallel", "torch.distributed.optim", "torch.distri
             "torch._dynamo", "dpnb.engine.training")
 
 
+def import_quietly(names) -> None:
+    """Import ``names`` in order, ignoring failures: the real import, in the
+    cell or call that needs the module, reports them."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+
+
 def _start_preload(st: EngineState) -> None:
     if "preload" in st.extras:
         return
 
-    def run() -> None:
-        import importlib
-
-        for name in PRELOAD_MODULES:
-            try:
-                importlib.import_module(name)
-            except Exception:  # the real import reports it, in the user's cell
-                pass
-
-    t = threading.Thread(target=run, name="dpnb-preload", daemon=True)
+    t = threading.Thread(target=import_quietly, args=(PRELOAD_MODULES,), name="dpnb-preload",
+                         daemon=True)
     st.extras["preload"] = t
     t.start()
     try:
