@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from .setup import user_ns, wait_preload
-from .state import STATE_NAME
+from .setup import user_ns
 
 
 def resolve(dotted: str):
@@ -22,11 +21,7 @@ def resolve(dotted: str):
 
 def call(dotted: str, args: tuple = (), kwargs: dict | None = None):
     """Run ``dotted(ns, *args, **kwargs)`` with this engine's user namespace."""
-    ns = user_ns()
-    st = ns.get(STATE_NAME)
-    if st is not None:
-        wait_preload(st)  # never import torch's heavy modules from two threads at once
-    return resolve(dotted)(ns, *args, **(kwargs or {}))
+    return resolve(dotted)(user_ns(), *args, **(kwargs or {}))
 
 
 def has_names(names: list[str]) -> list[str]:
