@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-from .setup import user_ns
+from .setup import user_ns, wait_preload
+from .state import STATE_NAME
 
 
 def resolve(dotted: str):
@@ -21,7 +22,11 @@ def resolve(dotted: str):
 
 def call(dotted: str, args: tuple = (), kwargs: dict | None = None):
     """Run ``dotted(ns, *args, **kwargs)`` with this engine's user namespace."""
-    return resolve(dotted)(user_ns(), *args, **(kwargs or {}))
+    ns = user_ns()
+    st = ns.get(STATE_NAME)
+    if st is not None:
+        wait_preload(st)  # never import torch's heavy modules from two threads at once
+    return resolve(dotted)(ns, *args, **(kwargs or {}))
 
 
 def has_names(names: list[str]) -> list[str]:

@@ -220,22 +220,15 @@ def form_group(master_port: int | None = None) -> dict:
     if int(t.item()) != st.world_size:
         raise RuntimeError(f"process group check failed: all_reduce of ones gave {t.item()}")
     st.generation += 1
-    if not st.extras.get("preloaded"):
-        # After the group check, so no peer waits in a collective meanwhile;
-        # on engines started through dpnb.engine.boot this only waits for
-        # what the boot thread has not finished yet.
-        import_quietly(PRELOAD_MODULES)
-        st.extras["preloaded"] = True
+    _start_preload(st)
     return {"rank": st.rank, "generation": st.generation, "port": st.master_port}
 
 
 # Imported on the first %dp wrap: about 3 s of CPU per engine (DDP pulls in
 # torch._dynamo, FSDP pulls in DTensor).  Engines started through
 # dpnb.engine.boot import them while the cluster starts (the CPU is mostly
-# waiting then); form_group makes sure they are in before the start returns,
-# so neither the first cell nor the first wrap pays for them, and no cell
-# imports them while another thread is half-way through (Python hands such a
-# concurrent circular import a partly initialised module).
+# waiting then); other engines import them in the background once the group
+# is up, so the first wrap does not pay for them.
 PRELOAD_MODULES = ("torch.nn.parallel", "torch.distributed.optim", "torch.distributed.fsdp",
             "torch._dynamo", "dpnb.engine.training")
 
@@ -250,6 +243,32 @@ def import_quietly(names) -> None:
             importlib.import_module(name)
         except Exception:
             pass
+
+
+def _start_preload(st: EngineState) -> None:
+    if "preload" in st.extras:
+        return
+
+    t = threading.Thread(target=import_quietly, args=(PRELOAD_MODULES,), name="dpnb-preload",
+                         daemon=True)
+    st.extras["preload"] = t
+    t.start()
+    try:
+        from IPython import get_ipython
+
+        # A cell that imports the same modules while the thread is half-way
+        # through them could be handed a partly initialised module (Python's
+        # answer to concurrent circular imports), so cells wait for it first.
+        get_ipython().events.register("pre_run_cell", lambda *_: wait_preload(st))
+    except Exception:
+        pass
+
+
+def wait_preload(st: EngineState) -> None:
+    """Block until the background imports of :func:`_start_preload` are done."""
+    t = st.extras.get("preload")
+    if t is not None and t.is_alive():
+        t.join()
 
 
 def destroy_group() -> bool:
