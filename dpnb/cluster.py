@@ -323,6 +323,9 @@ class Cluster:
         if not res.ok:
             raise StartError("the engines started but could not form a process group: "
                              + _first_error(res))
+        # The preload imports end on every rank before the start returns, so
+        # the first cell does not wait for them.
+        self._call_all(_SETUP + ".preload_done", timeout=timeout + 15)
         # Our controller and engines (or mpiexec) are children of this process
         # for every launcher but ssh/slurm's remote side, so guard them all.
         self._start_reaper()

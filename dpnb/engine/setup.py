@@ -271,6 +271,13 @@ def wait_preload(st: EngineState) -> None:
         t.join()
 
 
+def preload_done() -> bool:
+    """Wait for this engine's preload imports (the start waits for this on
+    every rank, so its first cell does not)."""
+    wait_preload(get_state(user_ns()))
+    return True
+
+
 def destroy_group() -> bool:
     """Tear down this rank's process group, tolerating a broken one."""
     import torch.distributed as dist
