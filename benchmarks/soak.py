@@ -112,7 +112,7 @@ def run_soak(seconds: float, seed: int = 0, n: int = 2, timeout: float = 5.0,
     cycles = 0
     try:
         c.run(SETUP + "\nimport time\ndef slow_loss(out, target):\n    time.sleep(0.05)\n"
-              "    return torch.nn.functional.mse_loss(out, target)\n", display=False)
+              "    return torch.nn.functional.mse_loss(out, target)\n", display=False, setup=True)
         c.wrap("net", "ddp", lr=0.01)
         c.set_data("ds")
         c.train(steps=2, micro_batch=8, progress=False)

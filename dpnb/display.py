@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import html
 
-from .output import in_kernel
+from .core.units import fmt_bytes
+from .env import in_kernel
 
 STATUS_COLUMNS = ("rank", "host", "pid", "device", "backend", "alive", "state", "memory")
 
 
 def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    return fmt_bytes(n, binary=True)
 
 
 def status_rows(rows: list[dict]) -> list[list[str]]:

@@ -12,324 +12,12 @@ import textwrap
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import parse_argstring
 
 from . import cluster as cl
 from .errors import DpnbError, RemoteCellError
-
-_SUBCOMMANDS: dict[str, object] = {}
-
-
-def _sub(name: str, prog: str | None = None):
-    """Register a subcommand stub; its parser's usage line reads ``%dp NAME``."""
-
-    def deco(f):
-        f.parser.prog = prog or f"dp {name}"  # IPython prefixes the usage with %
-        f.__doc__ = f.parser.format_help()
-        if prog is None:
-            _SUBCOMMANDS[name] = f
-        return f
-
-    return deco
-
-
-# Each stub carries one subcommand's parser (magic_arguments keeps it on the
-# function); the stubs are never called.
-
-@_sub("start")
-@magic_arguments()
-@argument("-n", type=int, default=2, help="number of engines (ranks), default 2")
-@argument("--backend", default="auto", choices=cl.BACKENDS,
-          help="auto: nccl when every engine has its own GPU, else gloo")
-@argument("--engines", default="local", choices=cl.LAUNCHERS,
-          help="ipyparallel launcher for the engines (default local)")
-@argument("--gpus", default=None, help="GPU ordinals to use per host, e.g. 0,1,2,3")
-@argument("--timeout", type=float, default=cl.DEFAULT_TIMEOUT_S,
-          help="process-group timeout in seconds: how long a collective waits for a "
-               "peer before it errors (default %(default)s)")
-@argument("--threads", type=int, default=None,
-          help="torch threads per engine (default: cores / engines per host)")
-@argument("--launcher-arg", action="append", default=None, dest="launcher_args",
-          help="launcher setting (repeatable): an mpiexec option for mpi (e.g. "
-               "--oversubscribe), KEY=VALUE for slurm (queue, account, timelimit, qos, "
-               "options), HOST=N for ssh")
-@argument("--controller-ip", default=None,
-          help="address the controller listens on (default 127.0.0.1; use '*' so engines "
-               "on other nodes can connect)")
-def _start():
-    """Start N engines and join them in one torch.distributed process group."""
-
-
-@_sub("stop")
-@magic_arguments()
-def _stop():
-    """Stop every process dpnb started (controller, engines)."""
-
-
-@_sub("status")
-@magic_arguments()
-def _status():
-    """Table of ranks: host, pid, device, backend, alive, memory in use."""
-
-
-@_sub("restart")
-@magic_arguments()
-@argument("--hard", action="store_true", help="replace every engine (all state is lost)")
-@argument("--resume", default=None, metavar="DIR",
-          help="then rebuild the model on every rank (replaying the cells and the wrap that "
-               "built it) and load the checkpoint in DIR")
-def _restart():
-    """Replace dead engines and re-form the process group; says what was lost."""
-
-
-@_sub("reform")
-@magic_arguments()
-def _reform():
-    """Destroy and re-create the process group on a fresh port (state kept)."""
-
-
-@_sub("interrupt")
-@magic_arguments()
-@argument("--ranks", default=None, help="ranks to interrupt (default all)")
-def _interrupt():
-    """Send SIGINT (KeyboardInterrupt) to the engines of the selected ranks."""
-
-
-@_sub("push")
-@magic_arguments()
-@argument("names", nargs="+", help="notebook variables to copy to the ranks")
-@argument("--ranks", default=None, help="ranks to push to (default all)")
-def _push():
-    """Copy notebook variables into the ranks' namespaces."""
-
-
-@_sub("pull")
-@magic_arguments()
-@argument("name", help="variable to fetch from the ranks")
-@argument("--rank", type=int, default=None,
-          help="fetch from this rank only (default: a list with one value per rank)")
-def _pull():
-    """Fetch a variable from the ranks (one value per rank, or --rank R)."""
-
-
-@_sub("wrap")
-@magic_arguments()
-@argument("model", help="name of the torch.nn.Module defined on every rank")
-@argument("--strategy", default="ddp", choices=("ddp", "zero1", "zero2", "zero3"),
-          help="ddp: DistributedDataParallel; zero1: DDP + ZeroRedundancyOptimizer; "
-               "zero2/zero3: FSDP2 fully_shard without/with resharding after forward")
-@argument("--bucket-cap-mb", type=float, default=None,
-          help="DDP gradient bucket size in MiB (default: DDP's 25, first bucket 1)")
-@argument("--mixed-precision", default="none", choices=("none", "bf16", "fp16"),
-          help="FSDP2 MixedPrecisionPolicy, autocast for DDP")
-@argument("--cpu-offload", action="store_true", help="FSDP2: keep shards on the CPU")
-@argument("--wrap", dest="wrap_classes", action="append", default=None,
-          help="zero3/zero2: shard each submodule of this class name separately (repeatable)")
-@argument("--optimizer", default="adamw", choices=("adamw", "adam", "sgd"),
-          help="optimizer built on every rank (default adamw)")
-@argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
-@argument("--weight-decay", type=float, default=0.0)
-@argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-@argument("--out", default="model", help="name of the wrapped model on the ranks (default model)")
-def _wrap():
-    """Wrap MODEL on every rank; the wrapped model and optimizer are `model`, `optimizer`."""
-
-
-@_sub("data")
-@magic_arguments()
-@argument("dataset", help="name of a map-style Dataset defined on every rank")
-@argument("--seed", type=int, default=0, help="DistributedSampler seed (default 0)")
-@argument("--no-shuffle", action="store_true")
-def _data():
-    """Train on DATASET, sharded over the ranks with DistributedSampler."""
-
-
-@_sub("train")
-@magic_arguments()
-@argument("--steps", type=int, default=None, help="optimizer steps to run")
-@argument("--epochs", type=int, default=None, help="passes over the dataset (instead of --steps)")
-@argument("--micro-batch", type=int, default=8, help="samples per rank per micro-batch (default 8)")
-@argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default 1)")
-@argument("--lr-scale", default="none", choices=("none", "linear", "sqrt"),
-          help="scale the lr with the global batch relative to --ref-batch")
-@argument("--ref-batch", type=int, default=None, help="batch size the base lr was tuned for")
-@argument("--seq-len", type=int, default=None, help="tokens per sample, for tokens/s")
-@argument("--step-fn", default=None, help="name of a step(batch) -> loss function on the ranks")
-@argument("--loss-fn", default=None, help="name of a loss_fn(output, target) on the ranks")
-@argument("--no-record", action="store_true", help="do not record bucket timelines / bytes")
-@argument("--timeout", type=float, default=None,
-          help="wall-clock limit in seconds; ranks still running are interrupted and named")
-def _train():
-    """Run training steps with a live progress bar and loss curve (Ctrl-C stops cleanly)."""
-
-
-@_sub("check")
-@magic_arguments()
-@argument("--model", default=None, help="model name (default: the wrapped one)")
-def _check():
-    """Are the replicas in sync?  Names the tensors that differ."""
-
-
-@_sub("save")
-@magic_arguments()
-@argument("dir", help="checkpoint folder (torch.distributed.checkpoint)")
-def _save():
-    """Save model + optimizer + step (loadable under another strategy / world size)."""
-
-
-@_sub("load")
-@magic_arguments()
-@argument("dir", help="checkpoint folder written by %%dp save")
-def _load():
-    """Load model + optimizer + step from DIR (no pickled objects are loaded)."""
-
-
-@_sub("pull-model")
-@magic_arguments()
-def _pull_model():
-    """Return the full, unwrapped state dict (gathered for FSDP) to the notebook."""
-
-
-@_sub("gradsync")
-@magic_arguments()
-@argument("--step", type=int, default=None, help="show this recorded step (default: the last)")
-@argument("--last", type=int, default=3, help="recorded steps to fetch (default 3)")
-@argument("--cap-mb", type=float, default=None,
-          help="bucket cap for the model's prediction beside the measured buckets")
-@argument("--link", default=None, help="link preset for the prediction (default: fitted)")
-@argument("--watch", action="store_true",
-          help="only install the timing hooks (optimizer step, FSDP collectives)")
-@argument("--save", default=None, metavar="PATH", help="write the figure (.png/.svg)")
-def _gradsync():
-    """Gradient sync timeline per rank: backward, each bucket's all-reduce, optimizer."""
-
-
-@_sub("batch")
-@magic_arguments()
-@argument("--micro-batch", type=int, default=None)
-@argument("--dp", type=int, default=None)
-@argument("--grad-accum", type=int, default=None)
-@argument("--seq-len", type=int, default=None)
-@argument("--target-tokens", type=float, default=None)
-@argument("--ref-lr", type=float, default=None)
-@argument("--ref-batch", type=int, default=None)
-@argument("--tp", type=int, default=None)
-@argument("--pp", type=int, default=None)
-@argument("--gpus", type=int, default=None, help="world size to factor as DP x TP x PP")
-@argument("--live", action="store_true", help="fill in the cluster's DP and last %%dp train")
-@argument("--save", default=None, metavar="PATH")
-def _batch():
-    """Global batch = micro-batch x DP x grad-accum (x seq-len), LR scaling, DP x TP x PP."""
-
-
-@_sub("memory")
-@magic_arguments()
-@argument("--params", type=float, default=None, help="parameter count, e.g. 7e9")
-@argument("--dp", type=int, default=None)
-@argument("--precision", default=None, choices=("fp32", "bf16-mixed", "fp16-mixed"))
-@argument("--optimizer", default=None, choices=("adam", "adamw", "sgd-momentum", "sgd"))
-@argument("--capacity-gb", type=float, default=None, help="device memory line (default 80)")
-@argument("--offload", default=None, choices=("none", "optimizer", "optimizer+params"))
-@argument("--fp32-grad-accum", action="store_true")
-@argument("--live", action="store_true",
-          help="the wrapped model on the cluster: measured bytes per rank beside the exact "
-               "prediction")
-@argument("--save", default=None, metavar="PATH")
-def _memory():
-    """Per-rank ZeRO memory for stages 0-3 (predicted, and measured with --live)."""
-
-
-@_sub("comm")
-@magic_arguments()
-@argument("--link", default=None, help="nvlink4-h100, ib-ndr-400, ib-hdr-200, pcie-gen4-x16, "
-                                       "ethernet-100g, gloo-loopback")
-@argument("--n", type=int, default=None, help="ranks")
-@argument("--collectives", default=None, help="comma list: all_reduce,reduce_scatter,all_gather")
-@argument("--bandwidth", type=float, default=None, help="custom link bandwidth in GB/s")
-@argument("--latency", type=float, default=None, help="custom link latency in microseconds")
-@argument("--save", default=None, metavar="PATH")
-def _comm():
-    """alpha-beta model of collective time vs message size for a link."""
-
-
-@_sub("bench")
-@magic_arguments()
-@argument("kind", choices=("allreduce", "all_reduce", "reduce_scatter", "all_gather"))
-@argument("--sizes", default=None, metavar="LO:HI:K",
-          help="K sizes from LO to HI bytes, log-spaced (default 1e3:3.2e7:8)")
-@argument("--iters", type=int, default=5)
-@argument("--link", default=None, help="link preset to draw the model for")
-@argument("--save", default=None, metavar="PATH")
-def _bench():
-    """Run real collectives on the ranks over a range of sizes; algbw/busbw vs the model."""
-
-
-@_sub("scaling")
-@magic_arguments()
-@argument("--compute-ms", type=float, default=None)
-@argument("--grad-bytes", type=float, default=None)
-@argument("--link", default=None)
-@argument("--overlap", type=float, default=None, help="fraction of comm hidden by compute, 0-1")
-@argument("--max-dp", type=int, default=None)
-@argument("--samples-per-rank", type=int, default=None)
-@argument("--live", action="store_true", help="add measured points from the records")
-@argument("--save", default=None, metavar="PATH")
-def _scaling():
-    """Throughput and scaling efficiency vs DP degree."""
-
-
-@_sub("straggle")
-@magic_arguments()
-@argument("--rank", type=int, default=None, help="rank to slow down")
-@argument("--delay", type=float, default=None, metavar="MS", help="extra ms per step")
-@argument("--clear", action="store_true", help="remove every injected delay")
-def _straggle():
-    """Inject a straggler: RANK sleeps MS milliseconds in every training step."""
-
-
-@_sub("stragglers")
-@magic_arguments()
-@argument("--p", type=float, default=None, help="chance a rank straggles in a step")
-@argument("--n", type=int, default=None, help="ranks for the 1-(1-p)^N curve")
-@argument("--delay", type=float, default=None, metavar="MS")
-@argument("--save", default=None, metavar="PATH")
-def _stragglers():
-    """Per-rank compute and step time of the last steps; the slowest rank gates the step."""
-
-
-@_sub("ring")
-@magic_arguments()
-@argument("--n", type=int, default=None, help="ranks in the drawn ring (default 4)")
-@argument("--size", type=float, default=None, help="message size in bytes")
-@argument("--numel", type=int, default=None, help="--live: elements per rank")
-@argument("--step", type=int, default=None, help="draw only this step")
-@argument("--live", action="store_true",
-          help="run reduce_scatter_tensor + all_gather_into_tensor on the ranks and compare "
-               "with all_reduce")
-@argument("--save", default=None, metavar="PATH")
-def _ring():
-    """Ring all-reduce step by step: reduce-scatter then all-gather."""
-
-
-@_sub("dashboard")
-@magic_arguments()
-@argument("--interval", type=float, default=None, help="seconds between updates (default 1)")
-def _dashboard():
-    """Cluster status, live step/loss/throughput and memory per rank, updating while training."""
-
-
-@_sub("(cell)", prog="%dp")
-@magic_arguments()
-@argument("--ranks", default=None,
-          help="ranks to run on: 0 | 0,2 | 1: | :2 | 0-2 | all (default all)")
-@argument("--timeout", type=float, default=None,
-          help="wall-clock limit for the cell in seconds; ranks still running are "
-               "interrupted and reported")
-@argument("--no-stream", action="store_true",
-          help="do not stream output while the cell runs")
-def _cell():
-    """%%dp [--ranks SPEC] [--timeout S]: run the cell on the selected ranks."""
-
+from .magic_args import SUBCOMMANDS as _SUBCOMMANDS
+from .magic_args import _cell
 
 def _is_dpnb_error(e: Exception) -> bool:
     return type(e).__module__.startswith("dpnb.")
@@ -372,6 +60,7 @@ class DPMagics(Magics):
     def __init__(self, shell=None):
         super().__init__(shell)
         self.cluster: cl.Cluster | None = None
+        self.dashboard = None  # the live dashboard widget, if one is shown
 
     # -------------------------------------------------------- entry point
     @line_cell_magic
@@ -417,7 +106,8 @@ class DPMagics(Magics):
         c = self._need()
         if not cell.strip():
             raise UsageError("%%dp cell is empty: put code to run on the ranks below %%dp")
-        c.run(cell, ranks=args.ranks, timeout=args.timeout, stream=not args.no_stream)
+        c.run(cell, ranks=args.ranks, timeout=args.timeout, stream=not args.no_stream,
+              setup=args.setup)
 
     def _do_start(self, a):
         if self.cluster is not None and self.cluster.running:
@@ -613,7 +303,32 @@ class DPMagics(Magics):
         from .widgets import dashboard
 
         kw = self._kw(a, interval="interval")
-        dashboard.show(self._need(), **kw)
+        if self.dashboard is not None:  # one live dashboard per session: stop the old poller
+            self.dashboard.stop()
+        self.dashboard = dashboard.show(self._need(), **kw)
+
+    def _do_setup(self, a):
+        c = self._need()
+        if a.clear:
+            c.setup_log.clear()
+            print("dpnb: setup log cleared; restart --resume will replay nothing")
+            return
+        lines = c.setup_log.describe()
+        print("dpnb: restart --resume replays, in order:\n  " + "\n  ".join(lines) if lines
+              else "dpnb: nothing recorded yet: mark cells that build state with %%dp --setup")
+
+    def _do_log(self, a):
+        from . import log as dlog
+
+        rows = dlog.recent(a.last)
+        print("\n".join(rows) if rows else "dpnb log: empty (nothing was caught)")
+        if a.ranks:
+            c = self._need()
+            res = c.call("dpnb.engine.runner.log_records", a.last, raise_errors=False)
+            for r in res.ranks:
+                o = res.outcomes[r]
+                got = o.value if o.status == "ok" else [f"(no answer: {o.status})"]
+                print(f"[rank {r}]\n" + ("\n".join(got) if got else "(empty)"))
 
 
 def load(ip) -> DPMagics:

@@ -13,7 +13,7 @@ import io
 import sys
 import time
 
-from .output import in_kernel
+from .env import RENDER_LOCK, in_kernel
 
 
 def _fmt_rate(x) -> str:
@@ -66,9 +66,10 @@ class TrainProgress:
         ax.set_ylabel("loss (global batch mean)")
         ax.set_title("training loss (live)")
         ax.grid(alpha=0.3)
-        fig.tight_layout()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png")
+        with RENDER_LOCK:
+            fig.tight_layout()
+            fig.savefig(buf, format="png")
         return buf.getvalue()
 
     # ------------------------------------------------------------ updates

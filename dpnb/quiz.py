@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from .output import in_kernel
+from .env import in_kernel
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .compat import result_metadata
+from .core.strategies import LR_SCALES, STRATEGIES, is_fsdp
 from .errors import DpnbError
 from .progress import TrainProgress
+from .ranks import rank_label
 
 _T = "dpnb.engine.training."
+WATCH = "dpnb.engine.views.watch"
 
 
 def _rank0(res) -> Any:
@@ -31,36 +35,32 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
     (``bucket_cap_mb``, ``mixed_precision``, ``cpu_offload``, ``wrap_classes``,
     ``optimizer``, ``lr``, ``weight_decay``, ``momentum``, ...).
     """
-    if strategy not in ("ddp", "zero1", "zero2", "zero3"):
-        raise DpnbError(f"unknown strategy {strategy!r}: choose ddp, zero1, zero2 or zero3")
-    if strategy in ("zero2", "zero3") and opts.get("mixed_precision") == "fp16" \
-            and cluster.backend == "gloo":
+    if strategy not in STRATEGIES:
+        raise DpnbError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    if is_fsdp(strategy) and opts.get("mixed_precision") == "fp16" and cluster.backend == "gloo":
         raise DpnbError("fp16 mixed precision with FSDP needs GPUs (NCCL); on a CPU cluster "
                         "use --mixed-precision bf16 or none")
     missing = cluster.call("dpnb.engine.runner.has_names_ns", [model])
     lacking = [r for r, v in zip(missing.ranks, missing.values) if v]
     if lacking:
-        from .ranks import rank_label
-
         raise DpnbError(f"there is no {model!r} on {rank_label(lacking)}: build the model in a "
                         f"%%dp cell on every rank first (e.g. {model} = torch.nn.Linear(8, 1))")
     res = cluster.call(_T + "wrap", model, strategy, **opts)
     info = _rank0(res)
     cluster.last_wrap = {"model": model, "strategy": strategy, **opts, "summary": info}
-    cluster.setup_log.append(("wrap", {"model": model, "strategy": strategy, "opts": opts}))
+    cluster.record_setup_call(f"wrap {model} ({strategy})", _T + "wrap", model, strategy, **opts)
     # Timing hooks for the gradient-sync view (optimizer step, FSDP
     # all-gather / reduce-scatter); local to each rank, no communication.
-    from .widgets import gradsync
-
-    gradsync.watch(cluster)
+    cluster.call(WATCH)
+    cluster.record_setup_call("gradsync timing hooks", WATCH)
     return info
 
 
 def set_data(cluster, dataset: str, *, seed: int = 0, shuffle: bool = True) -> dict:
     """Use the dataset named ``dataset`` (defined on every rank) for training."""
     info = _rank0(cluster.call(_T + "set_data", dataset, seed=seed, shuffle=shuffle))
-    cluster.setup_log.append(("data", {"dataset": dataset,
-                                       "opts": {"seed": seed, "shuffle": shuffle}}))
+    cluster.record_setup_call(f"data {dataset}", _T + "set_data", dataset, seed=seed,
+                              shuffle=shuffle)
     return info
 
 
@@ -83,8 +83,8 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro
                         ("grad-accum", grad_accum, 1)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
             raise DpnbError(f"--{name} must be a whole number >= {lo} (got {v!r})")
-    if lr_scale not in ("linear", "sqrt", "none"):
-        raise DpnbError(f"--lr-scale must be linear, sqrt or none (got {lr_scale!r})")
+    if lr_scale not in LR_SCALES:
+        raise DpnbError(f"--lr-scale must be one of {', '.join(LR_SCALES)} (got {lr_scale!r})")
     kw = dict(steps=steps, epochs=epochs, micro_batch=micro_batch, grad_accum=grad_accum,
               lr_scale=lr_scale, ref_batch=ref_batch, seq_len=seq_len, step_fn=step_fn,
               loss_fn=loss_fn, record=record, publish=bool(progress))
@@ -93,10 +93,8 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro
     def on_poll(ars: dict) -> None:
         if view is None:
             return
-        try:
-            data = ars[min(ars)].data
-        except Exception:
-            return
+        # rank 0's latest datapub payload, kept by the client's I/O thread
+        data = result_metadata(ars[min(ars)]).get("data")
         if isinstance(data, dict) and data.get("dpnb_progress"):
             view.update(data["dpnb_progress"])
 

@@ -1,7 +1,20 @@
-"""Test-wide settings: keep IPython/Jupyter state out of the user's home."""
+"""Test-wide settings and the one layout rule: a test's folder is its tier.
+
+``unit/`` (fast, no processes beyond a short torch subprocess), ``cluster/``
+(real ipyparallel engines or multi-process gloo groups), ``notebook/``
+(nbclient), ``browser/`` (JupyterLab in Chromium), ``slow/`` (fresh virtual
+environments, the benchmark smoke run).  Each test gets its folder's marker
+here, so ``-m "not cluster and not notebook and not browser and not slow"``
+selects the fast tier.  Shared helpers are the package ``tests/helpers``.
+
+IPython/Jupyter state is kept out of the user's home.
+"""
 
 import os
+import pathlib
 import tempfile
+
+import pytest
 
 _home = tempfile.mkdtemp(prefix="dpnb-test-home-")
 for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
@@ -11,3 +24,16 @@ for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-conf
     os.makedirs(os.environ[var], exist_ok=True)
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+TESTS = pathlib.Path(__file__).resolve().parent
+TIERS = ("unit", "cluster", "notebook", "browser", "slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            tier = pathlib.Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))

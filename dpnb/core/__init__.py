@@ -46,19 +46,21 @@ from dpnb.core.comm import (
     step_volume,
 )
 from dpnb.core.errors import ConfigError
-from dpnb.core.memory import (
+from dpnb.core.exact_memory import (
     FsdpShard,
-    MemoryBreakdown,
     ParamSpec,
     RankBytes,
-    bytes_per_param_parts,
     exact_rank_bytes,
     fsdp_shard_rows,
+    param_specs,
+    zero1_partition,
+)
+from dpnb.core.memory import (
+    MemoryBreakdown,
+    bytes_per_param_parts,
     max_params_that_fit,
     memory_table,
     min_dp_to_fit,
-    param_specs,
-    zero1_partition,
     zero_memory,
 )
 from dpnb.core.scaling import (

@@ -35,6 +35,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from ..compat import is_dtensor, local_tensor
 from .state import get_state
 
 __all__ = ["check"]
@@ -45,7 +46,7 @@ _NAN = 7.7e307  # stands in for NaN so MAX/MIN compare it like a value
 def _module_for(ns, model_name):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .training import TrainError, require_bound
+    from .train_state import TrainError, require_bound
 
     if model_name is None:
         st = require_bound(ns)
@@ -74,7 +75,7 @@ def _gather_full(t, ws: int, cdev) -> torch.Tensor:
 
     mesh = t.device_mesh
     if mesh.ndim == 1 and tuple(t.placements) == (Shard(0),) and t.dim() > 0 and mesh.size() == ws:
-        loc = t._local_tensor.detach().to(cdev)
+        loc = local_tensor(t).detach().to(cdev)
         d0 = t.shape[0]
         chunk = math.ceil(d0 / ws)
         padded = torch.zeros((chunk, *t.shape[1:]), dtype=loc.dtype, device=cdev)
@@ -83,6 +84,51 @@ def _gather_full(t, ws: int, cdev) -> torch.Tensor:
         dist.all_gather(bufs, padded, group=mesh.get_group())
         return torch.cat(bufs)[:d0]
     return t.full_tensor()
+
+
+def _fingerprints(fulls: list, ws: int, cdev) -> torch.Tensor:
+    """Four numbers per tensor from every rank (one all_gather): ``(ws, T, 4)``."""
+    fp = torch.zeros(len(fulls), 4, dtype=torch.float64, device=cdev)
+    for i, x in enumerate(fulls):
+        if x.numel():
+            isn = x == _NAN
+            clean = torch.where(isn, torch.zeros_like(x), x)
+            w = torch.arange(1, x.numel() + 1, dtype=torch.float64, device=cdev)
+            fp[i, 0] = clean.sum()
+            fp[i, 1] = (clean * clean).sum()
+            fp[i, 2] = (clean * torch.sin(w)).sum()
+            fp[i, 3] = isn.sum()
+    gathered = [torch.empty_like(fp) for _ in range(ws)]
+    dist.all_gather(gathered, fp)
+    return torch.stack(gathered).cpu()
+
+
+def _exact_diffs(fulls: list, chunk_mb: float, cdev) -> tuple[list[int], list[float]]:
+    """Elements that differ and the largest difference per tensor: an all_reduce
+    MAX and MIN of each chunk (chunked to bound the extra memory)."""
+    n_diff = [0] * len(fulls)
+    max_diff = [0.0] * len(fulls)
+    limit = max(1, int(chunk_mb * 2**20 / 8))
+    i = 0
+    while i < len(fulls):
+        j, size = i, 0
+        while j < len(fulls) and (j == i or size + fulls[j].numel() <= limit):
+            size += fulls[j].numel()
+            j += 1
+        buf = torch.cat(fulls[i:j]) if size else torch.zeros(0, dtype=torch.float64, device=cdev)
+        hi, lo = buf.clone(), buf.clone()
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        off = 0
+        for k in range(i, j):
+            n = fulls[k].numel()
+            d = (hi[off : off + n] - lo[off : off + n]).abs()
+            nd = int((d != 0).sum())
+            n_diff[k] = nd
+            max_diff[k] = float(d.max()) if nd else 0.0
+            off += n
+        i = j
+    return n_diff, max_diff
 
 
 def check(ns: dict, *, model_name: str | None = None, max_report: int = 20, chunk_mb: float = 64) -> dict:
@@ -97,8 +143,7 @@ def check(ns: dict, *, model_name: str | None = None, max_report: int = 20, chun
     es = get_state(ns)
     module, strategy = _module_for(ns, model_name)
     ws, rank = es.world_size, es.rank
-    dev = torch.device(es.device)
-    cdev = dev if es.backend == "nccl" else torch.device("cpu")
+    cdev = es.comm_device
 
     tensors = [(n, "parameter", p) for n, p in module.named_parameters()]
     tensors += [(n, "buffer", b) for n, b in module.named_buffers()]
@@ -123,9 +168,9 @@ def check(ns: dict, *, model_name: str | None = None, max_report: int = 20, chun
     layout_errors = []
     for name, kind, t in tensors:
         t = t.detach()
-        if hasattr(t, "full_tensor") and hasattr(t, "_local_tensor"):
+        if is_dtensor(t):
             sharded.append(name)
-            loc = t._local_tensor
+            loc = local_tensor(t)
             if t.dim() > 0:
                 exp = _expected_rows(t.shape[0], ws, rank)
                 if loc.shape[0] != exp or tuple(loc.shape[1:]) != tuple(t.shape[1:]):
@@ -137,44 +182,8 @@ def check(ns: dict, *, model_name: str | None = None, max_report: int = 20, chun
         x = t.reshape(-1).to(device=cdev, dtype=torch.float64)
         fulls.append(torch.nan_to_num(x, nan=_NAN))
 
-    # Fingerprints: which ranks differ from rank 0.
-    fp = torch.zeros(len(fulls), 4, dtype=torch.float64, device=cdev)
-    for i, (x, (_, _, t)) in enumerate(zip(fulls, tensors)):
-        if x.numel():
-            isn = x == _NAN
-            clean = torch.where(isn, torch.zeros_like(x), x)
-            w = torch.arange(1, x.numel() + 1, dtype=torch.float64, device=cdev)
-            fp[i, 0] = clean.sum()
-            fp[i, 1] = (clean * clean).sum()
-            fp[i, 2] = (clean * torch.sin(w)).sum()
-            fp[i, 3] = isn.sum()
-    gathered = [torch.empty_like(fp) for _ in range(ws)]
-    dist.all_gather(gathered, fp)
-    allfp = torch.stack(gathered).cpu()  # (ws, T, 4)
-
-    # Exact comparison, chunked to bound the extra memory.
-    n_diff = [0] * len(fulls)
-    max_diff = [0.0] * len(fulls)
-    limit = max(1, int(chunk_mb * 2**20 / 8))
-    i = 0
-    while i < len(fulls):
-        j, size = i, 0
-        while j < len(fulls) and (j == i or size + fulls[j].numel() <= limit):
-            size += fulls[j].numel()
-            j += 1
-        buf = torch.cat(fulls[i:j]) if size else torch.zeros(0, dtype=torch.float64, device=cdev)
-        hi, lo = buf.clone(), buf.clone()
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-        off = 0
-        for k in range(i, j):
-            n = fulls[k].numel()
-            d = (hi[off : off + n] - lo[off : off + n]).abs()
-            nd = int((d != 0).sum())
-            n_diff[k] = nd
-            max_diff[k] = float(d.max()) if nd else 0.0
-            off += n
-        i = j
+    allfp = _fingerprints(fulls, ws, cdev)  # (ws, T, 4): which ranks differ from rank 0
+    n_diff, max_diff = _exact_diffs(fulls, chunk_mb, cdev)
 
     bad = torch.tensor([len(layout_errors)], dtype=torch.int64, device=cdev)
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)

@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from .. import compat
 from .state import get_state
 
 __all__ = ["save", "load", "full_state_dict", "read_meta", "SafeFileSystemReader"]
@@ -127,7 +128,7 @@ class _TensorOnlyLoadPlanner(DefaultLoadPlanner):
 
 
 def _zero_inner(st):
-    return st.optimizer.optim if st.strategy == "zero1" else st.optimizer
+    return compat.zero_inner_optimizer(st.optimizer) if st.strategy == "zero1" else st.optimizer
 
 
 def _param_names(st) -> dict:
@@ -158,7 +159,7 @@ def _materialize_state(opt) -> None:
 
 def _zero1_optim_state(st) -> dict:
     names = _param_names(st)
-    inner = st.optimizer.optim
+    inner = compat.zero_inner_optimizer(st.optimizer)
     out = {}
     for p, s in inner.state.items():
         ts = {k: v for k, v in s.items() if isinstance(v, torch.Tensor)}
@@ -193,7 +194,7 @@ def save(ns: dict, path: str) -> dict:
     Optimizer state is saved only once it exists (after a first step) --
     before that the checkpoint holds the model alone.
     """
-    from .training import require_bound
+    from .train_state import require_bound
 
     es = get_state(ns)
     st = require_bound(ns)
@@ -270,7 +271,7 @@ def load(ns: dict, path: str, *, optimizer: bool = True, data_position: bool = T
     optimizer hyper-parameters and (with ``data_position``) the dataset
     epoch/position, so training continues where it stopped.
     """
-    from .training import TrainError, require_bound
+    from .train_state import TrainError, require_bound
 
     es = get_state(ns)
     st = require_bound(ns)
@@ -371,7 +372,7 @@ def full_state_dict(ns: dict) -> dict:
     Collective for FSDP (every parameter is all-gathered); keys are the
     original module's parameter names (no ``module.`` prefix), values are
     CPU tensors not shared with the live model."""
-    from .training import require_bound
+    from .train_state import require_bound
 
     es = get_state(ns)
     st = require_bound(ns)

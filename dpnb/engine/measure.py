@@ -37,13 +37,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["state_bytes", "BucketRecorder", "local_tensor", "measure_state_bytes", "bucket_records"]
+__all__ = ["state_bytes", "BucketRecorder", "local_tensor"]
 
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The part of ``t`` that lives on this rank (the local shard of a DTensor)."""
-    inner = getattr(t, "_local_tensor", None)
-    return inner if inner is not None else t
+from ..compat import local_tensor  # noqa: E402  (one copy; re-exported)
 
 
 class _StorageCounter:
@@ -302,46 +298,3 @@ class BucketRecorder:
         )
         self._step = None
         self.current_buckets, self.current_ready = [], []
-
-
-# --------------------------------------------------------------------------
-# namespace-level API (called by name from the notebook)
-
-
-def measure_state_bytes(ns: dict) -> dict:
-    """:func:`state_bytes` of the wrapped model and optimizer on this rank,
-    counted now (between steps gradients are usually freed; the training
-    loop's per-step records hold the counts taken right after
-    ``optimizer.step()``).  Local, no communication."""
-    from .training import train_state
-
-    st = train_state(ns)
-    out = state_bytes(st.module, st.optimizer, st.device)
-    out.update(rank=ns["_dpnb"].rank, strategy=st.strategy, step=st.step)
-    return out
-
-
-def bucket_records(ns: dict, last: int | None = None) -> list:
-    """Recorded DDP bucket/backward timelines of recent steps on this rank.
-
-    One dict per recorded step: ``step``, ``clock``, ``buckets`` (``index``,
-    ``params``, ``numel``, ``bytes``, ``start``, ``end`` of its all-reduce) and
-    ``backward`` (``start``, ``compute_end`` = last gradient ready,
-    ``returned`` = when ``backward()`` returned after DDP waited for its
-    all-reduces, and per-module ``intervals``).  Seconds from the step start.
-    Empty for FSDP strategies (FSDP2 has no bucket hook; its collectives
-    are per unit) or when recording was off.  Local, no communication.
-    """
-    from .training import train_state
-
-    st = train_state(ns)
-    rec = st.recorder
-    if rec is None:
-        return []
-    steps = list(rec.steps)
-    if last is not None:
-        steps = steps[-int(last):]
-    return [
-        dict(s, buckets=[dict(b) for b in s["buckets"]], backward=dict(s["backward"]))
-        for s in steps
-    ]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 
 from .setup import user_ns, wait_preload
-from .state import STATE_NAME
 
 
 def resolve(dotted: str):
@@ -22,10 +21,8 @@ def resolve(dotted: str):
 
 def call(dotted: str, args: tuple = (), kwargs: dict | None = None):
     """Run ``dotted(ns, *args, **kwargs)`` with this engine's user namespace."""
+    wait_preload()  # never import torch's heavy modules from two threads at once
     ns = user_ns()
-    st = ns.get(STATE_NAME)
-    if st is not None:
-        wait_preload(st)  # never import torch's heavy modules from two threads at once
     return resolve(dotted)(ns, *args, **(kwargs or {}))
 
 
@@ -50,3 +47,10 @@ def get_value(name: str):
 def set_values(values: dict) -> list[str]:
     user_ns().update(values)
     return sorted(values)
+
+
+def log_records(ns: dict, last: int | None = None) -> list[str]:
+    """The last records of this engine's ``dpnb`` log (see :mod:`dpnb.log`)."""
+    from .. import log as dpnb_log
+
+    return dpnb_log.recent(last)

@@ -21,13 +21,17 @@ The notebook calls these by name on every engine.  The order is:
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import sys
 import threading
 import time
 from datetime import timedelta
 
 from .state import STATE_NAME, EngineState, get_state
+
+log = logging.getLogger("dpnb.engine")
 
 
 def user_ns() -> dict:
@@ -42,6 +46,7 @@ def user_ns() -> dict:
 
 def probe() -> dict:
     """What the notebook needs to assign ranks: host, addresses, PID, GPUs."""
+    wait_preload()
     host = socket.gethostname()
     try:
         ip = socket.gethostbyname(host)
@@ -51,7 +56,8 @@ def probe() -> dict:
         import torch
 
         cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # a broken CUDA install must not stop a CPU cluster
+    except Exception as e:  # a broken CUDA install must not stop a CPU cluster
+        log.warning("CUDA not usable on %s: %s: %s", host, type(e).__name__, e)
         cuda = 0
     return {
         "host": host,
@@ -72,15 +78,16 @@ def listen_store(addr: str = "127.0.0.1") -> int:
     process could take the port.  :func:`form_group` hands the socket to the
     store; the port goes to the other ranks.
     """
+    wait_preload()
     st = get_state(user_ns())
-    unused = st.extras.pop("store_sock", None)
+    unused, st.store_sock = st.store_sock, None
     if unused is not None:  # opened for a group that was never formed
         unused.close()
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.bind((addr, 0))
     sock.listen(1024)
-    st.extras["store_sock"] = sock
+    st.store_sock = sock
     return sock.getsockname()[1]
 
 
@@ -107,9 +114,13 @@ def init_rank(info: dict) -> dict:
     node_rank, backend, device_index (GPU ordinal or None), master_addr,
     master_port, timeout_s, threads, watch_ppid, local_cluster.
     """
+    wait_preload()
     import torch
     import torch.distributed as dist
 
+    from .. import log as dpnb_log
+
+    dpnb_log.install()
     ns = user_ns()
     rank, world = int(info["rank"]), int(info["world_size"])
     env = {
@@ -151,9 +162,7 @@ def init_rank(info: dict) -> dict:
         timeout_s=float(info["timeout_s"]),
     )
     if old is not None:  # a restart keeps what higher layers registered
-        state.on_reform = old.on_reform
-        state.extras = old.extras
-        state.generation = old.generation
+        state.carry_from(old)
     ns[STATE_NAME] = state
     ns.update(rank=rank, world_size=world, local_rank=state.local_rank,
               device=device, torch=torch, dist=dist)
@@ -180,8 +189,8 @@ def _setup_inline_figures() -> None:
         from IPython import get_ipython
 
         get_ipython().run_line_magic("matplotlib", "inline")
-    except Exception:  # matplotlib is optional for plain training cells
-        pass
+    except Exception as e:  # matplotlib is optional for plain training cells
+        log.info("inline figures not switched on: %s: %s", type(e).__name__, e)
 
 
 def form_group(master_port: int | None = None) -> dict:
@@ -191,6 +200,7 @@ def form_group(master_port: int | None = None) -> dict:
     error on the waiting ranks instead of a hang: gloo and NCCL collectives
     give up after it.  A tiny all_reduce checks the group end to end.
     """
+    wait_preload()
     import torch
     import torch.distributed as dist
 
@@ -203,9 +213,9 @@ def form_group(master_port: int | None = None) -> dict:
     if st.backend == "nccl":
         kwargs["device_id"] = st.device
     timeout = timedelta(seconds=st.timeout_s)
-    sock = st.extras.get("store_sock") if st.rank == 0 else None
+    sock = st.store_sock if st.rank == 0 else None
     if sock is not None and sock.getsockname()[1] == st.master_port:
-        del st.extras["store_sock"]
+        st.store_sock = None
         # the store's server takes ownership of the descriptor and closes it
         # when the group goes away, so Python must let go of it
         store = dist.TCPStore(st.master_addr, st.master_port, st.world_size, True,
@@ -234,47 +244,58 @@ PRELOAD_MODULES = ("torch.nn.parallel", "torch.distributed.optim", "torch.distri
 
 
 def import_quietly(names) -> None:
-    """Import ``names`` in order, ignoring failures: the real import, in the
-    cell or call that needs the module, reports them."""
+    """Import ``names`` in order.  A failure is logged, not raised: the real
+    import, in the cell or call that needs the module, reports it."""
     import importlib
 
     for name in names:
         try:
             importlib.import_module(name)
-        except Exception:
-            pass
+        except Exception as e:  # reported again, loudly, by the import that needs it
+            log.info("preload of %s failed: %s: %s", name, type(e).__name__, e)
+
+
+PRELOAD_THREAD = "dpnb-preload"  # every preload thread's name starts with this
+
+
+def _preloading() -> list:
+    return [t for t in threading.enumerate()
+            if t.name.startswith(PRELOAD_THREAD) and t.is_alive()]
+
+
+def wait_preload(*_ignored) -> None:
+    """Block until this engine's background imports are done.
+
+    Two threads importing the same modules at once can hand one of them a
+    partly initialised module (Python's answer to concurrent circular
+    imports), so every dpnb entry point on the engine -- and every cell,
+    through a ``pre_run_cell`` hook -- waits for them first.  The threads are
+    found by name: the boot thread of :mod:`dpnb.engine.boot` and the one
+    :func:`_start_preload` starts.
+    """
+    me = threading.current_thread()
+    for t in _preloading():
+        if t is not me:
+            t.join()
 
 
 def _start_preload(st: EngineState) -> None:
-    if "preload" in st.extras:
+    """Import what the first ``%dp wrap`` needs in the background, once per process."""
+    if _preloading() or all(m in sys.modules for m in PRELOAD_MODULES):
         return
+    threading.Thread(target=import_quietly, args=(PRELOAD_MODULES,), name=PRELOAD_THREAD,
+                     daemon=True).start()
+    from IPython import get_ipython
 
-    t = threading.Thread(target=import_quietly, args=(PRELOAD_MODULES,), name="dpnb-preload",
-                         daemon=True)
-    st.extras["preload"] = t
-    t.start()
-    try:
-        from IPython import get_ipython
-
-        # A cell that imports the same modules while the thread is half-way
-        # through them could be handed a partly initialised module (Python's
-        # answer to concurrent circular imports), so cells wait for it first.
-        get_ipython().events.register("pre_run_cell", lambda *_: wait_preload(st))
-    except Exception:
-        pass
-
-
-def wait_preload(st: EngineState) -> None:
-    """Block until the background imports of :func:`_start_preload` are done."""
-    t = st.extras.get("preload")
-    if t is not None and t.is_alive():
-        t.join()
+    ip = get_ipython()
+    if ip is not None and wait_preload not in ip.events.callbacks.get("pre_run_cell", []):
+        ip.events.register("pre_run_cell", wait_preload)
 
 
 def preload_done() -> bool:
     """Wait for this engine's preload imports (the start waits for this on
     every rank, so its first cell does not)."""
-    wait_preload(get_state(user_ns()))
+    wait_preload()
     return True
 
 
@@ -286,8 +307,8 @@ def destroy_group() -> bool:
         return False
     try:
         dist.destroy_process_group()
-    except Exception:  # a group whose peer died can fail to shut down cleanly
-        pass
+    except Exception as e:  # a group whose peer died can fail to shut down cleanly
+        log.info("destroy_process_group of a broken group: %s: %s", type(e).__name__, e)
     return True
 
 
@@ -310,6 +331,7 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
         try:
             cb(ns, st)
         except Exception as e:  # report, but keep the group: the user can re-wrap
+            log.warning("re-binding %s after re-forming failed: %s", cb, e, exc_info=True)
             problems.append(f"{getattr(cb, '__qualname__', cb)}: {type(e).__name__}: {e}")
     out["problems"] = problems
     return out
@@ -317,6 +339,7 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
 
 def status() -> dict:
     """Liveness and memory of this rank, for ``%dp status``."""
+    wait_preload()
     import resource
 
     import torch

@@ -6,6 +6,10 @@ how its process group was formed, so that engine-side functions that need the
 group (training, checkpoints, collectives for views) receive it from here
 instead of from module globals, and so that the group can be re-formed after a
 collective error without losing anything the user built.
+
+The slots of the higher layers (training, timing hooks, stragglers, stop
+requests) are typed fields here rather than a free-form dict, so every reader
+and writer of a slot can be found by name.
 """
 
 from __future__ import annotations
@@ -35,8 +39,30 @@ class EngineState:
     # Callbacks ``f(ns, state)`` run on this engine right after the group is
     # re-formed (the training layer registers one to re-bind wrapped models).
     on_reform: list = field(default_factory=list)
-    # Free-form slots for higher layers (training, recording, stragglers).
-    extras: dict = field(default_factory=dict)
+    # -- slots of the higher layers (kept across a re-init of this rank) --
+    train: Any = None  # dpnb.engine.train_state.TrainState once a model is wrapped
+    pending_data: Any = None  # a DataState chosen before the first wrap
+    watch: Any = None  # dpnb.engine.views timing hooks for the gradsync view
+    straggle_delay_s: float = 0.0  # injected per-step delay (%dp straggle)
+    stop_requested: bool = False  # the Stop button: end training at a step boundary
+    stop_file: str | None = None  # ... or this file appearing (any rank)
+    store_sock: Any = None  # rank 0: the listening socket of the next group's store
+
+    @property
+    def comm_device(self):
+        """Where this rank's collectives' tensors live: its GPU under NCCL, else the
+        CPU (gloo reduces host memory; a training step's model may still be on a GPU)."""
+        import torch
+
+        return torch.device(self.device) if self.backend == "nccl" else torch.device("cpu")
+
+    def carry_from(self, old: "EngineState") -> None:
+        """Keep what higher layers registered when this rank is re-initialised."""
+        self.on_reform = old.on_reform
+        self.generation = old.generation
+        for name in ("train", "pending_data", "watch", "straggle_delay_s", "stop_requested",
+                     "stop_file", "store_sock"):
+            setattr(self, name, getattr(old, name))
 
 
 def get_state(ns: dict) -> EngineState:

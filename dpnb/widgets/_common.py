@@ -32,6 +32,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from dpnb.core import ConfigError
+from dpnb.env import RENDER_LOCK
 
 FIG_WIDTH_IN = 9.5
 DPI = 100
@@ -75,7 +76,8 @@ def new_figure(height_in: float, width_in: float = FIG_WIDTH_IN, **kw: Any) -> F
 def fig_bytes(fig: Figure, fmt: str = "png") -> bytes:
     """The figure encoded as PNG or SVG bytes."""
     buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=DPI)
+    with RENDER_LOCK:  # Agg's font cache is shared by every figure of the process
+        fig.savefig(buf, format=fmt, dpi=DPI)
     return buf.getvalue()
 
 
@@ -111,55 +113,15 @@ def barh(ax, segments: Sequence[tuple[float, float]], y: float, height: float = 
 
 
 # ------------------------------------------------------------------- units
-def byte_scale(max_bytes: float, binary: bool = False) -> tuple[float, str]:
-    """(divisor, unit) so that ``max_bytes / divisor`` is a readable number.
-
-    Decimal by default (kB = 1e3, MB = 1e6, GB = 1e9 bytes, the unit of the
-    published figures); ``binary`` uses KiB/MiB/GiB (2**10, 2**20, 2**30).
-    """
-    units = ([(2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")] if binary
-             else [(1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")])
-    for div, name in units:
-        if abs(max_bytes) >= div:
-            return float(div), name
-    return 1.0, "B"
-
-
-def unit_note(unit: str) -> str:
-    """``"MB = 10⁶ bytes"`` style note for axis labels."""
-    notes = {"TB": "10¹² B", "GB": "10⁹ B", "MB": "10⁶ B", "kB": "10³ B",
-             "GiB": "2³⁰ B", "MiB": "2²⁰ B", "KiB": "2¹⁰ B", "B": "bytes"}
-    return f"{unit}" if unit == "B" else f"{unit} = {notes[unit]}"
-
-
-def fmt_bytes(n: float | None, binary: bool = False, digits: int = 4) -> str:
-    """``1.23 GB`` (decimal) or ``1.15 GiB`` (binary); exact ``B`` below 1 kB."""
-    if n is None:
-        return "-"
-    div, unit = byte_scale(abs(n), binary)
-    if unit == "B":
-        return f"{n:,.0f} B"
-    return f"{n / div:.{digits}g} {unit}"
-
-
-def fmt_signed_bytes(n: float) -> str:
-    """``+1,024 B`` / ``0 B``: differences are shown in exact bytes."""
-    return f"{n:+,.0f} B" if n else "0 B"
-
-
-def fmt_ms(s: float | None, digits: int = 3) -> str:
-    """Seconds → ``12.3 ms``."""
-    if s is None:
-        return "-"
-    return f"{s * 1e3:.{digits}g} ms"
-
-
-def fmt_count(n: float) -> str:
-    """Counts (not bytes): ``7e9`` → ``7 bn``, ``1.25e8`` → ``125 M``, ``12.3 k``."""
-    for div, unit in ((1e12, "tn"), (1e9, "bn"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= div:
-            return f"{n / div:.3g} {unit}"
-    return f"{n:.3g}"
+# Byte and time formatting live in the pure core (one copy for every layer).
+from dpnb.core.units import (  # noqa: E402,F401
+    byte_scale,
+    fmt_bytes,
+    fmt_count,
+    fmt_ms,
+    fmt_signed_bytes,
+    unit_note,
+)
 
 
 def log_sizes(lo: float, hi: float, k: int) -> list[int]:
@@ -202,7 +164,7 @@ def html_lines(lines: Sequence[str], warn: Sequence[str] = ()) -> str:
 
 # ------------------------------------------------------------- widget shell
 def _in_kernel() -> bool:
-    from dpnb.output import in_kernel
+    from dpnb.env import in_kernel
 
     return in_kernel()
 

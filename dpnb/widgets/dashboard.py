@@ -14,11 +14,14 @@ every rank for ``%dp status`` and its last records
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import _common as C
+
+log = logging.getLogger("dpnb.dashboard")
 
 
 @dataclass(frozen=True)
@@ -80,16 +83,21 @@ def progress_from_client(client, also: dict | None = None) -> dict:
     to ``also`` (a dict used as an insertion-ordered set).
     """
     out: dict = {}
-    try:
-        ids = list(client.outstanding) + list(also or ())
-    except Exception:
+    # The client's I/O thread adds and removes ids meanwhile: copy, retrying
+    # the rare "changed size during iteration".
+    for _ in range(3):
+        try:
+            ids = list(client.outstanding) + list(also or ())
+            break
+        except RuntimeError:
+            continue
+    else:
+        log.info("outstanding ids kept changing; progress read next time")
         return out
     for mid in ids:
-        try:
-            md = client.metadata.get(mid)
-            p = (md.get("data") or {}).get("dpnb_progress") if md is not None else None
-        except Exception:
-            p = None
+        md = client.metadata.get(mid)
+        data = md.get("data") if md is not None else None
+        p = data.get("dpnb_progress") if isinstance(data, dict) else None
         if p and "rank" in p:
             if also is not None:
                 also[mid] = None
@@ -181,13 +189,17 @@ def figure(d: DashboardView):
         vals_all = [v for s in series for v in s[1] if v]
         top = max(vals_all or [1])
         wide = bool(vals_all) and top / min(vals_all) > 50
+        # Linear axes are drawn in the display unit itself, so the tick
+        # locator picks round numbers of MiB/GiB (not 47.6837 MiB).
+        div, unit = (1.0, "B") if wide else C.byte_scale(top, binary=True)
         w = 0.8 / max(1, len(series))
         for k, (name, vals, col) in enumerate(series):
             xs = [r - 0.4 + w * (k + 0.5) for r in range(len(ranks))]
-            ax3.bar(xs, vals, w * 0.95, color=col, label=name)
+            ax3.bar(xs, [v / div for v in vals], w * 0.95, color=col, label=name)
             for x, v in zip(xs, vals):
                 if v:
-                    ax3.text(x, v, C.fmt_bytes(v, binary=True, digits=3), ha="center", va="bottom", fontsize=6.5)
+                    ax3.text(x, v / div, C.fmt_bytes(v, binary=True, digits=3), ha="center",
+                             va="bottom", fontsize=6.5)
         ax3.set_xticks(range(len(ranks)))
         ax3.set_xticklabels([f"rank {r}" for r in ranks], fontsize=8)
         if wide:
@@ -195,11 +207,7 @@ def figure(d: DashboardView):
             ax3.set_ylim(min(vals_all) / 3, top * 8)
             ax3.set_ylabel("memory (bytes, log)")
         else:
-            div, unit = C.byte_scale(top, binary=True)
-            from matplotlib.ticker import FuncFormatter
-
-            ax3.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v / div:g}"))
-            ax3.set_ylim(0, top * 1.2)
+            ax3.set_ylim(0, top / div * 1.2)
             ax3.set_ylabel(f"memory ({C.unit_note(unit)})")
         if series:
             ax3.legend(fontsize=7, loc="upper left")
@@ -223,35 +231,52 @@ def collect(cluster) -> tuple[list[dict], list[dict]]:
 
 
 class _Poller:
-    """Background thread: re-reads datapub progress every ``interval`` s and refreshes the view."""
+    """Background thread: re-reads datapub progress every ``interval`` s and refreshes the view.
 
-    def __init__(self, box, cluster, state, interval: float):
-        self.box, self.cluster, self.state, self.interval = box, cluster, state, interval
+    It writes the shared ``state`` only under ``lock`` (the view reads it
+    under the same lock), and a failed refresh is logged and retried on the
+    next tick rather than ending the thread: a dashboard that silently stops
+    at step 0 is worse than one that skips a frame.
+    """
+
+    def __init__(self, box, cluster, state, lock, interval: float):
+        self.box, self.cluster, self.state, self.lock = box, cluster, state, lock
+        self.interval = interval
         self.stop_evt = threading.Event()
         self.thread = threading.Thread(target=self.run, name="dpnb-dashboard", daemon=True)
+        self.last_sig: tuple | None = None
+        self.seen: dict = {}
 
     def run(self) -> None:
-        last_sig = None
-        seen: dict = {}
         while not self.stop_evt.wait(self.interval):
             if not getattr(self.cluster, "running", True):
                 break
-            prog = progress_from_client(self.cluster.client, seen)
-            for mid in list(seen)[:-16]:  # only the latest runs matter
-                del seen[mid]
-            sig = tuple(sorted((r, p.get("step"), p.get("done")) for r, p in prog.items()))
-            running = bool(getattr(self.cluster.client, "outstanding", ()))
-            if prog and sig != last_sig:
+            try:
+                self.tick()
+            except Exception as e:  # keep following training; say why a frame was lost
+                log.warning("dashboard refresh failed: %s: %s", type(e).__name__, e,
+                            exc_info=True)
+
+    def tick(self) -> None:
+        client = self.cluster.client
+        running = bool(getattr(client, "outstanding", ()))
+        prog = progress_from_client(client, self.seen)
+        for mid in list(self.seen)[:-16]:  # only the latest runs matter
+            del self.seen[mid]
+        sig = tuple(sorted((r, p.get("step"), p.get("done")) for r, p in prog.items()))
+        changed = bool(prog) and sig != self.last_sig
+        if not changed and self.state.get("running") == running:
+            return
+        with self.lock:
+            if changed:
                 self.state["progress"].update(prog)
                 for p in prog.values():
                     for step, loss in p.get("history") or []:
-                        self.state["history"][int(step)] = [int(step), float(loss), p.get("samples_per_s")]
-                self.state["running"] = running
-                last_sig = sig
-                self.box.refresh()
-            elif self.state.get("running") != running:
-                self.state["running"] = running
-                self.box.refresh()
+                        self.state["history"][int(step)] = [int(step), float(loss),
+                                                            p.get("samples_per_s")]
+            self.state["running"] = running
+        self.last_sig = sig
+        self.box.refresh()
 
 
 def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict] | None = None,
@@ -265,11 +290,12 @@ def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict
                              "history": {}, "running": False}
     if cluster is not None and status is None:
         state["status"], state["summaries"] = collect(cluster)
-    lock = threading.Lock()
+    lock = threading.RLock()  # guards ``state`` and the redraw
 
     def compute(_v: dict) -> DashboardView:
-        return data(state["status"], state["summaries"], state["progress"], list(state["history"].values()),
-                    state["running"])
+        with lock:
+            return data(state["status"], state["summaries"], dict(state["progress"]),
+                        list(state["history"].values()), state["running"])
 
     refresh_btn = w.Button(description="refresh", tooltip="status + last records from every rank (when idle)")
     extra = [refresh_btn] if cluster is not None else []
@@ -287,12 +313,14 @@ def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict
             if getattr(cluster.client, "outstanding", None):
                 box.message.value = "<i>training is running: the status refreshes when it is done</i>"
                 return
-            state["status"], state["summaries"] = collect(cluster)
+            status, summaries = collect(cluster)
+            with lock:
+                state["status"], state["summaries"] = status, summaries
             box.refresh()
 
         refresh_btn.on_click(on_refresh)
         if live:
-            box.poller = _Poller(box, cluster, state, interval)
+            box.poller = _Poller(box, cluster, state, lock, interval)
             box.poller.thread.start()
 
     def stop() -> None:
@@ -303,15 +331,19 @@ def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict
     return box
 
 
-def show(cluster=None, **kw: Any) -> None:
+def show(cluster=None, **kw: Any):
+    """Display the dashboard; returns the widget (``.stop()`` ends its poller) in a kernel."""
     if C._in_kernel():
-        C.show_view(view(cluster, **kw))
+        box = view(cluster, **kw)
+        C.show_view(box)
+        return box
     else:
         if cluster is not None:
             status, summ = collect(cluster)
             kw.setdefault("status", status)
             kw.setdefault("summaries", summ)
         print(text(data(kw.get("status"), kw.get("summaries"), kw.get("progress"))))
+        return None
 
 
 def save(path: str, cluster=None, **kw: Any) -> str:

@@ -8,7 +8,7 @@ with probability p in a step, some rank is slow with probability
 N grows: at scale, rare hiccups become the common case.
 
 :func:`inject` makes one rank sleep in each training step (the engine's
-``extras["straggle_delay_s"]``, read by the training loop); the view then
+``EngineState.straggle_delay_s``, read by the training loop); the view then
 shows, from the step records, each rank's compute time next to the step time
 that everyone pays.
 """

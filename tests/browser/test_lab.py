@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.browser
 
 CHROMIUM = os.environ.get("DPNB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -41,7 +40,7 @@ NOTEBOOK = "notebooks/00_quickstart.ipynb"
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
 
 
-import _nbutil as nbu  # tests/ is on pytest's pythonpath
+from helpers import nbutil as nbu
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -3,9 +3,7 @@
 import subprocess
 import sys
 
-import pytest
 
-pytestmark = pytest.mark.cluster
 
 
 def test_dpnb_demo_writes_report(tmp_path):

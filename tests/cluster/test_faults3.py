@@ -7,7 +7,6 @@ import pytest
 
 import dpnb
 
-pytestmark = pytest.mark.cluster
 
 TIMEOUT = 6.0
 

@@ -14,7 +14,6 @@ import pytest
 
 import dpnb
 
-pytestmark = pytest.mark.cluster
 
 _KERNEL = textwrap.dedent("""
     import json, os, sys, time

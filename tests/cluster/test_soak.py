@@ -3,9 +3,7 @@
 import importlib.util
 import os
 
-import pytest
 
-pytestmark = pytest.mark.cluster
 
 
 def _soak():

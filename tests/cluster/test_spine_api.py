@@ -11,7 +11,6 @@ from dpnb.errors import DpnbError, RemoteCellError
 
 GROUP_TIMEOUT = 6.0  # matches tests/cluster/conftest.py
 
-pytestmark = pytest.mark.cluster
 
 
 def test_ranks_env_and_namespace(healthy):

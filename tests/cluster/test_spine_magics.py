@@ -5,7 +5,6 @@ from IPython.core.error import UsageError
 
 import dpnb
 
-pytestmark = pytest.mark.cluster
 
 
 def _usage(ip, line, cell=None):

@@ -1,7 +1,7 @@
 """Training driven from the notebook side on a real 2-engine cluster.
 
 The engine-side numerics (allclose to one big-batch process, exact bytes,
-bucket records, checkpoints across strategies) are proven in tests/engine;
+bucket records, checkpoints across strategies) are proven in tests/cluster/test_engine_*.py;
 here: the magics and API on a live cluster, progress, Ctrl-C, and that a
 fault in a cell leaves training able to continue from the same step.
 """
@@ -16,7 +16,6 @@ from IPython.core.error import UsageError
 
 import dpnb
 
-pytestmark = pytest.mark.cluster
 
 SETUP = """
 import dpnb.data
@@ -37,7 +36,7 @@ def test_wrap_data_train_check_via_magics(ip, capsys):
         ip.run_line_magic("dp", "train --steps 1")
     with pytest.raises(UsageError, match="there is no 'net' on ranks 0-1"):
         ip.run_line_magic("dp", "wrap net")
-    ip.run_cell_magic("dp", "", SETUP)
+    ip.run_cell_magic("dp", "--setup", SETUP)
     ip.run_line_magic("dp", "wrap net --strategy ddp --lr 0.01")
     ip.run_line_magic("dp", "data ds")
     out = capsys.readouterr().out

@@ -4,7 +4,6 @@ import pytest
 from IPython.core.error import UsageError
 
 
-pytestmark = pytest.mark.cluster
 
 
 def test_model_views_need_no_cluster(ip, capsys, tmp_path):

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dpnb.errors import RankSpecError
-from dpnb.output import group_identical, is_collective_error, render_streams, user_line
+from dpnb.cluster.diagnose import group_identical, is_collective_error, user_line
+from dpnb.cluster.render import render_streams
 from dpnb.quiz import Question
 from dpnb.ranks import format_ranks, parse_ranks
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from mp import run_ranks
+from helpers.mp import run_ranks
 
 from dpnb.data import SyntheticRegression
 

@@ -9,7 +9,6 @@ import dpnb
 from dpnb.core import ddp_bucket_caps, ddp_buckets
 from dpnb.widgets import batch, comm, dashboard, gradsync, memory, ring, stragglers
 
-pytestmark = pytest.mark.cluster
 
 SETUP = """
 import torch.nn as nn, dpnb.data

@@ -121,9 +121,8 @@ def _load(path: str, name: str):
 
 
 def _child(rank, world_size, port, path, name, args, kwargs, q):
-    for p in (HERE, REPO):
-        if p not in sys.path:
-            sys.path.insert(0, p)
+    if REPO not in sys.path:  # the checkout's dpnb, whatever the child's working directory
+        sys.path.insert(0, REPO)
     import faulthandler
 
     # a rank that hangs past the harness's patience shows where, in the log

@@ -16,7 +16,6 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHES = {"startup", "roundtrip", "train", "allreduce", "instrumentation", "scaling"}
 
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mp import run_ranks
+from helpers.mp import run_ranks
 
 from dpnb.data import SyntheticRegression
 

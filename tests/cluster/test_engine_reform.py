@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mp import free_port, reform, run_ranks  # noqa: E402
+from helpers.mp import free_port, reform, run_ranks  # noqa: E402
 
 from dpnb.data import SyntheticRegression
 

@@ -3,37 +3,19 @@
 Each notebook is executed with nbclient in a real kernel (2 CPU engines, ~30 s
 for the quick start); a failing cell fails the test with its traceback.  Also
 checked: no process the kernel started (controller, engines, dpnb's reaper)
-outlives the kernel, even when a cell failed.  The no-outputs check on the
-committed notebooks is instant and carries no marker.
+outlives the kernel, even when a cell failed.  The instant checks of the
+committed files are in tests/unit/test_repo_files.py.
 
-    python -m pytest -m notebook tests/notebooks
+    python -m pytest tests/notebook
 """
 
 from __future__ import annotations
 
-import _nbutil as nbu  # tests/ is on pytest's pythonpath
+from helpers import nbutil as nbu
 import pytest
 
 NOTEBOOKS = nbu.notebooks()
 CELL_TIMEOUT = 180
-
-
-def test_there_are_notebooks():
-    assert any(p.name == "00_quickstart.ipynb" for p in NOTEBOOKS), NOTEBOOKS
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_committed_without_outputs(path):
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
-    nbformat.validate(nb)
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
-             and (c.get("outputs") or c.get("execution_count") is not None)]
-    assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
-    assert "widgets" not in nb.metadata, f"{path.name}: saved widget state; clear it"
-    assert nb.metadata.get("kernelspec", {}).get("name") == "dpnb", \
-        f"{path.name}: set the kernel to 'Python 3 (dpnb)'"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +29,6 @@ def dpnb_kernel(tmp_path_factory):
     mp.undo()
 
 
-@pytest.mark.notebook
 @pytest.mark.timeout(CELL_TIMEOUT * 2 + 120)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, dpnb_kernel):
@@ -92,7 +73,6 @@ def _check_quickstart(run):
     assert run.children, "no processes were seen under the kernel: was a cluster started?"
 
 
-@pytest.mark.notebook
 @pytest.mark.timeout(240)
 def test_failed_notebook_leaves_no_engines(dpnb_kernel, tmp_path):
     """A cell fails while the engines run: the kernel's shutdown stops them."""

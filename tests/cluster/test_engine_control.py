@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mp import run_ranks
+from helpers.mp import run_ranks
 
 from dpnb.data import CharTextDataset, SyntheticRegression, TinyLM
 
@@ -92,7 +92,7 @@ def _run(ns, stop_path):
     # and only rank 1's appears
     _fresh(ns)
     stop_path = f"{stop_path}.{rank}"
-    es.extras["stop_file"] = stop_path
+    es.stop_file = stop_path
     n2 = {"n": 0}
 
     def touch(batch):
@@ -103,17 +103,17 @@ def _run(ns, stop_path):
         return F.mse_loss(ns["model"](x), y)
 
     out["stop_file"] = T.train(ns, steps=5, micro_batch=B, grad_accum=K, step_fn=touch, publish=False)
-    es.extras.pop("stop_file")
+    es.stop_file = None
 
     # -- straggler, progress publishing, lr scaling, loss_fn by name
     _fresh(ns)
     if rank == 1:
-        es.extras["straggle_delay_s"] = DELAY
+        es.straggle_delay_s = DELAY
     published = []
     ns["l1loss"] = lambda out_, target: F.l1_loss(out_, target)
     s = T.train(ns, steps=2, micro_batch=B, grad_accum=K, publish=published.append,
                 lr_scale="linear", loss_fn="l1loss")
-    es.extras.pop("straggle_delay_s", None)
+    es.straggle_delay_s = 0.0
     out["straggle"] = T.records(ns, last=2)
     out["published"] = published
     out["linear"] = s

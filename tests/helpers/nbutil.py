@@ -1,8 +1,7 @@
 """Shared helpers for the notebook, Binder and browser tests.
 
-The tests are not a package and run with ``--import-mode=importlib``, so a
-test module loads this file by path (see ``_load_nbutil`` in
-tests/notebooks/test_execute.py).
+Imported as ``from helpers import nbutil`` (``tests/`` is on pytest's
+``pythonpath``; the shared helpers are the package ``tests/helpers``).
 
 Nothing here starts processes it does not also stop: :func:`execute_notebook`
 records every process under the kernel *before* the kernel is shut down and
@@ -21,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO / "notebooks"
 ARTIFACTS = REPO / "test-artifacts"  # git-ignored
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

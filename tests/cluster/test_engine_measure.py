@@ -5,7 +5,7 @@ Bytes are measured by the training loop right after ``optimizer.step()``
 parameter with an odd dim 0 (FSDP pads its shard) and parameters of distinct
 sizes (ZeroRedundancyOptimizer's greedy partition is unambiguous).  Expected
 counts are derived here from the shapes; they are also compared with the pure
-model ``dpnb.core.memory.exact_rank_bytes``.
+model ``dpnb.core.exact_memory.exact_rank_bytes``.
 """
 
 import math
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mp import run_ranks
+from helpers.mp import run_ranks
 
 from dpnb.data import SyntheticRegression
 
@@ -46,7 +46,8 @@ class Deep(nn.Module):
 
 def _measure(ns):
     from dpnb.engine import training as T
-    from dpnb.engine.measure import bucket_records, local_tensor, measure_state_bytes
+    from dpnb.engine.measure import local_tensor
+    from dpnb.engine.training import bucket_records, measure_state_bytes
 
     out = {}
     for strategy in STRATEGIES:
@@ -134,7 +135,7 @@ def test_state_bytes_exact(measured, strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_state_bytes_match_core_exact_model(measured, strategy):
-    memory = pytest.importorskip("dpnb.core.memory")
+    memory = pytest.importorskip("dpnb.core.exact_memory")
     specs = [memory.ParamSpec(n, s) for n, s in SHAPES.items()]
     model = memory.exact_rank_bytes(specs, 2, strategy, "adamw", gradient_as_bucket_view=True)
     for rank in (0, 1):

@@ -1,0 +1,426 @@
+"""The notebook side of a dpnb cluster: engines, ranks, process group, cells.
+
+A :class:`Cluster` owns one ipyparallel cluster (a controller and one engine
+per rank) and knows which engine is which rank.  Ranks are assigned once from
+the engines' hosts and sorted engine ids (contiguous per host, like
+torchrun), never from a single engine id, because ids change when engines
+are replaced.
+
+It composes the rooms of this package, each with one job:
+
+* :mod:`~dpnb.cluster.launch` -- start engines, probe, assign ranks;
+* :mod:`~dpnb.cluster.transport` -- send cells and calls, wait for every rank;
+* :mod:`~dpnb.cluster.group` -- form and re-form the torch.distributed group;
+* :mod:`~dpnb.cluster.diagnose` -- per-rank outcomes to one error (pure);
+* :mod:`~dpnb.cluster.processes` -- local PIDs, deaths, kills, the reaper;
+* :mod:`~dpnb.cluster.restart` -- replace engines, resume from a checkpoint;
+* :mod:`~dpnb.cluster.types` / :mod:`~dpnb.cluster.render` -- results and
+  how they are shown.
+
+The training layer (:mod:`dpnb.train`) takes a cluster as an argument; this
+package never imports it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import tempfile
+import weakref
+from typing import Sequence
+
+from .. import log as _log
+from ..errors import DpnbError, NotRunningError, StartError
+from ..ranks import parse_ranks, rank_label
+from . import diagnose, launch
+from .group import Group
+from .processes import Processes, engine_logs, stop_ipp, wait_pids_gone
+from .render import show_result
+from .restart import SetupLog
+from .restart import restart as _restart
+from .transport import Transport, _runner_fn
+from .types import (
+    BACKENDS,
+    DEFAULT_TIMEOUT_S,
+    LAUNCHERS,
+    CellResult,
+    Health,
+    RankInfo,
+    RankOutcome,
+)
+
+__all__ = ["Cluster", "start", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
+           "DEFAULT_TIMEOUT_S", "assign_ranks", "describe_exit"]
+
+from .launch import assign_ranks  # noqa: E402  (re-exported)
+from .processes import describe_exit  # noqa: E402  (re-exported)
+
+log = logging.getLogger("dpnb.cluster")
+
+
+def start(n: int = 2, **kwargs) -> "Cluster":
+    """Start ``n`` engines joined in one process group; see :meth:`Cluster.start`."""
+    return Cluster.start(n, **kwargs)
+
+
+class Cluster:
+    """A running set of engines, one per rank, in one process group.
+
+    Create with :func:`dpnb.start` / :meth:`Cluster.start`.  Methods mirror
+    the ``%dp`` magics: :meth:`run` (``%%dp``), :meth:`call`, :meth:`push`,
+    :meth:`pull`, :meth:`status`, :meth:`restart`, :meth:`stop`.
+    """
+
+    def __init__(self, *, ipp_cluster, client, ranks: list[RankInfo], backend: str,
+                 launcher: str, timeout_s: float, profile_dir: str, master_addr: str,
+                 threads: int, gpus: list[int] | None, local: bool):
+        self._ipp = ipp_cluster
+        self.client = client
+        self.ranks = ranks
+        self.launcher = launcher
+        self.profile_dir = profile_dir
+        self.gpus = gpus
+        self.local = local
+        self.running = True
+        self.health = Health()
+        self.procs = Processes(ipp_cluster, launcher, profile_dir)
+        self.procs.remember(ranks)
+        self.transport = Transport(client, ranks, self.health, self.procs, timeout_s)
+        self.group = Group(self.transport, ranks, self.health, backend=backend,
+                           master_addr=master_addr, timeout_s=timeout_s, threads=threads,
+                           local=local)
+        self.last_train: dict | None = None  # filled by dpnb.train
+        self.last_wrap: dict | None = None
+        self.setup_log = SetupLog()
+        # A kernel that exits normally stops its cluster (and removes the
+        # profile with its keys); a weak reference lets an unused Cluster go.
+        ref = weakref.ref(self)
+        atexit.register(lambda: (ref() is not None and ref().stop()))
+
+    # ------------------------------------------------------------------ start
+    @classmethod
+    def start(cls, n: int = 2, *, backend: str = "auto", engines: str = "local",
+              gpus: str | Sequence[int] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+              threads: int | None = None, start_timeout: float = 120.0,
+              launcher_args: Sequence[str] | None = None,
+              controller_ip: str | None = None) -> "Cluster":
+        """Start ``n`` engines and join them in a torch.distributed group.
+
+        ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
+        own, else gloo.  ``engines``: the ipyparallel launcher (``local``,
+        ``mpi``, ``slurm``, ``ssh``); extra launcher options go in
+        ``launcher_args`` (e.g. ``["--oversubscribe"]`` for mpiexec).
+        ``gpus``: device ordinals to use per host (``"0,1"``), rank ``i`` on a
+        host gets ``gpus[local_rank]``.  ``timeout``: seconds any collective
+        may wait for a peer before it errors (the process-group timeout).
+        """
+        gpu_list = launch.check_start_args(n, backend, engines, timeout, threads, gpus)
+        _log.install()
+        profile_dir = tempfile.mkdtemp(prefix="dpnb-profile-")  # 0700: keys stay private
+        icluster = client = None
+        try:
+            icluster = launch.make_ipp_cluster(n, engines, profile_dir, start_timeout,
+                                               launcher_args, controller_ip)
+            try:
+                client = launch.start_engines(icluster, n, engines, start_timeout)
+            except Exception as e:
+                raise StartError(f"could not start {n} engines with the {engines} launcher: "
+                                 f"{type(e).__name__}: {e}"
+                                 f"{engine_logs(icluster)}") from None
+            return cls._form(icluster, client, n=n, backend=backend, engines=engines,
+                             gpus=gpu_list, timeout=timeout, threads=threads,
+                             profile_dir=profile_dir)
+        except BaseException:
+            if client is not None:
+                client.close()
+            if icluster is not None:
+                stop_ipp(icluster)
+            shutil.rmtree(profile_dir, ignore_errors=True)
+            raise
+
+    @classmethod
+    def _form(cls, icluster, client, *, n, backend, engines, gpus, timeout, threads,
+              profile_dir) -> "Cluster":
+        from ..engine import setup
+
+        eids = sorted(client.ids)[:n]
+        probes = dict(zip(eids, client[eids].apply_sync(setup.probe)))
+        ranks = launch.assign_ranks(probes)
+        backend = launch.choose_backend(backend, ranks, probes, gpus)
+        ranks = launch.with_devices(ranks, backend, gpus)
+        if threads is None:
+            cpu = min(probes[e]["cpu_count"] for e in eids)
+            threads = max(1, cpu // max(r.local_world_size for r in ranks))
+        local = engines == "local"
+        self = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=backend,
+                   launcher=engines, timeout_s=timeout, profile_dir=profile_dir,
+                   master_addr="127.0.0.1" if local else ranks[0].ip, threads=threads,
+                   gpus=gpus, local=local)
+        self.group.init_ranks()
+        self.group.form()
+        # Our controller and engines (or mpiexec) are children of this process
+        # for every launcher but ssh/slurm's remote side, so guard them all.
+        self.procs.start_reaper(self.ranks)
+        return self
+
+    # --------------------------------------------------------------- basics
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    backend = property(lambda self: self.group.backend)
+    timeout_s = property(lambda self: self.group.timeout_s)
+    threads = property(lambda self: self.group.threads)
+    master_addr = property(lambda self: self.group.master_addr)
+    master_port = property(lambda self: self.group.master_port)
+    dead = property(lambda self: self.health.dead)
+    busy = property(lambda self: self.health.busy)
+    group_ok = property(lambda self: self.health.group_ok)
+    generation = property(lambda self: self.health.generation)
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (f"<dpnb.Cluster {state}: {self.world_size} ranks, {self.backend}, "
+                f"{self.launcher} launcher>")
+
+    def _check_running(self) -> None:
+        if not self.running:
+            raise NotRunningError("this cluster was stopped: start a new one with %dp start -n 2")
+
+    def _select(self, ranks) -> list[int]:
+        self._check_running()
+        sel = parse_ranks(ranks, self.world_size)
+        self.transport.refresh_busy()
+        dead = [r for r in sel if r in self.dead]
+        if dead:
+            raise DpnbError(f"{rank_label(dead)} died ({self.dead[dead[0]]}): run %dp restart "
+                            f"to bring the world back to {self.world_size} ranks")
+        busy = [r for r in sel if r in self.busy]
+        if busy:
+            raise DpnbError(f"{rank_label(busy)} still running an earlier cell: wait, or "
+                            f"%dp interrupt, or %dp restart")
+        return sel
+
+    # ------------------------------------------------------------------ run
+    def run(self, code: str, ranks=None, *, timeout: float | None = None, stream: bool = True,
+            display: bool = True, raise_errors: bool = True, setup: bool = False) -> CellResult:
+        """Run ``code`` on the selected ranks (all by default), like ``%%dp``.
+
+        Each rank runs the cell in its own namespace with IPython (so
+        ``!cmd``, ``%magic`` and the last expression's value work).  Output
+        streams while the cell runs and is then shown grouped by rank, with
+        identical output shown once.  ``timeout`` bounds the cell's wall time:
+        ranks still running then are interrupted and reported.  ``setup=True``
+        (``%%dp --setup``) records the cell, once it succeeded on every rank,
+        for ``restart --resume`` to replay.
+        """
+        sel = self._select(ranks)
+        if not isinstance(code, str):
+            raise DpnbError("code must be a string of Python source")
+        if setup and len(sel) != self.world_size:
+            raise DpnbError("a --setup cell must run on every rank (resume replays it on all)")
+        ars = self.transport.execute(code, sel)
+        res = self.transport.wait(ars, sel, timeout=timeout, stream=stream and display,
+                                  kind="execute")
+        if display:
+            show_result(res)
+        if res.ok and setup:
+            self.setup_log.add_cell(code)
+        return self._finish(res, raise_errors)
+
+    def call(self, dotted: str, *args, ranks=None, timeout: float | None = None,
+             raise_errors: bool = True, display: bool = False, on_poll=None,
+             **kwargs) -> CellResult:
+        """Call the engine-side function ``dotted(ns, *args, **kwargs)`` on ranks.
+
+        Only the dotted name travels; the function must live in ``dpnb``.
+        Errors are handled like :meth:`run` (report, group re-formation).
+        """
+        sel = self._select(ranks)
+        ars = self.transport.call_async(dotted, args, kwargs, sel)
+        res = self.transport.wait(ars, sel, timeout=timeout, stream=display, kind="apply",
+                                  on_poll=on_poll)
+        if display:
+            show_result(res)
+        return self._finish(res, raise_errors)
+
+    def record_setup_call(self, label: str, dotted: str, *args, **kwargs) -> None:
+        """Note an engine call that built state (a wrap, a dataset) for ``restart --resume``."""
+        self.setup_log.add_call(label, dotted, args, kwargs)
+
+    def _finish(self, res: CellResult, raise_errors: bool) -> CellResult:
+        if res.ok:
+            return res
+        err = diagnose.plain_user_error(res) or self._report(res)
+        if raise_errors:
+            raise err
+        res.error = err
+        return res
+
+    def _report(self, res: CellResult):
+        """The failed cell's report; re-form the group first if it needs it."""
+        d = diagnose.classify(res)
+        reformed, msg = False, ""
+        if d.died:
+            self.health.group_ok = False
+            alive = (r for r in range(self.world_size) if r not in d.died)
+            msg = (f"The process group cannot continue without {rank_label(d.died)}: run "
+                   f"%dp restart to replace it and re-form the group ({diagnose.kept(alive)}).")
+        elif d.needs_reform and not self.busy:
+            reformed, msg = self.group.try_reform()
+        elif d.needs_reform:
+            self.health.group_ok = False
+            msg = (f"{rank_label(self.busy)} still busy, so the process group was not "
+                   f"re-formed yet: wait and run %dp reform, or %dp restart.")
+        return diagnose.remote_error(res, d, timeout_s=self.timeout_s, reform_msg=msg,
+                                     reformed=reformed)
+
+    # ------------------------------------------------------------ group
+    def reform(self) -> dict:
+        """Destroy and re-create the process group on a fresh port.
+
+        Every rank takes part.  User objects stay; wrappers registered by the
+        training layer are re-bound to the new group.
+        """
+        self._check_running()
+        if self.dead:
+            raise DpnbError(f"{rank_label(self.dead)} died: run %dp restart instead")
+        return self.group.regroup(callbacks=True, hint="; try %dp restart")
+
+    def reform_all(self, new: Sequence[int] = ()) -> dict:
+        """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
+        return self.group.reform_all(new)
+
+    def interrupt(self, ranks=None) -> None:
+        """Interrupt what the selected ranks are running (all by default)."""
+        self._check_running()
+        self.transport.interrupt(parse_ranks(ranks, self.world_size))
+
+    # ------------------------------------------------------------ training
+    # One-line conveniences; the training layer takes the cluster as its
+    # argument and is imported only when one of these is called.
+    def wrap(self, model: str = "model", strategy: str = "ddp", **opts) -> dict:
+        """Wrap a model that exists on every rank; see :func:`dpnb.train.wrap`."""
+        from .. import train
+
+        return train.wrap(self, model, strategy, **opts)
+
+    def set_data(self, dataset: str, **opts) -> dict:
+        from .. import train
+
+        return train.set_data(self, dataset, **opts)
+
+    def train(self, **opts) -> dict:
+        """Run training steps with live progress; see :func:`dpnb.train.train`."""
+        from .. import train
+
+        return train.train(self, **opts)
+
+    def check(self, model: str | None = None) -> dict:
+        from .. import train
+
+        return train.check(self, model)
+
+    def save(self, path: str) -> dict:
+        from .. import train
+
+        return train.save(self, path)
+
+    def load(self, path: str) -> dict:
+        from .. import train
+
+        return train.load(self, path)
+
+    def pull_model(self) -> dict:
+        from .. import train
+
+        return train.pull_model(self)
+
+    # ------------------------------------------------------------ push/pull
+    def push(self, values: dict, ranks=None) -> None:
+        """Copy ``values`` (name -> object) into the namespaces of the ranks."""
+        sel = self._select(ranks)
+        if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier()
+                                                   for k in values):
+            raise DpnbError("push takes a dict of name -> value with valid Python names")
+        self._finish(self._apply(_runner_fn("set_values"), (values,), sel), True)
+
+    def pull(self, name: str, rank: int | None = None):
+        """The value of ``name`` on ``rank``, or a list with one value per rank."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise DpnbError(f"pull needs a variable name, got {name!r}")
+        sel = self._select(None if rank is None else [rank])
+        missing = self._finish(self._apply(_runner_fn("has_names"), ([name],), sel), True)
+        lacking = [r for r in sel if missing.outcomes[r].value]
+        if lacking:
+            have = [r for r in sel if r not in lacking]
+            hint = f"; pull it from {rank_label(have)} with --rank {have[0]}" if have else ""
+            raise DpnbError(f"{name!r} is not defined on {rank_label(lacking)}{hint}")
+        res = self._apply(_runner_fn("get_value"), (name,), sel)
+        unsendable = [o for o in res.outcomes.values()
+                      if o.status == "error" and "serialize" in o.traceback]
+        if unsendable:
+            raise DpnbError(f"{name!r} cannot be sent to the notebook ({unsendable[0].ename}: "
+                            f"{unsendable[0].evalue}); pull plain values such as tensors, "
+                            f"numbers or a state_dict (for a wrapped model: %dp pull-model)")
+        vals = self._finish(res, True).values
+        return vals[0] if rank is not None else vals
+
+    def _apply(self, fn, args, sel) -> CellResult:
+        ars = self.transport.apply(fn, args, sel)
+        return self.transport.wait(ars, sel, timeout=None, stream=False, kind="apply")
+
+    # --------------------------------------------------------------- status
+    def status(self) -> list[dict]:
+        """One row per rank: host, local rank, pid, device, backend, alive, memory."""
+        from .status import status_rows
+
+        self._check_running()
+        return status_rows(self)
+
+    # ----------------------------------------------------------- restart
+    def restart(self, *, hard: bool = False, resume: str | None = None) -> str:
+        """Replace dead engines and re-form the group; say what was lost.
+
+        Surviving ranks keep their namespaces; a replacement engine takes the
+        dead rank's number and starts empty.  ``hard=True`` replaces every
+        engine (everything on them is lost).  ``resume=DIR`` then replays the
+        setup log (``%%dp --setup`` cells, wrap and data calls, in order) on
+        every rank and loads the checkpoint in DIR (model, optimizer, step).
+        """
+        return _restart(self, hard=hard, resume=resume)
+
+    def kill_rank(self, r: int) -> None:
+        """Stop rank ``r``'s engine: SIGKILL by PID on this host, else through ipyparallel."""
+        if self.launcher == "local":
+            self.procs.kill_local(self.ranks[r])
+        else:
+            self.client.shutdown(targets=[self.ranks[r].engine_id], block=False)
+
+    # ------------------------------------------------------------------ stop
+    def stop(self) -> list[int]:
+        """Stop every process this cluster started; return the local PIDs stopped."""
+        if not self.running:
+            return []
+        self.running = False
+        owned = self.procs.owned(self.ranks)
+        try:
+            self.client.close()
+        except Exception as e:  # the sockets go with the process anyway
+            log.info("closing the ipyparallel client: %s: %s", type(e).__name__, e)
+        stop_ipp(self._ipp)
+        wait_pids_gone(owned, 10.0)
+        self.procs.stop_reaper()
+        shutil.rmtree(self.profile_dir, ignore_errors=True)
+        return sorted(owned)
+
+    def _owned_pids(self) -> list[int]:
+        """PIDs of this host's processes of the cluster (controller, engines, nannies)."""
+        return sorted(self.procs.owned(self.ranks))
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,205 @@
+"""From per-rank outcomes to the one error the user reads.  Pure: no I/O.
+
+N ranks ran a cell; some raised, some died, some timed out, and some only
+failed because they were blocked in a collective with one that did (they
+report a gloo/NCCL error once the peer went away or the group timeout hit).
+This module sorts them -- culprits first, then the ranks that were merely
+waiting -- and writes the report: one traceback per distinct failure, the
+user's own cell line, and what happened to the process group.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..errors import DpnbError, RemoteCellError
+from ..ranks import rank_label
+from .types import USER_ENAMES, CellResult
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_CELL_NO = re.compile(r"Cell In\[\d+\]")
+
+# Errors that mean "a collective or the group failed", not "the user's code
+# raised": gloo/NCCL timeouts, a peer closing its connection, store errors.
+_COLLECTIVE_ENAMES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
+_COLLECTIVE_PATTERNS = re.compile(
+    r"gloo|nccl|Timed out|timed out|Connection closed by peer|Connection reset by peer|"
+    r"ProcessGroup|process group|collective operation timeout|Socket Timeout|"
+    r"Broken pipe|TCPStore|store_based_barrier|Watchdog", re.I)
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text or "")
+
+
+def is_collective_error(ename: str, evalue: str, traceback: str = "") -> bool:
+    """Whether an error came from torch.distributed rather than the user's code."""
+    if ename in _COLLECTIVE_ENAMES:
+        return True
+    return ename == "RuntimeError" and bool(_COLLECTIVE_PATTERNS.search(evalue or ""))
+
+
+def group_identical(items: dict[int, str]) -> list[tuple[list[int], str]]:
+    """``{rank: text}`` -> ``[(ranks, text), ...]`` in order of first rank."""
+    groups: dict[str, list[int]] = {}
+    for r in sorted(items):
+        groups.setdefault(items[r], []).append(r)
+    return sorted(((rs, t) for t, rs in groups.items()), key=lambda g: g[0][0])
+
+
+def user_line(traceback: str) -> str:
+    """The user's failing line from an IPython traceback: ``cell line 3: x = f()``."""
+    lines = strip_ansi(traceback).splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*Cell In\[\d+\], line (\d+)", line)
+        if not m:
+            continue
+        for nxt in lines[i + 1:]:
+            if nxt.lstrip().startswith("Cell In[") or nxt.startswith("File "):
+                break
+            a = re.match(r"\s*-+>\s*(\d+)\s?(.*)", nxt)
+            if a:
+                return f"cell line {a.group(1)}: {a.group(2).strip()}"
+        return f"cell line {m.group(1)}"
+    return ""
+
+
+def first_error(res: CellResult) -> str:
+    """``rank 1: error: ValueError: ...`` for the lowest rank that did not succeed."""
+    for r in res.ranks:
+        o = res.outcomes[r]
+        if o.status != "ok":
+            detail = o.died or f"{o.ename}: {o.evalue}".strip(": ")
+            return f"rank {r}: {o.status}: {detail}"
+    return "unknown error"
+
+
+def kept(ranks: Iterable[int]) -> str:
+    """``ranks 0,1 keep their state``."""
+    rs = sorted(ranks)
+    return f"{rank_label(rs)} {'keeps its' if len(rs) == 1 else 'keep their'} state"
+
+
+def plain_user_error(res: CellResult) -> DpnbError | None:
+    """Every rank refused the same bad input: one line, no traceback.
+
+    dpnb's engine functions raise ``TrainError`` (and friends) for mistakes
+    the user can fix, on every rank alike, before any collective; that
+    deserves the one-line message, not a report.
+    """
+    outs = [res.outcomes[r] for r in res.ranks]
+    if all(o.status == "error" and o.ename in USER_ENAMES for o in outs) and \
+            len({o.evalue for o in outs}) == 1:
+        return DpnbError(outs[0].evalue)
+    return None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Who did what in a failed cell.
+
+    ``culprits``: ranks whose own code raised, that died or timed out.
+    ``waiting``: ranks whose only error is a collective one while a culprit
+    exists -- they were blocked with it.  ``needs_reform``: the group saw a
+    collective error, a timeout or an interrupt and cannot be trusted.
+    """
+
+    died: dict[int, str]
+    timed_out: list[int]
+    culprits: list[int]
+    waiting: list[int]
+    interrupted: list[int]
+    needs_reform: bool
+
+
+def classify(res: CellResult) -> Diagnosis:
+    oc = res.outcomes
+    failed = {r: o for r, o in oc.items() if o.status != "ok"}
+    died = {r: o.died for r, o in failed.items() if o.status == "died"}
+    timed_out = sorted(r for r, o in failed.items() if o.status == "timeout")
+    own = sorted(r for r, o in failed.items() if o.status == "error" and not o.collective)
+    coll = sorted(r for r, o in failed.items() if o.status == "error" and o.collective)
+    interrupted = sorted(r for r, o in failed.items() if o.status == "interrupted")
+    culprits = sorted(set(own) | set(died) | set(timed_out))
+    return Diagnosis(died=died, timed_out=timed_out, culprits=culprits,
+                     waiting=coll if culprits else [], interrupted=interrupted,
+                     needs_reform=bool(coll or timed_out or interrupted))
+
+
+def _short_tb(traceback: str, limit: int = 40) -> str:
+    lines = strip_ansi(traceback).rstrip().splitlines()
+    if len(lines) > limit:
+        lines = lines[:8] + [f"    ... ({len(lines) - limit + 8} lines) ..."] + lines[-(limit - 9):]
+    return "\n".join(lines)
+
+
+def _first_line(s: str) -> str:
+    lines = strip_ansi(s or "").strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
+def _indent(text: str, pad: str = "    ") -> str:
+    return "\n".join(pad + line if line else line for line in text.splitlines())
+
+
+def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
+                 timeout_s: float, reform_msg: str = "") -> tuple[str, str]:
+    """``(summary, report)`` for a cell that failed on some ranks."""
+    oc = res.outcomes
+    lines: list[str] = []
+    bits: list[str] = []
+    for r in (r for r in res.ranks if oc[r].status == "died"):
+        lines.append(f"rank {r} died: {oc[r].died}")
+        bits.append(f"rank {r} died")
+    # Execution counts differ between ranks (``Cell In[7]`` vs ``In[9]``);
+    # they must not split an otherwise identical failure.
+    errs = {r: _CELL_NO.sub("Cell In[_]", f"{oc[r].ename}: {oc[r].evalue}\n"
+                                          f"{strip_ansi(oc[r].traceback)}")
+            for r in res.ranks if oc[r].status == "error" and r not in waiting}
+    for ranks, _ in group_identical(errs):
+        o = oc[ranks[0]]
+        where = user_line(o.traceback)
+        head = f"{rank_label(ranks)} raised {o.ename}: {o.evalue}".rstrip(": ")
+        lines.append(head + (f"\n    at {where}" if where else ""))
+        tb = _short_tb(o.traceback)
+        if tb:
+            lines.append(_indent(tb))
+        bits.append(f"{rank_label(ranks)} raised {o.ename}")
+    timed = [r for r in res.ranks if oc[r].status == "timeout"]
+    if timed:
+        lines.append(f"{rank_label(timed)} did not finish within the cell timeout "
+                     f"({res.elapsed_s:.1f} s elapsed) and {'was' if len(timed) == 1 else 'were'} "
+                     f"interrupted")
+        bits.append(f"{rank_label(timed)} timed out")
+    intr = [r for r in res.ranks if oc[r].status == "interrupted"]
+    if intr:
+        lines.append(f"{rank_label(intr)} interrupted (Ctrl-C)")
+        bits.append(f"{rank_label(intr)} interrupted")
+    if waiting:
+        on = rank_label(culprits) if culprits else "a peer"
+        o = oc[waiting[0]]
+        one = len(waiting) == 1
+        lines.append(
+            f"{rank_label(waiting)} {'was' if one else 'were'} waiting on {on} in a "
+            f"collective until the peer went away or the {timeout_s:g} s group timeout "
+            f"released {'it' if one else 'them'} ({o.ename}: {_first_line(o.evalue)})")
+        bits.append(f"{rank_label(waiting)} waiting on {on}")
+    if reform_msg:
+        lines.append(reform_msg)
+    summary = "; ".join(bits) or "the cell failed"
+    if reform_msg and "re-formed" in reform_msg:
+        summary += " (process group re-formed, state kept)"
+    return summary, "\n".join(lines)
+
+
+def remote_error(res: CellResult, d: Diagnosis, *, timeout_s: float, reform_msg: str,
+                 reformed: bool) -> RemoteCellError:
+    """The :class:`RemoteCellError` for ``res`` once the group's fate is known."""
+    summary, report = error_report(res, culprits=d.culprits, waiting=d.waiting,
+                                   timeout_s=timeout_s, reform_msg=reform_msg)
+    failures = {r: (o.ename, o.evalue, o.traceback)
+                for r, o in res.outcomes.items() if o.status != "ok"}
+    return RemoteCellError(summary, report, failures=failures, waiting=d.waiting,
+                           died=d.died, timed_out=d.timed_out, reformed=reformed)

@@ -1,0 +1,113 @@
+"""The torch.distributed process group the ranks share: forming it, and re-forming it.
+
+engine <-> engine traffic is torch.distributed (gloo on CPU, NCCL between
+GPUs), formed with ``init_process_group(timeout=...)`` against a TCP store
+that rank 0 serves.  The short timeout is what turns a peer that raised, hung
+or died into an error on the waiting ranks rather than an endless hang.
+
+A group whose collective failed cannot be trusted again, so after such an
+error every rank destroys it and forms a new one on a fresh port (rank 0 opens
+the new store socket first, on its own address).  The engines' namespaces --
+models, optimizers, tensors -- are untouched; wrappers bound to the old group
+are re-bound by callbacks the training layer registered on each engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Sequence
+
+from ..errors import DpnbError, StartError
+from .diagnose import first_error
+from .launch import rank_init_info
+from .transport import Transport
+from .types import Health, RankInfo
+
+log = logging.getLogger("dpnb.group")
+
+
+class Group:
+    """The settings of one cluster's process group and the steps that (re-)form it."""
+
+    def __init__(self, transport: Transport, ranks: list[RankInfo], health: Health, *,
+                 backend: str, master_addr: str, timeout_s: float, threads: int, local: bool):
+        self.t = transport
+        self.ranks = ranks
+        self.health = health
+        self.backend = backend
+        self.master_addr = master_addr
+        self.master_port = 0  # rank 0 opens the store's socket once it has its identity
+        self.timeout_s = timeout_s
+        self.threads = threads
+        self.local = local
+
+    def init_ranks(self, new: Sequence[int] | None = None) -> None:
+        """``init_rank`` on every rank, one round trip in all.
+
+        Engines started by this kernel watch it (``watch_ppid``) and exit if
+        it dies; ``new`` names the freshly started ones on a restart (``None``:
+        all of them, at start).
+        """
+        kernel = os.getpid()
+        infos = {}
+        for ri in self.ranks:
+            fresh = new is None or ri.rank in new
+            infos[ri.rank] = (rank_init_info(
+                ri, world_size=len(self.ranks), backend=self.backend,
+                master_addr=self.master_addr, master_port=self.master_port,
+                timeout_s=self.timeout_s, threads=self.threads, local=self.local,
+                watch_ppid=kernel if (self.local and fresh) else None),)
+        res = self.t.setup_all("init_rank", per_rank=infos, timeout=60)
+        if not res.ok:
+            raise StartError("could not give the engines their ranks: " + first_error(res))
+
+    def form(self) -> None:
+        """The first ``init_process_group`` on every rank, checked by an all_reduce."""
+        self.master_port = self.t.setup_one(0, "listen_store", self.master_addr)
+        res = self.t.setup_all("form_group", (self.master_port,), timeout=self.timeout_s + 15)
+        if not res.ok:
+            raise StartError("the engines started but could not form a process group: "
+                             + first_error(res))
+        # The preload imports end on every rank before the start returns, so
+        # the first cell does not wait for them.
+        self.t.setup_all("preload_done", timeout=self.timeout_s + 15)
+
+    def regroup(self, *, callbacks: bool, hint: str = "") -> dict:
+        """Rank 0 opens a fresh store socket, then every rank re-forms the group.
+
+        ``callbacks``: run the re-binding callbacks (they are collectives, so
+        only when every rank still holds its objects).
+        """
+        port = self.t.setup_one(0, "listen_store", self.master_addr)
+        res = self.t.setup_all("reform_group", (port, callbacks), timeout=self.timeout_s + 15)
+        if not res.ok:
+            self.health.group_ok = False
+            raise DpnbError("could not re-form the process group: " + first_error(res) + hint)
+        self.master_port = port
+        self.health.generation = max(o.value["generation"] for o in res.outcomes.values())
+        self.health.group_ok = True
+        problems = sorted({p for o in res.outcomes.values() for p in o.value.get("problems", [])})
+        return {"port": port, "generation": self.health.generation, "problems": problems}
+
+    def reform_all(self, new: Sequence[int] = ()) -> dict:
+        """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
+        self.init_ranks(new=list(new))
+        return self.regroup(callbacks=not new)
+
+    def try_reform(self) -> tuple[bool, str]:
+        """Re-form after a failed cell; ``(done, sentence for the report)``."""
+        if self.health.dead:
+            return False, "some ranks died: run %dp restart instead"
+        try:
+            info = self.regroup(callbacks=True, hint="; try %dp restart")
+        except DpnbError as e:
+            log.warning("re-forming the group failed: %s", e)
+            self.health.group_ok = False
+            return False, f"Re-forming the process group failed: {e}"
+        extra = ""
+        if info.get("problems"):
+            extra = " Some wrappers could not be re-bound: " + "; ".join(info["problems"])
+        return True, (f"The process group was re-formed on port {self.master_port} "
+                      f"(generation {self.health.generation}); everything on the engines is "
+                      f"kept.{extra}")

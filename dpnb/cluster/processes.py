@@ -1,0 +1,232 @@
+"""The processes a cluster started on this host: who they are, how they ended, stopping them.
+
+dpnb stops only what it started, by PID *and* start time (a PID can be
+recycled), and only on this host: the controller and, for launchers that run
+engines here (local, mpi), the engines and their children.  Engines on other
+hosts (ssh, slurm) are stopped through ipyparallel and their launcher, never
+by a PID that means something else on this machine.
+
+A kernel that exits normally stops its cluster (atexit).  One that is
+SIGKILLed runs no cleanup, so a small watcher (:mod:`dpnb._reaper`) started in
+its own session holds the list of ``pid start_time`` lines and stops them
+when the kernel is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from typing import Iterable
+
+import psutil  # a dependency of ipyparallel
+
+from .types import RankInfo
+
+log = logging.getLogger("dpnb.processes")
+
+#: launchers whose engine processes run on this host
+LOCAL_LAUNCHERS = ("local", "mpi")
+
+
+def describe_exit(code) -> str:
+    """``exit code 3`` / ``killed by signal 9 (SIGKILL) (...)`` from a return code."""
+    if code is None:
+        return "process gone, exit status unknown"
+    code = int(code)
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "?"
+        hint = " (killed: out of memory or kill -9?)" if -code == signal.SIGKILL else ""
+        return f"killed by signal {-code} ({name}){hint}"
+    return f"exit code {code}"
+
+
+def local_exit(icluster, pid: int) -> str | None:
+    """None while ``pid`` runs; else how it ended ("exit code 3", "killed by signal 9 ...")."""
+    try:
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return None
+    except psutil.NoSuchProcess:
+        pass
+    code = None
+    for es in list(getattr(icluster, "engines", {}).values()):
+        for el in list(getattr(es, "launchers", {}).values()):
+            if getattr(el, "pid", None) == pid and getattr(el, "process", None) is not None:
+                try:
+                    code = el.process.wait(0.5)
+                except (psutil.Error, subprocess.TimeoutExpired) as e:
+                    log.debug("exit status of pid %s not readable: %s", pid, e)
+        stops = list((getattr(es, "stop_data", {}) or {}).get("engines", {}).values())
+        for sd in stops:
+            if sd.get("pid") == pid and sd.get("exit_code") is not None:
+                code = sd["exit_code"]
+    return describe_exit(code)
+
+
+def start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def same_process(pid: int, started: float | None) -> bool:
+    """Whether ``pid`` is still the process that started at ``started``."""
+    now = start_time(pid)
+    return now is not None and started is not None and abs(now - started) < 0.01
+
+
+def engine_logs(icluster) -> str:
+    """The last lines the engines printed (for start errors)."""
+    try:
+        text = "".join(es.get_output() or "" for es in icluster.engines.values())
+    except (OSError, AttributeError, RuntimeError) as e:
+        log.debug("engine output not readable: %s", e)
+        return ""
+    text = text.strip()
+    return ("\nengine output:\n" + "\n".join(text.splitlines()[-15:])) if text else ""
+
+
+def stop_ipp(icluster) -> None:
+    """ipyparallel's own stop of the controller and every engine set."""
+    try:
+        icluster.stop_cluster_sync()
+    except Exception as e:  # a half-started cluster can fail to stop; the PIDs are reaped below
+        log.warning("ipyparallel stop_cluster failed: %s: %s", type(e).__name__, e)
+
+
+def wait_pids_gone(procs: dict[int, float], timeout: float) -> None:
+    """Wait for ``{pid: start_time}`` to exit; SIGKILL whatever outlives ``timeout``."""
+    live = []
+    for pid, started in procs.items():
+        if same_process(pid, started):
+            try:
+                live.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+    _, alive = psutil.wait_procs(live, timeout=timeout)
+    for p in alive:
+        log.warning("pid %s outlived the stop by %.0f s: SIGKILL", p.pid, timeout)
+        try:
+            p.kill()
+        except psutil.Error as e:
+            log.debug("SIGKILL of %s: %s", p.pid, e)
+    psutil.wait_procs(alive, timeout=5)
+
+
+class Processes:
+    """The OS-level side of one cluster: its local PIDs, deaths, kills and the reaper."""
+
+    def __init__(self, icluster, launcher: str, profile_dir: str):
+        self.ipp = icluster
+        self.launcher = launcher
+        self.local_engines = launcher in LOCAL_LAUNCHERS
+        self.profile_dir = profile_dir
+        self.reaper: subprocess.Popen | None = None
+        self.reaper_file = os.path.join(profile_dir, "dpnb-pids.txt")
+        self._started: dict[int, float | None] = {}  # engine pid -> start time
+
+    # ---------------------------------------------------------------- engines
+    def remember(self, ranks: Iterable[RankInfo]) -> None:
+        """Note the start time of each local engine, so a kill never hits a recycled PID."""
+        if self.launcher == "local":
+            for ri in ranks:
+                self._started.setdefault(ri.pid, start_time(ri.pid))
+
+    def exit_of(self, ri: RankInfo) -> str | None:
+        """How a local rank's engine ended, or None while it runs."""
+        return local_exit(self.ipp, ri.pid)
+
+    def kill_local(self, ri: RankInfo, wait_s: float = 10.0) -> None:
+        """SIGKILL the engine of ``ri`` (this host only), then wait for it to be reaped."""
+        if not same_process(ri.pid, self._started.get(ri.pid)):
+            log.info("rank %s: pid %s is gone or recycled; nothing to kill", ri.rank, ri.pid)
+            return
+        try:
+            os.kill(ri.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while local_exit(self.ipp, ri.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def interrupt_local(self, ri: RankInfo) -> None:
+        if same_process(ri.pid, self._started.get(ri.pid)):
+            try:
+                os.kill(ri.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+    # ---------------------------------------------------------------- owned
+    def owned(self, ranks: Iterable[RankInfo]) -> dict[int, float]:
+        """``{pid: start_time}`` of the processes this cluster runs on this host.
+
+        The controller always; engine launchers (and mpiexec) only when they
+        run here -- an ssh launcher's PID is a PID on the remote host.
+        """
+        roots: list[int] = []
+        ctl = getattr(self.ipp, "controller", None)
+        if ctl is not None and getattr(ctl, "pid", -1) > 0:
+            roots.append(ctl.pid)
+        if self.local_engines:
+            for es in getattr(self.ipp, "engines", {}).values():
+                for el in getattr(es, "launchers", {}).values():
+                    if getattr(el, "pid", -1) > 0:
+                        roots.append(el.pid)
+                if getattr(es, "pid", -1) > 0:  # mpiexec
+                    roots.append(es.pid)
+        if self.launcher == "local":
+            roots += [ri.pid for ri in ranks]
+        out: dict[int, float] = {}
+        for pid in roots:
+            try:
+                p = psutil.Process(pid)
+                out[pid] = p.create_time()
+                for c in p.children(recursive=True):
+                    out[c.pid] = c.create_time()
+            except psutil.Error as e:
+                log.debug("pid %s not listed as owned: %s", pid, e)
+        return out
+
+    # ---------------------------------------------------------------- reaper
+    def start_reaper(self, ranks: Iterable[RankInfo]) -> None:
+        """The watcher that stops our processes if this kernel is SIGKILLed."""
+        self.write_reaper_file(ranks)
+        self.reaper = subprocess.Popen(
+            [sys.executable, "-m", "dpnb._reaper", str(os.getpid()), self.reaper_file],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def write_reaper_file(self, ranks: Iterable[RankInfo]) -> None:
+        """Rewrite the reaper's ``pid start_time`` list (atomically).
+
+        If it cannot be written the safety net is off: say so loudly rather
+        than carry on as if a killed kernel would still clean up.
+        """
+        lines = [f"{pid} {t:.3f}" for pid, t in sorted(self.owned(ranks).items())]
+        tmp = self.reaper_file + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            os.replace(tmp, self.reaper_file)
+        except OSError as e:
+            log.error("reaper PID file %s not written: %s", self.reaper_file, e)
+            warnings.warn(f"dpnb could not write {self.reaper_file} ({e}): if this kernel is "
+                          "killed, its engines will not be stopped for it; %dp stop them "
+                          "yourself", RuntimeWarning, stacklevel=3)
+
+    def stop_reaper(self) -> None:
+        if self.reaper is None:
+            return
+        try:
+            self.reaper.terminate()
+            self.reaper.wait(5)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("reaper %s did not stop: %s", self.reaper.pid, e)

@@ -1,0 +1,188 @@
+"""Showing what the ranks printed and displayed, grouped by rank.
+
+N ranks running the same cell usually print the same thing; showing it N
+times hides the one rank that differs.  So identical output is shown once,
+labelled with the ranks that produced it, and only differing output is split
+per rank.  Long cells stream: :class:`Streamer` shows output as it arrives.
+(Errors are sorted and worded in :mod:`dpnb.cluster.diagnose`.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+from ..env import in_kernel, ipython
+from ..ranks import rank_label
+from ..compat import result_metadata
+from .diagnose import group_identical
+from .types import CellResult
+
+log = logging.getLogger("dpnb.render")
+
+def label(ranks: list[int], world: int) -> str:
+    if len(ranks) == world and world > 1:
+        return f"[all {world} ranks]"
+    return f"[{rank_label(ranks)}]"
+
+
+def render_streams(streams: dict[int, str], world: int) -> str:
+    """Text of per-rank streams, identical ones merged."""
+    nonempty = {r: t for r, t in streams.items() if t}
+    if not nonempty:
+        return ""
+    parts = []
+    for ranks, text in group_identical(nonempty):
+        parts.append(f"{label(ranks, len(streams) if len(nonempty) == len(streams) else world)}\n"
+                     f"{text if text.endswith(chr(10)) else text + chr(10)}")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------ display
+def show_result(res: CellResult) -> None:
+    """Display stdout/stderr, rich outputs and results of a cell, grouped."""
+    world = len(res.ranks)
+    oc = res.outcomes
+    if not res.streamed:
+        text = render_streams({r: oc[r].stdout for r in res.ranks}, world)
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        err = render_streams({r: oc[r].stderr for r in res.ranks}, world)
+        if err:
+            sys.stderr.write(err)
+            sys.stderr.flush()
+    _show_rich(res)
+
+
+def _bundle_key(content: dict) -> str:
+    try:
+        return json.dumps(content.get("data", {}), sort_keys=True, default=str)
+    except (TypeError, ValueError) as e:  # json.dumps with default=str rarely fails
+        log.debug("display bundle not JSON-comparable (%s); grouping by repr", e)
+        return repr(content)
+
+
+def _show_rich(res: CellResult) -> None:
+    world = len(res.ranks)
+    oc = res.outcomes
+    ip = ipython()
+    # display() calls: group identical bundles by position in each rank's list
+    n = max((len(oc[r].outputs) for r in res.ranks), default=0)
+    for i in range(n):
+        items = {r: oc[r].outputs[i] for r in res.ranks if i < len(oc[r].outputs)}
+        keys = {r: _bundle_key(c) for r, c in items.items()}
+        for ranks, key in group_identical(keys):
+            content = items[ranks[0]]
+            _publish(ip, content.get("data", {}), content.get("metadata") or {},
+                     label(ranks, world))
+    results = {r: oc[r].execute_result for r in res.ranks if oc[r].execute_result}
+    keys = {r: _bundle_key(c) for r, c in results.items()}
+    for ranks, _ in group_identical(keys):
+        content = results[ranks[0]]
+        _publish(ip, content.get("data", {}), content.get("metadata") or {},
+                 f"Out{label(ranks, world)}:", is_result=True)
+
+
+def _publish(ip, data: dict, metadata: dict, title: str, is_result: bool = False) -> None:
+    if ip is not None and in_kernel():
+        from IPython.display import publish_display_data
+
+        publish_display_data({"text/plain": title})
+        publish_display_data(data, metadata)
+    else:
+        text = data.get("text/plain")
+        if text is None:
+            kinds = ", ".join(sorted(data))
+            text = f"<{kinds} output: shown in Jupyter>"
+        if is_result:
+            print(f"{title} {text}")
+        else:
+            print(f"{title} {text}")
+
+
+class Streamer:
+    """Live output of long cells.
+
+    A cell that finishes within ``delay_s`` is shown only once, grouped.  One
+    that runs longer starts streaming: in Jupyter one display area per cell,
+    updated in place with each rank's latest output; in a terminal new lines
+    are printed with a ``[rank k]`` prefix as they arrive.
+    """
+
+    def __init__(self, ars: dict, delay_s: float = 1.0, min_interval_s: float = 0.25):
+        self.ars = ars
+        self.t0 = time.monotonic()
+        self.delay_s = delay_s
+        self.min_interval_s = min_interval_s
+        self.started = False
+        self._last = 0.0
+        self._printed: dict[int, int] = {r: 0 for r in ars}
+        self._handle = None
+        self._kernel = in_kernel()
+
+    def _texts(self) -> dict[int, str]:
+        out = {}
+        for r, ar in self.ars.items():
+            md = result_metadata(ar)
+            out[r] = (md.get("stdout") or "") + (md.get("stderr") or "")
+        return out
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if now - self.t0 < self.delay_s or now - self._last < self.min_interval_s:
+            return
+        self._last = now
+        texts = self._texts()
+        if not self.started and not any(texts.values()):
+            return
+        self.started = True
+        if self._kernel:
+            self._show_kernel(texts)
+        else:
+            self._show_terminal(texts)
+
+    def _show_kernel(self, texts: dict[int, str]) -> None:
+        from IPython.display import display
+
+        world = len(texts)
+        body = render_streams(texts, world) or "(running...)"
+        # keep the live area short: the tail of each rank's output
+        lines = body.splitlines()
+        if len(lines) > 60:
+            body = "\n".join(["..."] + lines[-60:])
+        data = {"text/plain": body}
+        if self._handle is None:
+            self._handle = display(data, raw=True, display_id=True)
+        else:
+            self._handle.update(data, raw=True)
+
+    def _show_terminal(self, texts: dict[int, str]) -> None:
+        for r, text in texts.items():
+            new = text[self._printed[r]:]
+            if not new:
+                continue
+            complete = new.rfind("\n") + 1
+            if complete == 0:
+                continue
+            for line in new[:complete].splitlines():
+                sys.stdout.write(f"[rank {r}] {line}\n")
+            self._printed[r] += complete
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        if not self.started:
+            return
+        texts = self._texts()
+        if self._kernel:
+            self._show_kernel(texts)
+        else:
+            for r, text in texts.items():
+                rest = text[self._printed[r]:]
+                if rest:
+                    for line in rest.splitlines():
+                        sys.stdout.write(f"[rank {r}] {line}\n")
+                    self._printed[r] = len(text)
+            sys.stdout.flush()

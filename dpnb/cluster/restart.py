@@ -1,0 +1,174 @@
+"""Bringing the world back: replace dead engines, re-form, and optionally resume.
+
+A replacement engine takes the dead rank's number (and its local rank and
+device) and starts empty; survivors keep their namespaces.  State changes only
+once the step that justifies it succeeded: a rank stops counting as dead when
+its replacement is probed, busy marks go when the group is re-formed.
+
+``resume=DIR`` then rebuilds the training state on every rank by replaying
+the :class:`SetupLog` -- the cells the user marked ``%%dp --setup`` and the
+wrap / data calls, in order, nothing else (a cell that ran ``!rm`` is never
+run again behind the user's back) -- and loads the checkpoint.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import DpnbError, StartError
+from ..ranks import rank_label
+from .diagnose import first_error, kept
+from .processes import engine_logs
+from .types import SETUP_LOG_MAX, RankInfo, SetupEntry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import Cluster
+
+log = logging.getLogger("dpnb.restart")
+
+
+class SetupLog:
+    """What built the ranks' state, replayed by ``restart --resume``; bounded."""
+
+    def __init__(self, limit: int = SETUP_LOG_MAX):
+        self.entries: collections.deque[SetupEntry] = collections.deque(maxlen=limit)
+        self.dropped = 0
+
+    def _add(self, e: SetupEntry) -> None:
+        if len(self.entries) == self.entries.maxlen:
+            self.dropped += 1
+            log.warning("setup log full (%d entries): dropping the oldest", self.entries.maxlen)
+        self.entries.append(e)
+
+    def add_cell(self, code: str) -> None:
+        lines = [ln for ln in code.strip().splitlines() if ln.strip()]
+        first = lines[0].strip() if lines else ""
+        label = f"cell: {first[:60]}" + (f" (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
+        self._add(SetupEntry(kind="cell", label=label, code=code))
+
+    def add_call(self, label: str, dotted: str, args: tuple = (), kwargs: dict | None = None) -> None:
+        self._add(SetupEntry(kind="call", label=label, dotted=dotted, args=tuple(args),
+                             kwargs=dict(kwargs or {})))
+
+    def has_call(self, dotted: str) -> bool:
+        return any(e.dotted == dotted for e in self.entries)
+
+    def describe(self) -> list[str]:
+        out = [f"{i + 1}. {e.label}" for i, e in enumerate(self.entries)]
+        if self.dropped:
+            out.insert(0, f"({self.dropped} older entries were dropped: the log keeps "
+                          f"{self.entries.maxlen})")
+        return out
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def replace_engines(c: "Cluster", ranks: list[int]) -> None:
+    """Start ``len(ranks)`` engines and give them the numbers of ``ranks``."""
+    known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
+    c._ipp.start_engines_sync(n=len(ranks))
+    deadline = time.monotonic() + 120
+    while True:
+        new = sorted(set(c.client.ids) - known)
+        if len(new) >= len(ranks):
+            break
+        if time.monotonic() > deadline:
+            raise StartError(f"replacement engines did not register within 120 s "
+                             f"({len(new)} of {len(ranks)}){engine_logs(c._ipp)}")
+        time.sleep(0.1)
+    new = new[: len(ranks)]
+    from ..engine import setup
+
+    probes = c.client[new].apply_sync(setup.probe)
+    for r, eid, p in zip(ranks, new, probes):
+        old = c.ranks[r]
+        c.ranks[r] = RankInfo(rank=r, engine_id=eid, host=p["host"], ip=p["ip"], pid=p["pid"],
+                              local_rank=old.local_rank, local_world_size=old.local_world_size,
+                              node_rank=old.node_rank, device=old.device)
+        c.health.dead.pop(r, None)  # a live engine holds the rank now
+    c.procs.remember(c.ranks)
+    if c.local:
+        c.procs.write_reaper_file(c.ranks)
+
+
+def _settle_busy(c: "Cluster", hard: bool) -> None:
+    """Interrupt survivors still running an old cell; kill those that do not stop."""
+    h = c.health
+    busy = [r for r in h.busy if r not in h.dead]
+    if not busy or hard:
+        return
+    c.transport.interrupt(busy)
+    deadline = time.monotonic() + c.timeout_s + 10
+    while time.monotonic() < deadline:
+        c.transport.refresh_busy()
+        if not [r for r in h.busy if r not in h.dead]:
+            return
+        time.sleep(0.2)
+    for r in sorted(r for r in h.busy if r not in h.dead):
+        c.kill_rank(r)
+        h.dead[r] = "killed by restart: it did not respond to interrupts"
+
+
+def restart(c: "Cluster", *, hard: bool = False, resume: str | None = None) -> str:
+    """See :meth:`dpnb.Cluster.restart`."""
+    if resume is not None:
+        resume = os.path.abspath(resume)
+        if not os.path.isdir(resume):
+            raise DpnbError(f"no checkpoint folder at {resume}: give a folder %dp save wrote")
+        if not c.setup_log.has_call("dpnb.engine.training.wrap"):
+            raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
+                            "history; build and %dp wrap it, then %dp load DIR")
+    c._check_running()
+    c.transport.refresh_busy()
+    _settle_busy(c, hard)
+    h = c.health
+    h.dead.update(c.transport.find_dead([r for r in range(c.world_size) if r not in h.dead]))
+    replace = list(range(c.world_size)) if hard else sorted(h.dead)
+    if hard:
+        for r in replace:
+            if r not in h.dead:
+                c.kill_rank(r)
+    if replace:
+        replace_engines(c, replace)
+    info = c.group.reform_all(new=replace)
+    h.busy.clear()  # every rank took part in the new group: none is running an old cell
+    keep = [r for r in range(c.world_size) if r not in replace]
+    msg = f"World back to {c.world_size} ranks, process group re-formed on port {c.master_port}."
+    if replace:
+        msg += f" {rank_label(replace)} replaced: everything defined there was lost."
+    if keep:
+        msg += f" {kept(keep)}."
+    if info.get("problems"):
+        msg += " Not re-bound: " + "; ".join(info["problems"])
+    if resume is not None:
+        msg += " " + replay_and_load(c, resume)
+    return msg
+
+
+def replay_and_load(c: "Cluster", path: str) -> str:
+    """Replay the setup log on every rank, then load the checkpoint at ``path``."""
+    entries = list(c.setup_log.entries)
+    for i, e in enumerate(entries):
+        if e.kind == "cell":
+            res = c.run(e.code, display=False, raise_errors=False)
+            if not res.ok:
+                raise DpnbError(f"resume stopped: replaying setup step {i + 1} ({e.label}) "
+                                f"failed ({first_error(res)}); fix it and %dp load {path}")
+        else:
+            c.call(e.dotted, *e.args, **e.kwargs)
+    info = c.call("dpnb.engine.checkpoint.load", path).values[0]
+    steps = "; ".join(e.label for e in entries)
+    warn = (f" ({c.setup_log.dropped} older setup steps had been dropped from the log)"
+            if c.setup_log.dropped else "")
+    return (f"Resumed from {path} at step {info.get('step')} after replaying "
+            f"{len(entries)} setup step{'s' if len(entries) != 1 else ''} on every rank: "
+            f"{steps}.{warn}")

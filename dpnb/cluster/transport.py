@@ -1,0 +1,248 @@
+"""Sending work to the engines and waiting for every rank's answer.
+
+notebook <-> engines is ipyparallel (ZeroMQ through the controller): cells as
+source, engine functions *by dotted name* (never a pickled closure), values
+pushed and pulled, output streamed.  This channel is independent of
+torch.distributed, so it keeps working while a collective hangs: the wait
+loop here watches for results, engine deaths, the cell timeout and Ctrl-C at
+once, and interrupts the ranks still running when it has to.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any, Callable, Iterable
+
+from ..compat import result_metadata
+from .diagnose import is_collective_error
+from .processes import Processes
+from .render import Streamer
+from .types import CellResult, Health, RankInfo, RankOutcome
+
+log = logging.getLogger("dpnb.transport")
+
+
+def _setup_fn(name: str):
+    from ..engine import setup
+
+    return getattr(setup, name)
+
+
+def _runner_fn(name: str):
+    from ..engine import runner
+
+    return getattr(runner, name)
+
+
+class Transport:
+    """One cluster's channel to its engines; shares ``ranks`` and ``health`` with it."""
+
+    def __init__(self, client, ranks: list[RankInfo], health: Health, procs: Processes,
+                 timeout_s: float):
+        self.client = client
+        self.ranks = ranks  # the cluster's list, updated in place when engines are replaced
+        self.health = health
+        self.procs = procs
+        self.timeout_s = timeout_s
+        self._views: dict[int, Any] = {}  # engine id -> its DirectView
+
+    # ---------------------------------------------------------------- views
+    def view(self, rank: int):
+        """The single-engine view of ``rank``'s engine, made once per engine:
+        building a DirectView costs more than sending a short cell."""
+        eid = self.ranks[rank].engine_id
+        v = self._views.get(eid)
+        if v is None:
+            v = self._views[eid] = self.client[eid]
+        return v
+
+    # ---------------------------------------------------------------- sending
+    def execute(self, code: str, sel: list[int]) -> dict:
+        return {r: self.view(r).execute(code, silent=False, block=False) for r in sel}
+
+    def apply(self, fn, args: tuple, sel: list[int], per_rank: dict | None = None) -> dict:
+        """``fn(*args)`` on every rank of ``sel`` (``per_rank[r]`` replaces ``args``)."""
+        return {r: self.view(r).apply_async(fn, *(per_rank[r] if per_rank else args))
+                for r in sel}
+
+    def call_async(self, dotted: str, args: tuple, kwargs: dict, sel: list[int]) -> dict:
+        return {r: self.view(r).apply_async(_runner_fn("call"), dotted, tuple(args), dict(kwargs))
+                for r in sel}
+
+    def setup_all(self, name: str, args: tuple = (), *, timeout=None,
+                  per_rank: dict | None = None) -> CellResult:
+        """:mod:`dpnb.engine.setup` function ``name`` on every rank, all sent before any wait."""
+        sel = list(range(len(self.ranks)))
+        ars = self.apply(_setup_fn(name), args, sel, per_rank)
+        return self.wait(ars, sel, timeout=timeout, stream=False, kind="apply")
+
+    def setup_one(self, rank: int, name: str, *args, timeout: float = 60.0):
+        return self.view(rank).apply_async(_setup_fn(name), *args).get(timeout=timeout)
+
+    # ---------------------------------------------------------------- waiting
+    def wait(self, ars: dict, sel: list[int], *, timeout, stream: bool, kind: str,
+             on_poll: Callable[[dict], None] | None = None) -> CellResult:
+        """Wait for every rank, watching for deaths, timeouts and Ctrl-C.
+
+        A rank interrupted while blocked in a gloo collective only sees the
+        interrupt when the collective returns (at the latest at the group
+        timeout), so after interrupting the loop waits up to that long more.
+        """
+        t0 = time.monotonic()
+        outcomes = {r: RankOutcome(rank=r) for r in sel}
+        pending = set(sel)
+        streamer = Streamer(ars, delay_s=1.0) if stream else None
+        interrupted_at: float | None = None
+        timeout_hit = False
+        grace = self.timeout_s + 10.0
+        try:
+            while pending:
+                try:
+                    ars[min(pending)].wait(0.05)
+                    self._collect_ready(ars, pending, outcomes, kind)
+                    if streamer is not None:
+                        streamer.poll()
+                    if on_poll is not None:
+                        on_poll(ars)
+                    if pending:
+                        self._mark_dead(ars, pending, outcomes)
+                    now = time.monotonic()
+                    if pending and timeout and not timeout_hit and now - t0 > timeout:
+                        timeout_hit = True
+                        for r in pending:
+                            outcomes[r].status = "timeout"
+                        self.interrupt(pending)
+                        interrupted_at = now
+                    if pending and interrupted_at is not None and now - interrupted_at > grace:
+                        break
+                except KeyboardInterrupt:
+                    if interrupted_at is not None:
+                        break  # second Ctrl-C: stop waiting, ranks stay marked busy
+                    self.interrupt(pending)
+                    interrupted_at = time.monotonic()
+                    for r in pending:
+                        outcomes[r].status = "interrupted"
+        finally:
+            if streamer is not None:
+                streamer.close()
+        for r in pending:  # gave up waiting: the engine is still busy with it
+            o = outcomes[r]
+            if o.status == "pending":
+                o.status = "timeout"
+            self._copy_streams(ars[r], o)
+            self.health.busy.add(r)
+        return CellResult(ranks=sel, outcomes=outcomes, elapsed_s=time.monotonic() - t0,
+                          streamed=bool(streamer and streamer.started))
+
+    def _collect_ready(self, ars: dict, pending: set, outcomes: dict, kind: str) -> None:
+        for r in list(pending):
+            if ars[r].ready():
+                self._collect(r, ars[r], outcomes[r], kind)
+                pending.discard(r)
+
+    def _mark_dead(self, ars: dict, pending: set, outcomes: dict) -> None:
+        for r, how in self.find_dead(pending).items():
+            outcomes[r].status, outcomes[r].died = "died", how
+            self._copy_streams(ars[r], outcomes[r])
+            pending.discard(r)
+            self.health.dead[r] = how
+
+    def _collect(self, r: int, ar, o: RankOutcome, kind: str) -> None:
+        prior = o.status
+        try:
+            # results travel on a different socket than printed output; wait
+            # for the engine's "idle" so no late stdout is lost
+            ar.wait_for_output(5)
+        except Exception as e:  # output may be cut short; the result still counts
+            log.info("rank %s: late output not awaited: %s: %s", r, type(e).__name__, e)
+        self._copy_streams(ar, o)
+        try:
+            o.value = ar.get(0)
+            if kind == "execute":
+                o.value = None
+            # a rank that finished after its timeout / interrupt still succeeded
+            o.status = "ok"
+        except Exception as e:  # the rank's own error, carried back by ipyparallel
+            o.ename = getattr(e, "ename", type(e).__name__)
+            o.evalue = str(getattr(e, "evalue", e))
+            tb = getattr(e, "traceback", None)
+            o.traceback = tb if isinstance(tb, str) else "\n".join(tb or [])
+            o.collective = is_collective_error(o.ename, o.evalue, o.traceback)
+            if o.ename == "EngineError":  # ipyparallel noticed the engine vanish
+                o.status, o.died = "died", self.death_cause(r) or o.evalue
+                self.health.dead[r] = o.died
+            elif prior in ("timeout", "interrupted") and o.ename == "KeyboardInterrupt":
+                o.status = prior
+            else:
+                o.status = "error"
+
+    @staticmethod
+    def _copy_streams(ar, o: RankOutcome) -> None:
+        md = result_metadata(ar)
+        o.stdout, o.stderr = md.get("stdout", "") or "", md.get("stderr", "") or ""
+        o.outputs = list(md.get("outputs", []) or [])
+        o.execute_result = md.get("execute_result")
+
+    # ---------------------------------------------------------------- health
+    def death_cause(self, r: int, wait_s: float = 3.0) -> str | None:
+        """How rank ``r``'s engine ended, waiting briefly for it to be reaped."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            how = self.find_dead([r]).get(r)
+            if how is not None or time.monotonic() > deadline:
+                return how
+            time.sleep(0.05)
+
+    def find_dead(self, ranks: Iterable[int]) -> dict[int, str]:
+        """Ranks whose engine is gone, with how it ended if known."""
+        dead: dict[int, str] = {}
+        if self.procs.launcher == "local":
+            for r in ranks:
+                how = self.procs.exit_of(self.ranks[r])
+                if how is not None:
+                    dead[r] = how
+        else:
+            alive = set(self.client.ids)
+            for r in ranks:
+                if self.ranks[r].engine_id not in alive:
+                    dead[r] = "its engine unregistered from the controller"
+        return dead
+
+    def refresh_busy(self) -> None:
+        """Forget ``busy`` marks of ranks whose engine queue has drained (or that died)."""
+        busy = self.health.busy
+        if not busy:
+            return
+        try:
+            qs = self.client.queue_status()
+        except Exception as e:  # the controller is unreachable: keep the marks
+            log.warning("queue_status failed, busy ranks kept: %s: %s", type(e).__name__, e)
+            return
+        for r in list(busy):
+            st = qs.get(self.ranks[r].engine_id, {})
+            if isinstance(st, dict) and st.get("queue", 0) == 0 and st.get("tasks", 0) == 0:
+                busy.discard(r)
+        for r, how in self.find_dead(list(busy)).items():
+            busy.discard(r)
+            self.health.dead[r] = how
+
+    def interrupt(self, ranks: Iterable[int]) -> None:
+        """SIGINT to the engines of ``ranks`` (KeyboardInterrupt there).
+
+        A rank in Python code stops at once; one blocked inside a gloo
+        collective only when the collective returns.
+        """
+        ranks = [r for r in ranks if r not in self.health.dead]
+        if not ranks:
+            return
+        if self.procs.launcher == "local":
+            for r in ranks:
+                self.procs.interrupt_local(self.ranks[r])
+            return
+        try:
+            self.client.send_signal(signal.SIGINT, targets=[self.ranks[r].engine_id for r in ranks],
+                                    block=False)
+        except Exception as e:  # the controller relays signals; say it did not
+            log.warning("interrupting %s through the controller failed: %s", ranks, e)

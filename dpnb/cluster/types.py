@@ -1,0 +1,107 @@
+"""What a cluster knows about its ranks and what one cell did on them.
+
+A leaf module: plain dataclasses and constants, imported by every part of
+the notebook side (launch, transport, diagnosis, rendering) and by nothing
+heavier.  ``RankOutcome`` / ``CellResult`` are what the transport collects
+from the engines and what the diagnosis and the output renderer read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+BACKENDS = ("auto", "gloo", "nccl")
+LAUNCHERS = ("local", "mpi", "slurm", "ssh")
+DEFAULT_TIMEOUT_S = 30.0
+#: engine-side exception types that mean "bad input, say so in one line"
+USER_ENAMES = frozenset({"TrainError", "CheckpointError", "ViewError", "DpnbError", "ConfigError"})
+#: how many entries ``restart --resume`` may replay (the setup log is bounded)
+SETUP_LOG_MAX = 200
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one rank lives."""
+
+    rank: int
+    engine_id: int
+    host: str
+    ip: str
+    pid: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    device: str
+
+
+@dataclass
+class RankOutcome:
+    """What one rank did in one cell or call."""
+
+    rank: int
+    status: str = "pending"  # ok | error | died | timeout | interrupted
+    value: Any = None
+    ename: str = ""
+    evalue: str = ""
+    traceback: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    outputs: list = field(default_factory=list)
+    execute_result: dict | None = None
+    died: str = ""
+    collective: bool = False  # the error came from a collective / the group
+
+
+@dataclass
+class CellResult:
+    """The per-rank outcome of :meth:`Cluster.run` or :meth:`Cluster.call`."""
+
+    ranks: list[int]
+    outcomes: dict[int, RankOutcome]
+    elapsed_s: float
+    streamed: bool = False
+    error: Exception | None = None  # set when the caller asked not to raise
+
+    @property
+    def ok(self) -> bool:
+        return all(o.status == "ok" for o in self.outcomes.values())
+
+    @property
+    def values(self) -> list:
+        return [self.outcomes[r].value for r in self.ranks]
+
+    @property
+    def stdout(self) -> dict[int, str]:
+        return {r: self.outcomes[r].stdout for r in self.ranks}
+
+
+@dataclass
+class Health:
+    """The notebook's running view of the ranks (mutated as cells report back).
+
+    ``dead``: rank -> how its engine ended.  ``busy``: ranks still running a
+    cell the notebook stopped waiting for.  ``group_ok``: the process group
+    can be used.  ``generation``: how many times the group was formed.
+    """
+
+    dead: dict[int, str] = field(default_factory=dict)
+    busy: set[int] = field(default_factory=set)
+    group_ok: bool = True
+    generation: int = 1
+
+
+@dataclass(frozen=True)
+class SetupEntry:
+    """One step that built the ranks' state, replayed by ``restart --resume``.
+
+    ``kind`` is ``"cell"`` (a ``%%dp --setup`` cell: ``code``) or ``"call"``
+    (an engine function by dotted name with its arguments, e.g. the wrap).
+    """
+
+    kind: str
+    label: str
+    code: str = ""
+    dotted: str = ""
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)

@@ -1,0 +1,239 @@
+"""Every private internal of torch and ipyparallel that dpnb touches, in one place.
+
+dpnb re-binds live DDP / ZeRO-1 / FSDP2 objects to a re-formed process group
+and times FSDP2's collectives; torch has no public API for either, so these
+functions reach into its internals.  Keeping them here means a torch upgrade
+that renames one breaks one function with a clear message, and
+``tests/unit/test_compat.py`` checks every one of them against the installed
+versions (:func:`check_torch` / :func:`check_ipyparallel`).
+
+torch is imported inside the functions: the notebook side imports this module
+for ipyparallel's result metadata without importing torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+log = logging.getLogger("dpnb.compat")
+
+
+class CompatError(RuntimeError):
+    """An internal dpnb relies on is missing in the installed torch / ipyparallel."""
+
+
+def _need(obj: Any, attr: str, what: str) -> Any:
+    try:
+        return getattr(obj, attr)
+    except AttributeError:
+        import torch
+
+        raise CompatError(
+            f"{what}: {type(obj).__name__}.{attr} is missing in torch {torch.__version__}; "
+            "this dpnb does not support that torch version (update dpnb or pin torch)") from None
+
+
+# ------------------------------------------------------------ ipyparallel
+def result_metadata(ar: Any) -> dict:
+    """The raw metadata dict of a single-engine ``AsyncResult``.
+
+    ``ar.metadata`` parses every timestamp in it with dateutil first (about a
+    millisecond per cell) although dpnb reads only the streams, so the raw
+    ``_metadata`` list is read when it exists.
+    """
+    raw = getattr(ar, "_metadata", None)
+    md = raw[0] if isinstance(raw, list) and raw else None
+    if md is None:
+        md = ar.metadata
+        md = md[0] if isinstance(md, list) else md
+    return md if isinstance(md, dict) else {}
+
+
+# ------------------------------------------------------------------ DTensor
+def local_tensor(t: Any) -> Any:
+    """The part of ``t`` stored on this rank: a DTensor's local shard, else ``t``.
+
+    ``_local_tensor`` rather than ``to_local()``: the latter goes through
+    autograd, and the callers count storage or copy shards without grads.
+    """
+    inner = getattr(t, "_local_tensor", None)
+    return inner if inner is not None else t
+
+
+def is_dtensor(t: Any) -> bool:
+    return hasattr(t, "full_tensor") and hasattr(t, "_local_tensor")
+
+
+# ---------------------------------------------------------------------- DDP
+def remove_ddp_hooks(ddp: Any) -> None:
+    """Drop the autograd hooks an old ``DistributedDataParallel`` left on the
+    module's parameters, so a new DDP around the same module does not
+    all-reduce every gradient twice (once through a dead group)."""
+    remove = getattr(ddp, "_remove_autograd_hooks", None)
+    if remove is None:
+        return
+    try:
+        remove()
+    except RuntimeError as e:  # the reducer of a broken group can refuse; the hooks go with it
+        log.warning("removing DDP autograd hooks failed (%s); continuing with a new wrapper", e)
+
+
+def point_zero_at_group(zo: Any, group: Any) -> None:
+    """Make a ``ZeroRedundancyOptimizer`` use ``group`` (same world size).
+
+    Its partition depends only on the world size, which a re-formed group
+    keeps, so the state stays valid; only the group handle and the cached
+    ranks change.
+    """
+    import torch.distributed as dist
+
+    for attr in ("process_group", "world_size", "rank", "global_rank"):
+        _need(zo, attr, "re-binding ZeroRedundancyOptimizer")
+    zo.process_group = group
+    zo.world_size = dist.get_world_size(group)
+    zo.rank = dist.get_rank(group)
+    zo.global_rank = dist.distributed_c10d.get_global_rank(group, zo.rank)
+
+
+def zero_inner_optimizer(zo: Any) -> Any:
+    """The local optimizer a ``ZeroRedundancyOptimizer`` steps (its ``optim``)."""
+    return _need(zo, "optim", "reading ZeroRedundancyOptimizer state")
+
+
+# -------------------------------------------------------------------- FSDP2
+def fsdp_param_groups(module: Any) -> Iterator[Any]:
+    """Every FSDP2 param group (one per ``fully_shard`` unit) under ``module``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            state = _need(m, "_get_fsdp_state", "reading FSDP2 state")()
+            yield from getattr(state, "_fsdp_param_groups", None) or []
+
+
+def fsdp_mesh_infos(module: Any) -> list:
+    """FSDP2's mesh-info objects (they cache the process group) under ``module``."""
+    infos: dict = {}
+    for pg in fsdp_param_groups(module):
+        cands = [pg.mesh_info, pg.post_forward_mesh_info]
+        for fp in pg.fsdp_params:
+            cands += [getattr(fp, "mesh_info", None), getattr(fp, "post_forward_mesh_info", None)]
+        for info in cands:
+            if info is not None:
+                infos[id(info)] = info
+    return list(infos.values())
+
+
+def rebind_mesh(mesh: Any, fresh: Any) -> None:
+    """Point an existing ``DeviceMesh`` at the process group of ``fresh``.
+
+    FSDP2's DTensor parameters, their optimizer state and its param groups all
+    refer to one mesh object; copying the new mesh's group names into it
+    re-binds them all without touching a shard.
+    """
+    mesh._dim_group_names = list(_need(fresh, "_dim_group_names", "re-binding a DeviceMesh"))
+    reg = getattr(mesh, "_pg_registry", None)
+    if isinstance(reg, dict):
+        reg.clear()
+        reg.update(getattr(fresh, "_pg_registry", {}) or {})
+
+
+def refresh_mesh_info(info: Any) -> None:
+    """Recompute the process group an FSDP mesh-info object caches."""
+    info.__post_init__()
+
+
+def fsdp_default_comms() -> tuple[type, type]:
+    """FSDP2's default all-gather and reduce-scatter classes (subclassed to time them)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+            DefaultAllGather,
+            DefaultReduceScatter,
+        )
+    except ImportError as e:
+        raise CompatError(f"timing FSDP2 collectives: {e}; this torch is not supported") from None
+    return DefaultAllGather, DefaultReduceScatter
+
+
+def fsdp_group_phase(pg: Any) -> str:
+    """``forward`` or ``backward``: what an FSDP2 param group is doing now."""
+    state = getattr(pg, "_training_state", None)
+    return "forward" if getattr(state, "name", "") == "FORWARD" else "backward"
+
+
+def fsdp_group_unit(pg: Any) -> str:
+    """The module path of an FSDP2 param group's unit (set at lazy init)."""
+    return getattr(pg, "_module_fqn", None) or "(root)"
+
+
+def set_fsdp_comms(pg: Any, all_gather: Any, reduce_scatter: Any) -> None:
+    """Replace an FSDP2 param group's collective objects."""
+    _need(pg, "_all_gather_comm", "timing FSDP2 collectives")
+    _need(pg, "_reduce_scatter_comm", "timing FSDP2 collectives")
+    pg._all_gather_comm = all_gather
+    pg._reduce_scatter_comm = reduce_scatter
+
+
+# ------------------------------------------------------------------- checks
+def check_ipyparallel() -> list[str]:
+    """Problems with the ipyparallel internals dpnb reads (empty: all present)."""
+    from ipyparallel.client.asyncresult import AsyncResult
+
+    probs = []
+    if "_metadata" not in AsyncResult.__init__.__code__.co_names:
+        probs.append("ipyparallel AsyncResult no longer keeps _metadata: result_metadata falls "
+                     "back to the slower .metadata")
+    return probs
+
+
+def check_torch() -> list[str]:
+    """Problems with the torch internals above, checked on live objects.
+
+    Needs an initialised default process group (world size 1 is enough):
+    builds a tiny DDP model, a ZeroRedundancyOptimizer and an FSDP2 model on
+    it and looks for every attribute this module touches.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    v = torch.__version__
+    probs: list[str] = []
+
+    def need(obj: Any, attr: str, what: str) -> None:
+        if not hasattr(obj, attr):
+            probs.append(f"torch {v}: {what} has no {attr}")
+
+    ddp = DistributedDataParallel(torch.nn.Linear(2, 2))
+    need(ddp, "_remove_autograd_hooks", "DistributedDataParallel")
+    zo = ZeroRedundancyOptimizer(list(torch.nn.Linear(2, 2).parameters()),
+                                 optimizer_class=torch.optim.SGD, lr=0.1)
+    for attr in ("optim", "process_group", "world_size", "rank", "global_rank"):
+        need(zo, attr, "ZeroRedundancyOptimizer")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    need(mesh, "_dim_group_names", "DeviceMesh")
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    fully_shard(net[0], mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    need(FSDPModule, "_get_fsdp_state", "FSDPModule")
+    try:
+        fsdp_default_comms()
+        groups = list(fsdp_param_groups(net))
+    except CompatError as e:
+        return probs + [str(e)]
+    if not groups:
+        probs.append(f"torch {v}: FSDP2 state has no _fsdp_param_groups")
+    for pg in groups[:1]:
+        for attr in ("_all_gather_comm", "_reduce_scatter_comm", "_training_state",
+                     "mesh_info", "post_forward_mesh_info", "fsdp_params"):
+            need(pg, attr, "an FSDP2 param group")
+        infos = fsdp_mesh_infos(net)
+        if not infos or not all(hasattr(i, "__post_init__") for i in infos):
+            probs.append(f"torch {v}: FSDP2 mesh infos cannot be refreshed")
+        if not any(is_dtensor(p) for p in net.parameters()):
+            probs.append(f"torch {v}: FSDP2 parameters are not DTensors with _local_tensor")
+    return probs

@@ -1,0 +1,441 @@
+"""The training step on every rank: micro-batches, backward, gradient sync, optimizer, record.
+
+Gradient accumulation: with ``grad_accum=K`` a step runs ``K`` micro-batches;
+gradient synchronization happens only in the backward of the last one
+(``no_sync()`` for DDP, ``set_requires_gradient_sync(False)`` for FSDP2),
+each micro-batch loss is divided by ``K``, and since DDP/FSDP average over the
+``N`` ranks the resulting gradient is that of the mean loss over the global
+batch of ``micro_batch * N * K`` samples -- the same gradient one process
+would get from that whole batch.
+
+Per step, besides the gradient collectives, the loop issues exactly one small
+extra collective: an asynchronous ``all_gather`` of ``[loss, stop flag,
+compute seconds, samples]`` from every rank, read after the *next* step.  It
+gives the global mean loss, makes all ranks stop at the same step boundary
+after Ctrl-C / Stop, feeds the straggler view and checks the global batch
+size (the per-rank sample counts must add up to it).
+
+The loop is split torchtitan-style: :func:`plan` validates (no state
+changes), :meth:`_Loop.micro_batches` runs forward/backward,
+:meth:`_Loop.optimizer_step` steps, :meth:`_Loop.issue_stats` starts the
+gather, :meth:`_Loop.finish` completes a step's record and progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..core.strategies import LR_SCALES, is_fsdp
+from .batches import _arity, _resolve_callable, _split, _to_device, default_loss
+from .dataset import current_data
+from .measure import state_bytes
+from .state import get_state
+from .stop import StopRequest, _make_publisher
+from .train_state import BYTES_EVERY, StepRecord, TrainError, choice, require_bound
+
+log = logging.getLogger("dpnb.engine.step")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated ``train`` call: nothing has changed yet when this exists."""
+
+    n_steps: int
+    micro_batch: int
+    grad_accum: int
+    world_size: int
+    rank: int
+    steps_per_epoch: int
+    lr_mode: str
+    lr_scale: float
+    step_fn: Any
+    loss_fn: Any
+    step_arity: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.world_size * self.grad_accum
+
+
+def plan(ns, es, data, *, steps, epochs, micro_batch, grad_accum, lr_scale, ref_batch,
+         step_fn, loss_fn) -> Plan:
+    """Check every argument of ``train`` against the data; raise :class:`TrainError`."""
+    if step_fn is not None and loss_fn is not None:
+        raise TrainError("pass either step_fn or loss_fn, not both")
+    for nm, v in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
+        if not isinstance(v, int) or v < 1:
+            raise TrainError(f"{nm} must be a positive integer, got {v!r}")
+    if (steps is None) == (epochs is None):
+        raise TrainError("give exactly one of --steps S or --epochs E")
+    ws, B, K = es.world_size, micro_batch, grad_accum
+    G = B * ws * K
+    per_rank = data.per_rank_len(ws)
+    if per_rank < B * K:
+        raise TrainError(
+            f"dataset {data.name} has {len(data.dataset)} samples, so each of the "
+            f"{ws} ranks gets {per_rank}; one step needs micro_batch x grad_accum = "
+            f"{B} x {K} = {B * K} per rank (global batch {B} x {ws} ranks x {K} = {G}). "
+            "Use a smaller --micro-batch or --grad-accum, or a larger dataset"
+        )
+    steps_per_epoch = per_rank // (B * K)
+    count, what = (steps, "--steps") if steps is not None else (epochs, "--epochs")
+    if not isinstance(count, int) or count < 0:
+        raise TrainError(f"{what} must be a non-negative integer, got {count!r}")
+    n_steps = steps if steps is not None else epochs * steps_per_epoch
+    mode = choice(lr_scale, LR_SCALES, "lr scaling")
+    ref = ref_batch if ref_batch is not None else B
+    if ref <= 0:
+        raise TrainError(f"--ref-batch must be positive, got {ref}")
+    step_fn = _resolve_callable(ns, step_fn, "step_fn")
+    return Plan(n_steps=n_steps, micro_batch=B, grad_accum=K, world_size=ws, rank=es.rank,
+                steps_per_epoch=steps_per_epoch, lr_mode=mode,
+                lr_scale={"none": 1.0, "linear": G / ref, "sqrt": math.sqrt(G / ref)}[mode],
+                step_fn=step_fn, loss_fn=_resolve_callable(ns, loss_fn, "loss_fn"),
+                step_arity=_arity(step_fn) if step_fn is not None else 0)
+
+
+class _Loop:
+    """One ``train`` call's running state on this rank."""
+
+    def __init__(self, es, st, data, p: Plan, *, record: bool, publisher, tps):
+        self.es, self.st, self.data, self.p = es, st, data, p
+        self.record, self.publisher, self.tps = record, publisher, tps
+        self.dev = st.device
+        self.cdev = es.comm_device
+        self.fsdp = is_fsdp(st.strategy)
+        mp = st.config["mixed_precision"]
+        self.autocast = (torch.autocast(self.dev.type, dtype=torch.bfloat16 if mp == "bf16"
+                                        else torch.float16)
+                         if mp != "none" and not self.fsdp else None)
+        self.rec = st.recorder
+        if self.rec is not None:
+            self.rec.set_enabled(record)
+        self.losses: list = []
+        self.stop_reason: str | None = None
+        self.last_pub = 0.0
+        # Every publish carries the recent history, not just what is new since
+        # the last one: the notebook only sees the latest published dict, and
+        # it polls less often than steps may finish.
+        self.pub_hist: deque = deque(maxlen=500)
+        self.counted = None  # the last state_bytes count, carried to the steps in between
+
+    def micro_batches(self) -> tuple[torch.Tensor, float, int, float]:
+        """Forward and backward of the step's ``K`` micro-batches; gradients
+        sync in the last backward.  Returns (summed loss, compute s, samples, delay)."""
+        p, st, rec = self.p, self.st, self.rec
+        model = st.wrapped
+        compute, n_local = 0.0, 0
+        loss_acc = torch.zeros((), dtype=torch.float64, device=self.dev)
+        delay = float(self.es.straggle_delay_s or 0.0)
+        for k in range(p.grad_accum):
+            last = k == p.grad_accum - 1
+            batch, n = self.data.micro_batch(k, p.micro_batch, p.rank, p.world_size)
+            n_local += n
+            batch = _to_device(batch, self.dev)
+            tc = time.perf_counter()
+            if last and delay > 0:
+                time.sleep(delay)  # a simulated slow rank: others wait in the sync
+            if rec is not None:
+                rec.micro = k
+            if self.fsdp:
+                model.set_requires_gradient_sync(last)
+            sync = contextlib.nullcontext() if (last or self.fsdp) else model.no_sync()
+            with sync:
+                loss = self._forward(model, batch)
+                scaled = loss.reshape(()) / p.grad_accum
+                if st.scaler is not None:
+                    scaled = st.scaler.scale(scaled)
+                if last:
+                    compute += time.perf_counter() - tc
+                    if rec is not None:
+                        rec.arm()
+                    scaled.backward()
+                    if rec is not None:
+                        rec.disarm()
+                else:
+                    scaled.backward()
+                    compute += time.perf_counter() - tc
+            loss_acc += loss.detach().reshape(()).to(torch.float64)
+        return loss_acc, compute, n_local, delay
+
+    def _forward(self, model, batch) -> torch.Tensor:
+        p = self.p
+        with self.autocast if self.autocast is not None else contextlib.nullcontext():
+            if p.step_fn is not None:
+                loss = p.step_fn(model, batch) if p.step_arity >= 2 else p.step_fn(batch)
+            else:
+                x, y = _split(batch)
+                loss = (p.loss_fn or default_loss)(model(x), y)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TrainError(
+                "the loss must be a scalar tensor (the micro-batch mean), got "
+                f"{type(loss).__name__}{tuple(getattr(loss, 'shape', ()))}"
+            )
+        return loss
+
+    def optimizer_step(self, i: int, step_idx: int) -> tuple[dict | None, float]:
+        """Step, count the bytes (when recording), zero the gradients."""
+        st, dev = self.st, self.dev
+        tc = time.perf_counter()
+        if st.scaler is not None:
+            st.scaler.step(st.optimizer)
+            st.scaler.update()
+        else:
+            st.optimizer.step()
+        nbytes = None
+        if self.record:
+            if self.counted is None or i == self.p.n_steps - 1 or i % BYTES_EVERY == 0:
+                self.counted = dict(state_bytes(st.module, st.optimizer, dev),
+                                    counted_at_step=step_idx)
+                nbytes = self.counted
+            else:
+                nbytes = dict(self.counted)
+                if dev.type == "cuda":  # the peak is per step, and cheap to read
+                    nbytes["peak_allocated"] = int(torch.cuda.max_memory_allocated(dev))
+                    nbytes["allocated"] = int(torch.cuda.memory_allocated(dev))
+        st.optimizer.zero_grad(set_to_none=True)
+        return nbytes, time.perf_counter() - tc
+
+    def issue_stats(self, loss_acc, compute: float, n_local: int, stop_local) -> tuple:
+        """Start the step's ``all_gather`` of [loss, stop, compute, samples].
+
+        Waited for after the *next* step: by then every rank has long sent its
+        part (they all passed through that step's gradient sync), so the wait
+        is free.  A blocking all_gather here would add a barrier per step, and
+        on a busy machine every barrier costs the ranks' jitter (measured:
+        +3-5 ms per 25 ms step on 2 CPU ranks).
+        """
+        cdev = self.cdev
+        stats = torch.stack([
+            (loss_acc / self.p.grad_accum).to(cdev),
+            torch.tensor(1.0 if stop_local else 0.0, dtype=torch.float64, device=cdev),
+            torch.tensor(compute, dtype=torch.float64, device=cdev),
+            torch.tensor(float(n_local), dtype=torch.float64, device=cdev),
+        ])
+        gathered = [torch.empty_like(stats) for _ in range(self.p.world_size)]
+        return dist.all_gather(gathered, stats, async_op=True), gathered
+
+    def finish(self, p: dict, stop) -> bool:
+        """Complete step ``p``: wait for its gathered stats, check the global
+        batch, keep its record, publish progress.  True when a rank asked to
+        stop (every rank sees the same flags here, so all stop after the same
+        step)."""
+        P = self.p
+        G = P.global_batch
+        p["work"].wait()
+        allst = torch.stack(p["gathered"]).cpu()
+        n_global = int(allst[:, 3].sum().item())
+        if n_global != G:
+            raise TrainError(
+                f"global batch check failed at step {p['step']}: ranks processed "
+                f"{allst[:, 3].tolist()} samples = {n_global}, expected micro_batch x "
+                f"world_size x grad_accum = {P.micro_batch} x {P.world_size} x "
+                f"{P.grad_accum} = {G}"
+            )
+        gloss = float(allst[:, 0].mean().item())
+        dt, tps = p["dt"], self.tps
+        rec = StepRecord(
+            step=p["step"], epoch=p["epoch"], rank=P.rank, loss=gloss,
+            loss_rank=float(allst[P.rank, 0].item()), step_time_s=dt, samples=G,
+            tokens=G * tps if tps else None, global_batch=G, micro_batch=P.micro_batch,
+            grad_accum=P.grad_accum, dp=P.world_size, lr=p["lr"], compute_s=p["compute"],
+            compute_s_all=allst[:, 2].tolist(), straggle_delay_s=p["delay"],
+            samples_per_s=G / dt if dt > 0 else None,
+            tokens_per_s=G * tps / dt if (tps and dt > 0) else None,
+            t_start=p["wall0"], t_end=p["t_end"], strategy=self.st.strategy, bytes=p["bytes"],
+        )
+        self.st.records.append(rec)
+        self.losses.append(gloss)
+        stopping = bool(allst[:, 1].max() > 0)
+        self._publish(rec, p["i"], stopping)
+        if stopping and self.stop_reason is None:
+            self.stop_reason = p["stop_local"] or stop.reason() or "stopped_by_other_rank"
+        return stopping
+
+    def _publish(self, rec: StepRecord, i: int, stopping: bool) -> None:
+        """Progress through ipyparallel's datapub, at most ~5 times a second."""
+        if self.publisher is None:
+            return
+        self.pub_hist.append((rec.step, rec.loss))
+        now = time.perf_counter()
+        if not (now - self.last_pub >= 0.2 or i == self.p.n_steps - 1 or stopping):
+            return
+        payload = {"dpnb_progress": {
+            "rank": rec.rank, "step": rec.step, "done": i + 1, "total": self.p.n_steps,
+            "loss": rec.loss, "samples_per_s": rec.samples_per_s,
+            "tokens_per_s": rec.tokens_per_s, "step_time_s": rec.step_time_s,
+            "compute_s_all": rec.compute_s_all, "history": list(self.pub_hist)}}
+        try:
+            self.publisher(payload)
+        except Exception as e:  # not inside an engine after all; keep training
+            log.info("publishing progress failed (%s: %s): progress off for this call",
+                     type(e).__name__, e)
+            self.publisher = None
+        self.last_pub = now
+
+    def one_step(self, i: int, stop) -> dict:
+        """Run step ``i`` of this call up to issuing its stats gather."""
+        st, data, P = self.st, self.data, self.p
+        data.ensure_room(P.micro_batch * P.grad_accum, P.rank, P.world_size)
+        step_idx = st.step
+        if self.record and self.dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.dev)
+        wall0 = time.time()
+        t0 = time.perf_counter()
+        if self.rec is not None:
+            self.rec.begin_step(step_idx, origin=wall0)
+        loss_acc, compute, n_local, delay = self.micro_batches()
+        nbytes, opt_s = self.optimizer_step(i, step_idx)
+        compute += opt_s
+        stop_local = stop.reason()
+        work, gathered = self.issue_stats(loss_acc, compute, n_local, stop_local)
+        if self.dev.type == "cuda":
+            # the step's kernels, not just their launches, belong in its time
+            torch.cuda.current_stream(self.dev).synchronize()
+        t1 = time.perf_counter()
+        if self.rec is not None:
+            self.rec.end_step()
+        issued = {
+            "work": work, "gathered": gathered, "step": step_idx, "epoch": data.epoch,
+            "dt": t1 - t0, "wall0": wall0, "t_end": time.time(), "compute": compute,
+            "delay": delay, "bytes": nbytes, "lr": float(st.optimizer.param_groups[0]["lr"]),
+            "i": i, "stop_local": stop_local,
+        }
+        data.offset += P.global_batch
+        st.step += 1
+        return issued
+
+
+def train(
+    ns: dict,
+    *,
+    steps: int | None = None,
+    epochs: int | None = None,
+    micro_batch: int,
+    grad_accum: int = 1,
+    lr_scale: str = "none",
+    ref_batch: int | None = None,
+    step_fn=None,
+    loss_fn=None,
+    seq_len: int | None = None,
+    record: bool | None = None,
+    publish=None,
+) -> dict:
+    """Run ``steps`` optimizer steps (or ``epochs`` passes) on every rank.
+
+    Collective: all ranks must call it with the same arguments.  Each step
+    reads ``grad_accum`` micro-batches of ``micro_batch`` samples from this
+    rank's shard, so the global batch is ``micro_batch * world_size *
+    grad_accum`` (checked every step from the gathered per-rank counts).
+
+    Per micro-batch: forward, loss / grad_accum, backward; gradients are
+    synchronized only in the last micro-batch's backward.  Then one optimizer
+    step and ``zero_grad``.  The reported loss is the global mean over the
+    global batch: each rank's mean over its micro-batches, averaged over the
+    ranks by the one small per-step ``all_gather`` (a cheap extra collective
+    that also carries the stop flag, compute time and sample count).
+
+    ``lr_scale``: the optimizer's lr becomes ``base_lr * s`` with ``s`` =
+    ``G/ref_batch`` (``linear``), ``sqrt(G/ref_batch)`` (``sqrt``) or 1
+    (``none``); ``ref_batch`` defaults to ``micro_batch`` (what one process
+    without accumulation would use).  ``base_lr`` is wrap's ``lr`` (or an lr
+    you set on the optimizer, divided by the last scale applied).
+
+    ``loss_fn(output, target)`` replaces the default criterion (MSE for float
+    targets, cross-entropy for integer ids); ``step_fn(batch)`` (or
+    ``step_fn(model, batch)``) replaces forward+loss entirely and must return
+    the micro-batch's *mean* loss.  Either may be a function or its name in
+    ``ns``.  Backward, gradient sync and the optimizer step stay here, so
+    accumulation stays correct.
+
+    Ctrl-C (SIGINT) or the Stop button (``EngineState.stop_requested`` or the
+    file ``EngineState.stop_file``) stop all ranks together after the same
+    step (the one after the request: the flags travel with a step's stats,
+    which each rank reads after finishing the next step); model and optimizer
+    keep their state.  ``EngineState.straggle_delay_s`` makes this rank sleep that long in each step.
+
+    ``record`` (default: on) keeps DDP bucket/backward timelines and per-step
+    byte counts; step records (see :func:`records`) are always kept.  A step
+    record holds ``step`` (global index, continuing across calls), ``epoch``,
+    ``loss`` (global mean), ``loss_rank``, ``step_time_s``, ``samples`` =
+    ``global_batch``, ``tokens`` (``seq_len`` per sample, from the argument or
+    the dataset's ``seq_len``), ``micro_batch``, ``grad_accum``, ``dp``,
+    ``lr``, ``samples_per_s``, ``tokens_per_s``, ``t_start``/``t_end``
+    (``time.time``), ``straggle_delay_s``, ``bytes`` (:func:`state_bytes`
+    right after ``optimizer.step()``, or None when not recording; counted on
+    the first and last step of a call and every ``BYTES_EVERY`` steps, the
+    steps between carry the last count -- the tensors keep their sizes from
+    step to step -- and ``counted_at_step`` says which step it is from) and
+    ``compute_s`` / ``compute_s_all`` (this rank's / every rank's): the time
+    spent in work that waits for no other rank -- the non-final micro-batches,
+    the final forward, the straggle delay and the optimizer step -- so a slow
+    rank shows a larger value and the others' ``step_time_s - compute_s`` is
+    mostly waiting.  (The final backward, which overlaps the gradient
+    all-reduce, is left out; under FSDP forward also all-gathers, and
+    ZeRO-1's step includes its parameter broadcast.)
+    ``publish=True`` sends progress through ``ipyparallel.datapub`` (at most
+    ~5 times a second); a callable receives the same dict.
+    """
+    es = get_state(ns)
+    st = require_bound(ns)
+    data = current_data(es, st)
+    P = plan(ns, es, data, steps=steps, epochs=epochs, micro_batch=micro_batch,
+             grad_accum=grad_accum, lr_scale=lr_scale, ref_batch=ref_batch, step_fn=step_fn,
+             loss_fn=loss_fn)
+    # Everything is validated: from here on the call changes state.
+    groups = st.optimizer.param_groups
+    for g in groups:
+        g["lr"] = float(g["lr"]) / st.lr_scale_applied * P.lr_scale
+    st.lr_scale_applied = P.lr_scale
+    lr_now = float(groups[0]["lr"])
+    tps = seq_len if seq_len is not None else getattr(data.dataset, "seq_len", None)
+    loop = _Loop(es, st, data, P, record=st.record_default if record is None else bool(record),
+                 publisher=_make_publisher(publish), tps=tps)
+    st.module.train()
+    first = st.step
+    t_call = time.perf_counter()
+    pending = None
+    with StopRequest(es) as stop:
+        for i in range(P.n_steps):
+            issued = loop.one_step(i, stop)
+            if pending is not None and loop.finish(pending, stop):
+                pending = issued
+                break
+            pending = issued
+        if pending is not None:
+            loop.finish(pending, stop)
+    wall = time.perf_counter() - t_call
+    done = st.step - first
+    samples_total = done * P.global_batch
+    return {
+        "rank": P.rank,
+        "strategy": st.strategy,
+        "steps": done,
+        "requested_steps": P.n_steps,
+        "first_step": first,
+        "last_step": st.step - 1 if done else None,
+        "interrupted": loop.stop_reason is not None,
+        "stop_reason": loop.stop_reason,
+        "loss": loop.losses[-1] if loop.losses else None,
+        "losses": loop.losses,
+        "global_batch": P.global_batch,
+        "micro_batch": P.micro_batch,
+        "grad_accum": P.grad_accum,
+        "dp": P.world_size,
+        "lr": lr_now,
+        "lr_scale": P.lr_mode,
+        "steps_per_epoch": P.steps_per_epoch,
+        "epoch": data.epoch,
+        "time_s": wall,
+        "samples_per_s": samples_total / wall if wall > 0 else None,
+        "tokens_per_s": samples_total * tps / wall if (tps and wall > 0) else None,
+    }

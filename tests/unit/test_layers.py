@@ -1,0 +1,165 @@
+"""The layering of dpnb/, read from the source: no import cycles, and no upward imports.
+
+Every ``import`` counts, module-level or inside a function (a lazy import is
+still a dependency); only ``if TYPE_CHECKING:`` blocks are left out.  The
+layers, bottom up (see docs/architecture.md):
+
+0. leaves: ``core`` (pure), ``errors``, ``env``, ``log``, ``ranks``, ``compat``, ``data``
+1. ``engine`` -- runs on the ranks
+2. ``cluster`` -- the notebook's side of the engines
+3. ``train``, ``progress``, ``display``, ``widgets``, ``quiz``
+4. ``magics``, ``demo``, ``cli``, the package ``dpnb`` itself
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parents[2] / "dpnb"
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = p
+    return mods
+
+
+def _imports(name: str, path: pathlib.Path, mods: dict) -> set[str]:
+    tree = ast.parse(path.read_text())
+    skip = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.dump(n.test):
+            skip.update(id(x) for b in n.body for x in ast.walk(b))
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
+        targets: list[str] = []
+        if isinstance(n, ast.Import):
+            targets = [a.name for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                up = pkg.split(".")
+                up = up[: len(up) - (n.level - 1)]
+                base = ".".join(up + ([n.module] if n.module else []))
+            # ``from pkg import mod`` depends on pkg.mod; ``from mod import name`` on mod
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                       for a in n.names]
+        for t in targets:
+            while t and t not in mods:
+                t = t.rpartition(".")[0]
+            if t and t != name and t.startswith("dpnb"):
+                out.add(t)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, p, mods) for m, p in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _in(mod: str, *prefixes: str) -> bool:
+    return any(mod == p or mod.startswith(p + ".") for p in prefixes)
+
+
+def test_the_graph_is_read():
+    g = _graph()
+    assert "dpnb.cluster.transport" in g and "dpnb.engine.step" in g
+    assert "dpnb.cluster.diagnose" in g["dpnb.cluster"]  # a known edge is seen
+
+
+def test_no_import_cycle_in_dpnb():
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_detector_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+
+
+def test_core_imports_only_core():
+    bad = {m: sorted(t for t in ts if not _in(t, "dpnb.core"))
+           for m, ts in _graph().items() if _in(m, "dpnb.core")}
+    assert not {m: t for m, t in bad.items() if t}
+
+
+def test_leaves_import_no_higher_layer():
+    leaves = ("dpnb.errors", "dpnb.env", "dpnb.log", "dpnb.ranks", "dpnb.compat", "dpnb.data")
+    bad = {m: sorted(t for t in ts if not _in(t, "dpnb.core", *leaves))
+           for m, ts in _graph().items() if _in(m, *leaves)}
+    assert not {m: t for m, t in bad.items() if t}
+
+
+def test_engine_imports_no_notebook_side():
+    upper = ("dpnb.cluster", "dpnb.train", "dpnb.widgets", "dpnb.magics", "dpnb.progress",
+             "dpnb.display", "dpnb.demo", "dpnb.cli", "dpnb.quiz")
+    bad = {m: sorted(t for t in ts if _in(t, *upper))
+           for m, ts in _graph().items() if _in(m, "dpnb.engine")}
+    assert not {m: t for m, t in bad.items() if t}
+
+
+def test_widgets_never_import_cluster_or_train():
+    bad = {m: sorted(t for t in ts if _in(t, "dpnb.cluster", "dpnb.train", "dpnb.magics"))
+           for m, ts in _graph().items() if _in(m, "dpnb.widgets")}
+    assert not {m: t for m, t in bad.items() if t}
+
+
+def test_cluster_imports_training_only_in_its_one_line_delegations():
+    """The training layer takes a cluster as an argument; ``Cluster.wrap`` & co.
+    may import it lazily, nothing in the cluster package may at module level."""
+    for m, p in _modules().items():
+        if not _in(m, "dpnb.cluster"):
+            continue
+        tree = ast.parse(p.read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top for a in n.names} | {n.module or "" for n in top
+                                                          if isinstance(n, ast.ImportFrom)}
+        assert not ({"train", "widgets", "magics"} & names), (m, names)
+        assert not any(_in(t, "dpnb.widgets", "dpnb.magics") for t in _graph()[m]), m
+
+
+def test_no_module_over_500_lines():
+    long = {str(p.relative_to(PKG.parent)): n for p in PKG.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long
