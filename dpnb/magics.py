@@ -173,15 +173,22 @@ class DPMagics(Magics):
               f"{info['per_rank']:,} per rank).")
 
     def _do_train(self, a):
-        s = self._need().train(steps=a.steps, epochs=a.epochs, micro_batch=a.micro_batch,
-                               grad_accum=a.grad_accum, lr_scale=a.lr_scale,
-                               ref_batch=a.ref_batch, seq_len=a.seq_len, step_fn=a.step_fn,
-                               loss_fn=a.loss_fn, record=False if a.no_record else None,
-                               timeout=a.timeout)
+        try:
+            s = self._train(a)
+        finally:
+            if self.dashboard is not None:  # the live dashboard shows the run's end
+                self.dashboard.catch_up()
         print(f"dpnb: {s['steps']} steps, global batch {s['global_batch']} = micro-batch "
               f"{s['micro_batch']} x DP {s['dp']} x grad-accum {s['grad_accum']}; "
               f"loss {s['loss']:.4f}" if s.get("loss") is not None else
               f"dpnb: {s['steps']} steps")
+
+    def _train(self, a) -> dict:
+        return self._need().train(steps=a.steps, epochs=a.epochs, micro_batch=a.micro_batch,
+                               grad_accum=a.grad_accum, lr_scale=a.lr_scale,
+                               ref_batch=a.ref_batch, seq_len=a.seq_len, step_fn=a.step_fn,
+                               loss_fn=a.loss_fn, record=False if a.no_record else None,
+                               timeout=a.timeout)
 
     def _do_check(self, a):
         v = self._need().check(a.model)

@@ -89,8 +89,10 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro
               lr_scale=lr_scale, ref_batch=ref_batch, seq_len=seq_len, step_fn=step_fn,
               loss_fn=loss_fn, record=record, publish=bool(progress))
     view = TrainProgress(steps, kernel=None) if progress else None
+    sent: dict = {}
 
     def on_poll(ars: dict) -> None:
+        sent.update(ars)
         if view is None:
             return
         # rank 0's latest datapub payload, kept by the client's I/O thread
@@ -108,7 +110,14 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro
         view.close(summary, note=note)
     if not res.ok:
         raise res.error
-    cluster.last_train = {**kw, "summary": summary}
+    # Each rank's last progress payload: the dashboard shows the run's end
+    # from it, however its poller's ticks fell.
+    finals = {}
+    for ar in sent.values():
+        p = (result_metadata(ar).get("data") or {}).get("dpnb_progress")
+        if p and "rank" in p:
+            finals[p["rank"]] = dict(p)
+    cluster.last_train = {**kw, "summary": summary, "progress": finals}
     return summary
 
 

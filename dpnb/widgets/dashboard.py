@@ -139,6 +139,8 @@ def _summary(d: DashboardView) -> list[str]:
         lines.append(f"last recorded step {s}: loss {loss:.4g}" + (f", {sps:,.1f} samples/s" if sps else ""))
     else:
         lines.append("no training yet: run %dp train (with publish=True for live updates)")
+    if d.history:
+        lines.append(f"loss curve: {len(d.history)} steps ({d.history[0][0]}-{d.history[-1][0]})")
     return lines
 
 
@@ -243,24 +245,39 @@ class _Poller:
         self.box, self.cluster, self.state, self.lock = box, cluster, state, lock
         self.interval = interval
         self.stop_evt = threading.Event()
+        self.tick_lock = threading.Lock()  # the poller thread and catch_up() alternate
         self.thread = threading.Thread(target=self.run, name="dpnb-dashboard", daemon=True)
         self.last_sig: tuple | None = None
         self.seen: dict = {}
+        self.final_seen: object = None
 
     def run(self) -> None:
         while not self.stop_evt.wait(self.interval):
-            if not getattr(self.cluster, "running", True):
+            stopped = not getattr(self.cluster, "running", True)
+            self.safe_tick()  # once more after a stop: the run's end is still in memory
+            if stopped:
                 break
-            try:
+
+    def safe_tick(self) -> None:
+        try:
+            with self.tick_lock:
                 self.tick()
-            except Exception as e:  # keep following training; say why a frame was lost
-                log.warning("dashboard refresh failed: %s: %s", type(e).__name__, e,
-                            exc_info=True)
+        except Exception as e:  # keep following training; say why a frame was lost
+            log.warning("dashboard refresh failed: %s: %s", type(e).__name__, e, exc_info=True)
 
     def tick(self) -> None:
         client = self.cluster.client
         running = bool(getattr(client, "outstanding", ()))
         prog = progress_from_client(client, self.seen)
+        # The payloads a finished %dp train kept (dpnb.train): authoritative
+        # for the end of the run even when no tick fell inside it.
+        last = getattr(self.cluster, "last_train", None)
+        final = last.get("progress") if isinstance(last, dict) else None
+        if final and final is not self.final_seen:
+            self.final_seen = final
+            for r, p in final.items():
+                if r not in prog or p.get("step", -1) >= prog[r].get("step", -1):
+                    prog[r] = p
         for mid in list(self.seen)[:-16]:  # only the latest runs matter
             del self.seen[mid]
         sig = tuple(sorted((r, p.get("step"), p.get("done")) for r, p in prog.items()))
@@ -327,7 +344,13 @@ def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict
         if box.poller is not None:
             box.poller.stop_evt.set()
 
+    def catch_up() -> None:
+        """Show the latest state now (``%dp train`` calls this when it returns)."""
+        if box.poller is not None:
+            box.poller.safe_tick()
+
     box.stop = stop
+    box.catch_up = catch_up
     return box
 
 

@@ -211,6 +211,15 @@ def test_run_all_in_jupyterlab(browser, lab, tmp_path):  # browser first: skip b
         assert "step 20/20" in progress.inner_text()
         assert progress.locator("img").count() == 1  # the live loss curve
 
+        # the dashboard, shown before training, followed it to the end: the
+        # last step and the whole loss curve, not the first publish only
+        dash = page.locator(".jp-CodeCell", has=page.locator(
+            ".jp-InputArea-editor", has_text=re.compile(r"%dp dashboard")))
+        assert dash.count() == 1, "no %dp dashboard cell in the quick start"
+        dtext = dash.first.locator(".jp-OutputArea").inner_text()
+        assert "(20/20)" in dtext, f"the dashboard did not reach step 20/20:\n{dtext[:800]}"
+        assert "loss curve: 20 steps (0-19)" in dtext, dtext[:800]
+
         # the check questions are widgets
         assert page.locator(".jp-Notebook .dpnb-quiz").count() == 2
 

@@ -10,15 +10,11 @@ keeps working after ``destroy_process_group``, so equal weights alone would
 not prove the re-binding).
 """
 
-import os
-import sys
-
 import pytest
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers.mp import free_port, reform, run_ranks  # noqa: E402
+from helpers.mp import free_port, reform, run_ranks
 
 from dpnb.data import SyntheticRegression
 
@@ -47,9 +43,9 @@ def _groups_in_use(st):
         if st.strategy == "zero1":
             groups.append(st.optimizer.process_group)
     else:
-        from dpnb.engine.training import _fsdp_mesh_infos
+        from dpnb.compat import fsdp_mesh_infos
 
-        for info in _fsdp_mesh_infos(st.module):
+        for info in fsdp_mesh_infos(st.module):
             groups.append(info.shard_process_group)
             groups.append(info.mesh.get_group())
         groups.append(st.mesh.get_group())

@@ -130,12 +130,16 @@ def test_engine_death_then_restart_resume_restores_model_optimizer_step(ip, tmp_
     c.save(ckpt)
     saved_step = c.last_train["summary"]["last_step"] + 1
     ref = c.train(steps=2, micro_batch=8, progress=False)
+    side = tmp_path / "side_effect"  # a cell not marked --setup: never replayed
+    c.run(f"open({str(side)!r}, 'a').write('x')", display=False)
     with pytest.raises(dpnb.RemoteCellError) as ei:
         c.run("import os\nif rank == 1:\n    os._exit(9)\ndist.barrier()", display=False)
     assert 1 in ei.value.died
     msg = c.restart(resume=ckpt)
     assert "rank 1 replaced" in msg and "rank 0 keeps its state" in msg
     assert f"Resumed from {ckpt} at step {saved_step}" in msg
+    assert "cell: import dpnb.data" in msg and "wrap net" in msg  # says what it replayed
+    assert side.read_text() == "xx"  # both ranks wrote once; resume replayed only setup
     again = c.train(steps=2, micro_batch=8, progress=False)
     assert again["first_step"] == saved_step
     assert again["losses"] == pytest.approx(ref["losses"], rel=1e-6, abs=1e-7)

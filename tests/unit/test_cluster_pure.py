@@ -1,0 +1,123 @@
+"""The notebook side's pure parts, without engines: rank layout, exit wording,
+failure diagnosis, the setup log that ``restart --resume`` replays."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from dpnb.cluster.diagnose import classify, first_error, plain_user_error, remote_error
+from dpnb.cluster.launch import assign_ranks, choose_backend, rank_init_info, with_devices
+from dpnb.cluster.processes import describe_exit
+from dpnb.cluster.restart import SetupLog
+from dpnb.cluster.types import CellResult, RankOutcome
+from dpnb.errors import DpnbError
+
+
+def _probe(host, pid=100, cuda=0):
+    return {"host": host, "ip": f"10.0.0.{len(host)}", "pid": pid, "cuda_devices": cuda}
+
+
+def test_assign_ranks_contiguous_per_host_ordered_by_lowest_engine_id():
+    # engine ids interleave the hosts; ranks must not
+    probes = {3: _probe("b"), 0: _probe("a"), 1: _probe("b"), 2: _probe("a"), 5: _probe("c")}
+    ranks = assign_ranks(probes)
+    assert [(r.rank, r.engine_id, r.host, r.local_rank, r.node_rank) for r in ranks] == [
+        (0, 0, "a", 0, 0), (1, 2, "a", 1, 0),
+        (2, 1, "b", 0, 1), (3, 3, "b", 1, 1),
+        (4, 5, "c", 0, 2)]
+    assert [r.local_world_size for r in ranks] == [2, 2, 2, 2, 1]
+
+
+def test_backend_auto_needs_a_gpu_per_engine_on_every_host():
+    probes = {0: _probe("a", cuda=2), 1: _probe("a", cuda=2), 2: _probe("b", cuda=1),
+              3: _probe("b", cuda=1)}
+    ranks = assign_ranks(probes)
+    assert choose_backend("auto", ranks, probes, None) == "gloo"  # host b: 2 engines, 1 GPU
+    with pytest.raises(DpnbError, match="host b runs 2 engines and has 1 GPUs"):
+        choose_backend("nccl", ranks, probes, None)
+    two = {0: _probe("a", cuda=2), 1: _probe("a", cuda=2)}
+    r2 = assign_ranks(two)
+    assert choose_backend("auto", r2, two, None) == "nccl"
+    devs = with_devices(r2, "nccl", [1, 0])
+    assert [d.device for d in devs] == ["cuda:1", "cuda:0"]
+    info = rank_init_info(devs[0], world_size=2, backend="nccl", master_addr="x", master_port=5,
+                          timeout_s=3.0, threads=1, local=True, watch_ppid=None)
+    assert info["device_index"] == 1 and info["local_rank"] == 0 and info["master_port"] == 5
+
+
+def test_describe_exit():
+    assert describe_exit(7) == "exit code 7"
+    assert describe_exit(-signal.SIGKILL).startswith("killed by signal 9 (SIGKILL)")
+    assert "out of memory or kill -9" in describe_exit(-9)
+    assert describe_exit(-signal.SIGABRT) == "killed by signal 6 (SIGABRT)"
+    assert describe_exit(None) == "process gone, exit status unknown"
+
+
+def _res(**by_rank) -> CellResult:
+    outcomes = {}
+    for key, o in by_rank.items():
+        r = int(key[1:])
+        outcomes[r] = RankOutcome(rank=r, **o)
+    return CellResult(ranks=sorted(outcomes), outcomes=outcomes, elapsed_s=1.5)
+
+
+TB = ("Cell In[4], line 3\n      1 t = torch.ones(1)\n      2 if rank == 1:\n"
+      "----> 3     raise ValueError('bad')\n")
+
+
+def test_raise_before_collective_names_culprit_and_waiter():
+    res = _res(r0=dict(status="error", ename="RuntimeError", collective=True,
+                       evalue="[gloo] Timed out waiting 6000ms for recv"),
+               r1=dict(status="error", ename="ValueError", evalue="bad", traceback=TB),
+               r2=dict(status="ok"))
+    d = classify(res)
+    assert d.culprits == [1] and d.waiting == [0] and d.needs_reform
+    err = remote_error(res, d, timeout_s=6, reform_msg="The process group was re-formed", reformed=True)
+    assert err.summary.startswith("rank 1 raised ValueError; rank 0 waiting on rank 1")
+    assert "(process group re-formed, state kept)" in err.summary
+    assert "at cell line 3: raise ValueError('bad')" in err.report
+    assert err.waiting == [0] and err.reformed
+    assert first_error(res) == "rank 0: error: RuntimeError: [gloo] Timed out waiting 6000ms for recv"
+
+
+def test_collective_error_without_a_culprit_is_not_waiting():
+    res = _res(r0=dict(status="error", ename="DistBackendError", evalue="x", collective=True),
+               r1=dict(status="ok"))
+    d = classify(res)
+    assert d.culprits == [] and d.waiting == [] and d.needs_reform
+
+
+def test_death_and_timeout_are_culprits():
+    res = _res(r0=dict(status="died", died="killed by signal 9 (SIGKILL)"),
+               r1=dict(status="timeout"), r2=dict(status="interrupted"))
+    d = classify(res)
+    assert d.died == {0: "killed by signal 9 (SIGKILL)"} and d.timed_out == [1]
+    assert d.culprits == [0, 1] and d.interrupted == [2]
+    err = remote_error(res, d, timeout_s=30, reform_msg="", reformed=False)
+    assert "rank 0 died: killed by signal 9" in err.report
+    assert "rank 1 did not finish within the cell timeout" in err.report
+    assert "rank 2 interrupted (Ctrl-C)" in err.report
+
+
+def test_same_user_error_on_every_rank_is_one_line():
+    same = dict(status="error", ename="TrainError", evalue="no dataset chosen: run %dp data")
+    assert str(plain_user_error(_res(r0=same, r1=same))) == "no dataset chosen: run %dp data"
+    other = dict(same, evalue="something else")
+    assert plain_user_error(_res(r0=same, r1=other)) is None
+    assert plain_user_error(_res(r0=same, r1=dict(status="ok"))) is None
+
+
+def test_setup_log_is_bounded_and_describes_what_it_replays():
+    log = SetupLog(limit=3)
+    log.add_cell("import torch\nnet = torch.nn.Linear(2, 2)\n")
+    log.add_call("wrap net (ddp)", "dpnb.engine.training.wrap", ("net", "ddp"), {"lr": 0.1})
+    assert log.describe() == ["1. cell: import torch (+1 lines)", "2. wrap net (ddp)"]
+    assert log.has_call("dpnb.engine.training.wrap")
+    log.add_call("data ds", "dpnb.engine.training.set_data", ("ds",))
+    log.add_call("data ds2", "dpnb.engine.training.set_data", ("ds2",))
+    assert len(log) == 3 and log.dropped == 1
+    assert log.describe()[0].startswith("(1 older entries were dropped")
+    log.clear()
+    assert len(log) == 0 and log.describe() == []
