@@ -38,7 +38,9 @@ net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Lin
 """
 
 FAULTS = ("raise_mid_collective", "exit_engine", "sigkill_engine", "hang_cell_timeout",
-          "ctrl_c_training")
+          "ctrl_c_training", "shape_mismatch", "one_sided_collective", "mismatched_ops",
+          "kill_during_checkpoint")
+CELL_TIMEOUT_S = 3.0
 
 
 def _fds() -> int:
@@ -52,9 +54,44 @@ def _healthy(c) -> None:
     assert c.check()["ok"], "replicas out of sync"
 
 
-def _inject(c, kind: str, rng: random.Random, ckpt: str) -> str:
+def _mistake(c, kind: str, victim: int) -> str:
+    """A collective typed wrong in a cell: the engines must all survive it."""
+    pids = [r.pid for r in c.ranks]
+    code = {
+        "shape_mismatch": f"t = torch.ones(4 + (rank == {victim}))\ndist.all_reduce(t)",
+        "mismatched_ops": (f"t = torch.ones(4)\nif rank == {victim}:\n    dist.broadcast(t, src=0)"
+                           "\nelse:\n    dist.all_reduce(t)"),
+        "one_sided_collective": f"t = torch.ones(4)\nif rank == {victim}:\n    dist.all_reduce(t)",
+    }[kind]
+    try:
+        c.run(code, display=False, timeout=CELL_TIMEOUT_S)
+    except RemoteCellError as e:
+        assert [r.pid for r in c.ranks] == pids and not c.dead, e.report
+        return "reported, engines kept"
+    raise AssertionError(f"{kind} was not reported")
+
+
+def _kill_during_checkpoint(c, victim: int, auto: str) -> str:
+    pid = c.ranks[victim].pid
+    killer = threading.Timer(0.8, lambda: os.kill(pid, signal.SIGKILL))
+    killer.start()
+    try:
+        c.train(steps=400, micro_batch=8, progress=False, checkpoint_every=2, checkpoint_dir=auto)
+    except RemoteCellError as e:
+        assert victim in e.died, e.report
+    finally:
+        killer.join()
+    c.restart(resume="" if c.autosave_dir else None)
+    return "restart --resume (automatic checkpoint)"
+
+
+def _inject(c, kind: str, rng: random.Random, ckpt: str, auto: str = "") -> str:
     """Inject one fault; return how it was recovered."""
     victim = rng.randrange(c.world_size)
+    if kind in ("shape_mismatch", "mismatched_ops", "one_sided_collective"):
+        return _mistake(c, kind, victim)
+    if kind == "kill_during_checkpoint":
+        return _kill_during_checkpoint(c, victim, auto)
     if kind == "raise_mid_collective":
         try:
             c.run(f"t = torch.ones(1)\nif rank == {victim}:\n    raise ValueError('soak')\n"
@@ -78,7 +115,7 @@ def _inject(c, kind: str, rng: random.Random, ckpt: str) -> str:
     if kind == "hang_cell_timeout":
         try:
             c.run(f"import time\nt = torch.ones(1)\nif rank == {victim}:\n    time.sleep(60)\n"
-                  "else:\n    dist.all_reduce(t)", timeout=c.timeout_s + 2, display=False)
+                  "else:\n    dist.all_reduce(t)", timeout=CELL_TIMEOUT_S, display=False)
         except RemoteCellError as e:
             assert e.timed_out == [victim], e.report
         else:
@@ -97,14 +134,16 @@ def _inject(c, kind: str, rng: random.Random, ckpt: str) -> str:
     raise ValueError(kind)
 
 
-def run_soak(seconds: float, seed: int = 0, n: int = 2, timeout: float = 5.0,
+def run_soak(seconds: float, seed: int = 0, n: int = 2, timeout: float = 30.0,
              log=print) -> dict:
     rng = random.Random(seed)
     t_start = time.monotonic()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     c = dpnb.start(n, timeout=timeout)
     ckpt = os.path.join(tempfile.mkdtemp(prefix="dpnb-soak-"), "ckpt")
+    auto = os.path.join(os.path.dirname(ckpt), "auto")
     counts = {k: 0 for k in FAULTS}
+    by_kind: dict[str, list[float]] = {k: [] for k in FAULTS}
     recovered = 0
     recover_s: list[float] = []
     rss: dict[int, list[int]] = {}
@@ -123,11 +162,12 @@ def run_soak(seconds: float, seed: int = 0, n: int = 2, timeout: float = 5.0,
             kind = FAULTS[rng.randrange(len(FAULTS))]
             counts[kind] += 1
             t0 = time.monotonic()
-            how = _inject(c, kind, rng, ckpt)
+            how = _inject(c, kind, rng, ckpt, auto)
             _healthy(c)
             dt = time.monotonic() - t0
             recovered += 1
             recover_s.append(dt)
+            by_kind[kind].append(dt)
             for row in c.status():
                 rss.setdefault(row["pid"], []).append(row["rss_bytes"] or 0)
             fds.append(_fds())
@@ -149,6 +189,9 @@ def run_soak(seconds: float, seed: int = 0, n: int = 2, timeout: float = 5.0,
         "recovered": recovered,
         "recover_s_median": round(statistics.median(recover_s), 2) if recover_s else None,
         "recover_s_max": round(max(recover_s), 2) if recover_s else None,
+        "healthy_after_s_median_by_fault": {k: round(statistics.median(v), 2)
+                                            for k, v in by_kind.items() if v},
+        "group_timeout_s": timeout,
         "engine_rss_growth_mb": {str(k): round(v / 2**20, 1) for k, v in growth.items()},
         # the engine that lived through the most cycles: its memory over time
         "longest_engine": {"cycles": len(oldest[1]),

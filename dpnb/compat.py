@@ -50,6 +50,49 @@ def result_metadata(ar: Any) -> dict:
     return md if isinstance(md, dict) else {}
 
 
+# -------------------------------------------------------------- c10d groups
+def default_group() -> Any:
+    """The default process group (what collectives use when given none)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._get_default_group()
+
+
+def set_default_group(pg: Any) -> None:
+    """Make ``pg`` the default process group (c10d's own setter, used by init)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    _need(c10d, "_update_default_pg", "swapping the default process group")(pg)
+
+
+def abort_groups() -> bool:
+    """Abort every process group of this process (NCCL: from any thread)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        _need(c10d, "_abort_process_group", "aborting NCCL groups")()
+    except RuntimeError as e:  # already torn down
+        log.info("abort of the process groups: %s", e)
+        return False
+    return True
+
+
+def new_checked_group(backend: str, timeout_s: float) -> Any:
+    """A group over every rank whose collectives first compare fingerprints
+    (op, shapes, dtypes) across ranks and raise on a mismatch: c10d wraps
+    groups created while the debug level is DETAIL.  Collective."""
+    import torch.distributed as dist
+
+    before = dist.get_debug_level()
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    try:
+        from datetime import timedelta
+
+        return dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    finally:
+        dist.set_debug_level(before)
+
+
 # ------------------------------------------------------------------ DTensor
 def local_tensor(t: Any) -> Any:
     """The part of ``t`` stored on this rank: a DTensor's local shard, else ``t``.

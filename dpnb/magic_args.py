@@ -71,9 +71,10 @@ def _status():
 @sub("restart")
 @magic_arguments()
 @argument("--hard", action="store_true", help="replace every engine (all state is lost)")
-@argument("--resume", default=None, metavar="DIR",
-          help="then rebuild the model on every rank (replaying the cells and the wrap that "
-               "built it) and load the checkpoint in DIR")
+@argument("--resume", default=None, metavar="DIR", nargs="?", const="",
+          help="then rebuild the model on every rank (replaying the %%%%dp --setup cells, the "
+               "wrap and the data) and load the checkpoint in DIR (no DIR: the latest one "
+               "%%dp train --checkpoint-every wrote)")
 def _restart():
     """Replace dead engines and re-form the process group; says what was lost."""
 
@@ -155,6 +156,8 @@ def _data():
 @argument("--no-record", action="store_true", help="do not record bucket timelines / bytes")
 @argument("--timeout", type=float, default=None,
           help="wall-clock limit in seconds; ranks still running are interrupted and named")
+@argument("--checkpoint-every", nargs=2, default=None, metavar=("K", "DIR"),
+          help="checkpoint into DIR every K steps; %%dp restart --resume loads the latest")
 def _train():
     """Run training steps with a live progress bar and loss curve (Ctrl-C stops cleanly)."""
 
@@ -312,6 +315,20 @@ def _ring():
 @argument("--interval", type=float, default=None, help="seconds between updates (default 1)")
 def _dashboard():
     """Cluster status, live step/loss/throughput and memory per rank, updating while training."""
+
+
+@sub("where")
+@magic_arguments()
+@argument("--ranks", default=None, help="ranks to ask (default all)")
+def _where():
+    """Where each rank is: idle, or running which cell line, inside which collective."""
+
+
+@sub("debug")
+@magic_arguments()
+@argument("--rank", type=int, default=None, help="rank to inspect (default: the first that raised)")
+def _debug():
+    """The last failed cell's frames on a rank, with their locals (tensors as shape/dtype)."""
 
 
 @sub("setup")

@@ -178,13 +178,26 @@ class DPMagics(Magics):
         finally:
             if self.dashboard is not None:  # the live dashboard shows the run's end
                 self.dashboard.catch_up()
+        if s.get("data_note"):
+            print(f"dpnb: note: {s['data_note']}")
+        if s.get("checkpoints"):
+            print(f"dpnb: checkpointed {len(s['checkpoints'])} time(s); latest "
+                  f"{s['checkpoints'][-1]}")
         print(f"dpnb: {s['steps']} steps, global batch {s['global_batch']} = micro-batch "
               f"{s['micro_batch']} x DP {s['dp']} x grad-accum {s['grad_accum']}; "
               f"loss {s['loss']:.4f}" if s.get("loss") is not None else
               f"dpnb: {s['steps']} steps")
 
     def _train(self, a) -> dict:
-        return self._need().train(steps=a.steps, epochs=a.epochs, micro_batch=a.micro_batch,
+        ck: dict = {}
+        if a.checkpoint_every:
+            k, d = a.checkpoint_every
+            try:
+                ck = {"checkpoint_every": int(k), "checkpoint_dir": d}
+            except ValueError:
+                raise UsageError(f"--checkpoint-every K DIR: K must be a whole number of steps "
+                                 f"(got {k!r})") from None
+        return self._need().train(**ck, steps=a.steps, epochs=a.epochs, micro_batch=a.micro_batch,
                                grad_accum=a.grad_accum, lr_scale=a.lr_scale,
                                ref_batch=a.ref_batch, seq_len=a.seq_len, step_fn=a.step_fn,
                                loss_fn=a.loss_fn, record=False if a.no_record else None,
@@ -313,6 +326,12 @@ class DPMagics(Magics):
         if self.dashboard is not None:  # one live dashboard per session: stop the old poller
             self.dashboard.stop()
         self.dashboard = dashboard.show(self._need(), **kw)
+
+    def _do_where(self, a):
+        print("dpnb: " + self._need().where(a.ranks).replace("\n", "\n  "))
+
+    def _do_debug(self, a):
+        print(self._need().debug(a.rank))
 
     def _do_setup(self, a):
         c = self._need()

@@ -81,7 +81,7 @@ class TrainProgress:
             # is rate-limited on the engine), so the curve misses no step.
             hist = data.get("history") or [(data["step"], data.get("loss"))]
             known = self.losses[-1][0] if self.losses else -1
-            for step, loss in hist:
+            for step, loss, *_sps in hist:  # (step, loss[, samples/s])
                 if loss is not None and int(step) > known:
                     self.losses.append((int(step), float(loss)))
             self._render(data)

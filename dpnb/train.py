@@ -68,7 +68,8 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro
           grad_accum: int = 1, lr_scale: str = "none", ref_batch: int | None = None,
           seq_len: int | None = None, step_fn: str | None = None, loss_fn: str | None = None,
           record: bool | None = None, progress: bool = True,
-          timeout: float | None = None) -> dict:
+          timeout: float | None = None, checkpoint_every: int | None = None,
+          checkpoint_dir: str | None = None) -> dict:
     """Run training steps on every rank with a live progress display.
 
     Ctrl-C (Jupyter's "interrupt kernel") stops every rank together after the
@@ -85,9 +86,19 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro
             raise DpnbError(f"--{name} must be a whole number >= {lo} (got {v!r})")
     if lr_scale not in LR_SCALES:
         raise DpnbError(f"--lr-scale must be one of {', '.join(LR_SCALES)} (got {lr_scale!r})")
+    if checkpoint_every is not None and (isinstance(checkpoint_every, bool)
+                                         or not isinstance(checkpoint_every, int)
+                                         or checkpoint_every < 1):
+        raise DpnbError(f"--checkpoint-every must be a whole number of steps >= 1 "
+                        f"(got {checkpoint_every!r})")
+    if checkpoint_dir is not None:
+        checkpoint_dir = os.path.abspath(os.path.expanduser(checkpoint_dir))
     kw = dict(steps=steps, epochs=epochs, micro_batch=micro_batch, grad_accum=grad_accum,
               lr_scale=lr_scale, ref_batch=ref_batch, seq_len=seq_len, step_fn=step_fn,
-              loss_fn=loss_fn, record=record, publish=bool(progress))
+              loss_fn=loss_fn, record=record, publish=bool(progress),
+              checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
+    if checkpoint_dir is not None:  # restart --resume finds it even if this run dies
+        cluster.autosave_dir = checkpoint_dir
     view = TrainProgress(steps, kernel=None) if progress else None
     sent: dict = {}
 

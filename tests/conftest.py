@@ -3,7 +3,8 @@
 ``unit/`` (fast, no processes beyond a short torch subprocess), ``cluster/``
 (real ipyparallel engines or multi-process gloo groups), ``notebook/``
 (nbclient), ``browser/`` (JupyterLab in Chromium), ``slow/`` (fresh virtual
-environments, the benchmark smoke run).  Each test gets its folder's marker
+environments, the benchmark smoke run), ``gpu/`` (one CUDA GPU; skipped
+without one).  Each test gets its folder's marker
 here, so ``-m "not cluster and not notebook and not browser and not slow"``
 selects the fast tier.  Shared helpers are the package ``tests/helpers``.
 
@@ -26,7 +27,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TESTS = pathlib.Path(__file__).resolve().parent
-TIERS = ("unit", "cluster", "notebook", "browser", "slow")
+TIERS = ("unit", "cluster", "notebook", "browser", "slow", "gpu")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -93,6 +93,8 @@ class Cluster:
         self.last_train: dict | None = None  # filled by dpnb.train
         self.last_wrap: dict | None = None
         self.setup_log = SetupLog()
+        self.last_failure: CellResult | None = None  # for %dp debug
+        self.autosave_dir: str | None = None  # where %dp train --checkpoint-every writes
         # A kernel that exits normally stops its cluster (and removes the
         # profile with its keys); a weak reference lets an unused Cluster go.
         ref = weakref.ref(self)
@@ -200,6 +202,10 @@ class Cluster:
         if busy:
             raise DpnbError(f"{rank_label(busy)} still running an earlier cell: wait, or "
                             f"%dp interrupt, or %dp restart")
+        if not self.group_ok and not self.busy and not self.dead:
+            # a group left broken while a rank was busy: re-form before going on
+            ok, msg = self.group.try_reform()
+            log.info("re-formed the group before the next cell: %s", msg)
         return sel
 
     # ------------------------------------------------------------------ run
@@ -251,8 +257,14 @@ class Cluster:
 
     def _finish(self, res: CellResult, raise_errors: bool) -> CellResult:
         if res.ok:
+            if res.released:  # everyone finished after all, but the groups are gone
+                self.group.try_reform()
             return res
-        err = diagnose.plain_user_error(res) or self._report(res)
+        err = diagnose.plain_user_error(res)
+        if err is not None and res.released:
+            self.group.try_reform()
+        err = err or self._report(res)
+        self.last_failure = res
         if raise_errors:
             raise err
         res.error = err
@@ -291,6 +303,54 @@ class Cluster:
     def reform_all(self, new: Sequence[int] = ()) -> dict:
         """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
         return self.group.reform_all(new)
+
+    def where(self, ranks=None) -> str:
+        """Where every (or the selected) rank is now, through the side doors.
+
+        Works while ranks are busy (a cell the notebook stopped waiting for):
+        finished / running, the cell line, the collective it is inside.
+        """
+        self._check_running()
+        sel = parse_ranks(ranks, self.world_size)
+        self.transport.refresh_busy()
+        answers = self.transport.where(sel)
+        res = CellResult(ranks=sel, outcomes={r: RankOutcome(rank=r) for r in sel}, elapsed_s=0.0,
+                         where={r: dict(a, running=r in self.busy)
+                                for r, a in answers.items() if a})
+        lines = []
+        verdict = diagnose.where_verdict(res)
+        if verdict:
+            lines.append(verdict)
+        for r in sel:
+            a = answers.get(r)
+            if r in self.dead:
+                lines.append(f"rank {r}: dead ({self.dead[r]})")
+            elif a is None:
+                lines.append(f"rank {r}: no answer from its side door")
+            elif r not in self.busy:
+                lines.append(f"rank {r}: idle" + (f" (last cell ran {a['cell_calls']})"
+                                                  if a.get("cell_calls") else ""))
+        return "\n".join(lines) or "every selected rank is idle"
+
+    def debug(self, rank: int | None = None) -> str:
+        """The failing rank's frames of the last failed cell, with their locals."""
+        self._check_running()
+        f = self.last_failure
+        if f is None:
+            raise DpnbError("no cell has failed yet: %dp debug shows the frames of the last "
+                            "failed cell")
+        failed = [r for r in f.ranks if f.outcomes[r].status == "error"
+                  and not f.outcomes[r].collective]
+        if rank is None:
+            if not failed:
+                raise DpnbError("the last failed cell raised on no rank (it timed out or a rank "
+                                "died): give --rank R")
+            rank = failed[0]
+        if not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise DpnbError(f"--rank {rank!r} is not a rank of this cluster (0-{self.world_size - 1})")
+        if rank in self.dead:
+            raise DpnbError(f"rank {rank} died ({self.dead[rank]}): nothing to debug there")
+        return self.call("dpnb.engine.debug.post_mortem", ranks=[rank]).values[0]
 
     def interrupt(self, ranks=None) -> None:
         """Interrupt what the selected ranks are running (all by default)."""

@@ -27,7 +27,7 @@ _COLLECTIVE_ENAMES = {"DistBackendError", "DistNetworkError", "DistStoreError", 
 _COLLECTIVE_PATTERNS = re.compile(
     r"gloo|nccl|Timed out|timed out|Connection closed by peer|Connection reset by peer|"
     r"ProcessGroup|process group|collective operation timeout|Socket Timeout|"
-    r"Broken pipe|TCPStore|store_based_barrier|Watchdog", re.I)
+    r"Broken pipe|TCPStore|store_based_barrier|Watchdog|monitoredBarrier", re.I)
 
 
 def strip_ansi(text: str) -> str:
@@ -96,6 +96,66 @@ def plain_user_error(res: CellResult) -> DpnbError | None:
     return None
 
 
+_MISMATCH = re.compile(r"Detected mismatch between collectives")
+_FINGERPRINT = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\((.*?)\)")
+_FIELD = re.compile(r"(OpType|TensorShape|TensorDtypes)=(\[[^\]]*\]|[A-Za-z0-9_]+)")
+
+
+def is_mismatch(evalue: str) -> bool:
+    """A collective whose fingerprint differed across ranks (the checked cell group)."""
+    return bool(_MISMATCH.search(evalue or ""))
+
+
+def fingerprint(evalue: str) -> str:
+    """``all_reduce [4] Float`` from the rank's own part of a mismatch message."""
+    m = _FINGERPRINT.search(evalue or "")
+    if not m:
+        return "?"
+    f = dict(_FIELD.findall(m.group(2)))
+    op = f.get("OpType", "?").lower()
+    return f"{op} {f.get('TensorShape', '')} {f.get('TensorDtypes', '')}".strip()
+
+
+def mismatch_report(res: CellResult, ranks: list[int]) -> str:
+    """One line per rank: its op, shape, dtype and cell line."""
+    parts = []
+    for r in ranks:
+        o = res.outcomes[r]
+        where = user_line(o.traceback)
+        parts.append(f"rank {r}: {fingerprint(o.evalue)}" + (f" at {where}" if where else ""))
+    return ("the ranks called different collectives (op, shape or dtype differ), so none ran: "
+            + "; ".join(parts) + ". Every engine and its state are kept.")
+
+
+def where_verdict(res: CellResult) -> str:
+    """``rank 1 is blocked in all_reduce #1 ... ; rank 0 finished the cell without entering it``."""
+    w = res.where
+    if not w:
+        return ""
+    lines = []
+    blocked = {r: a for r, a in w.items() if a.get("running") and a.get("collective")}
+    for r, a in sorted(blocked.items()):
+        c = a["collective"]
+        seq = f" #{c['seq']}" if c.get("seq") else ""
+        shape = f" (shape {c['shape']}, {c.get('dtype')})" if c.get("shape") is not None else ""
+        line = f" at cell line {a['cell_line']}" if a.get("cell_line") else ""
+        lines.append(f"rank {r} is blocked in {c['op']}{seq}{shape}{line}")
+    for r, a in sorted(w.items()):
+        if r in blocked:
+            continue
+        if a.get("running"):
+            line = f" at cell line {a['cell_line']}" if a.get("cell_line") else ""
+            lines.append(f"rank {r} is running {a.get('top') or 'Python code'}{line}")
+            continue
+        for b in blocked.values():
+            op, seq = b["collective"]["op"], b["collective"].get("seq") or 1
+            done = (a.get("cell_calls") or {}).get(op, 0)
+            how = "without entering it" if done == 0 else f"after only {done} {op}"
+            lines.append(f"rank {r} finished the cell {how}")
+            break
+    return "; ".join(lines)
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """Who did what in a failed cell.
@@ -112,6 +172,7 @@ class Diagnosis:
     waiting: list[int]
     interrupted: list[int]
     needs_reform: bool
+    mismatch: list[int]
 
 
 def classify(res: CellResult) -> Diagnosis:
@@ -119,13 +180,20 @@ def classify(res: CellResult) -> Diagnosis:
     failed = {r: o for r, o in oc.items() if o.status != "ok"}
     died = {r: o.died for r, o in failed.items() if o.status == "died"}
     timed_out = sorted(r for r, o in failed.items() if o.status == "timeout")
-    own = sorted(r for r, o in failed.items() if o.status == "error" and not o.collective)
-    coll = sorted(r for r, o in failed.items() if o.status == "error" and o.collective)
+    mismatch = sorted(r for r, o in failed.items() if o.status == "error"
+                      and is_mismatch(o.evalue))
+    own = sorted(r for r, o in failed.items() if o.status == "error" and not o.collective
+                 and r not in mismatch)
+    coll = sorted(r for r, o in failed.items() if o.status == "error" and o.collective
+                  and r not in mismatch)
     interrupted = sorted(r for r, o in failed.items() if o.status == "interrupted")
-    culprits = sorted(set(own) | set(died) | set(timed_out))
+    stopped = sorted(r for r, o in failed.items() if o.status == "stopped")
+    culprits = sorted(set(own) | set(died) | set(timed_out) | set(mismatch))
     return Diagnosis(died=died, timed_out=timed_out, culprits=culprits,
-                     waiting=coll if culprits else [], interrupted=interrupted,
-                     needs_reform=bool(coll or timed_out or interrupted))
+                     waiting=sorted(set(coll) | set(stopped)) if culprits else [],
+                     interrupted=interrupted,
+                     needs_reform=bool(coll or timed_out or interrupted or res.released),
+                     mismatch=mismatch)
 
 
 def _short_tb(traceback: str, limit: int = 40) -> str:
@@ -158,6 +226,11 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
     errs = {r: _CELL_NO.sub("Cell In[_]", f"{oc[r].ename}: {oc[r].evalue}\n"
                                           f"{strip_ansi(oc[r].traceback)}")
             for r in res.ranks if oc[r].status == "error" and r not in waiting}
+    mism = [r for r in res.ranks if oc[r].status == "error" and is_mismatch(oc[r].evalue)]
+    if mism:
+        lines.append("collective mismatch: " + mismatch_report(res, mism))
+        bits.append(f"{rank_label(mism)} called different collectives")
+        errs = {r: e for r, e in errs.items() if r not in mism}
     for ranks, _ in group_identical(errs):
         o = oc[ranks[0]]
         where = user_line(o.traceback)
@@ -179,13 +252,26 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
         bits.append(f"{rank_label(intr)} interrupted")
     if waiting:
         on = rank_label(culprits) if culprits else "a peer"
-        o = oc[waiting[0]]
-        one = len(waiting) == 1
-        lines.append(
-            f"{rank_label(waiting)} {'was' if one else 'were'} waiting on {on} in a "
-            f"collective until the peer went away or the {timeout_s:g} s group timeout "
-            f"released {'it' if one else 'them'} ({o.ename}: {_first_line(o.evalue)})")
+        blocked = [r for r in waiting if oc[r].status != "stopped"]
+        if blocked:
+            o = oc[blocked[0]]
+            how = ("the release freed" if res.released else
+                   f"the peer went away or the {timeout_s:g} s group timeout released")
+            lines.append(
+                f"{rank_label(blocked)} {'was' if len(blocked) == 1 else 'were'} waiting on {on} "
+                f"in a collective until {how} {'it' if len(blocked) == 1 else 'them'} "
+                f"({o.ename}: {_first_line(o.evalue)})")
+        stopped = [r for r in waiting if oc[r].status == "stopped"]
+        if stopped:
+            lines.append(f"{rank_label(stopped)} {'was' if len(stopped) == 1 else 'were'} "
+                         f"stopped (interrupted): {on} had failed, so the cell could not succeed")
         bits.append(f"{rank_label(waiting)} waiting on {on}")
+    verdict = where_verdict(res)
+    if verdict:
+        lines.insert(0, "where: " + verdict)
+    if res.released:
+        lines.append(f"The ranks' process groups were released, so the cell returned after "
+                     f"{res.elapsed_s:.1f} s instead of at the {timeout_s:g} s group timeout.")
     if reform_msg:
         lines.append(reform_msg)
     summary = "; ".join(bits) or "the cell failed"

@@ -57,10 +57,14 @@ class Group:
                 ri, world_size=len(self.ranks), backend=self.backend,
                 master_addr=self.master_addr, master_port=self.master_port,
                 timeout_s=self.timeout_s, threads=self.threads, local=self.local,
-                watch_ppid=kernel if (self.local and fresh) else None),)
+                watch_ppid=kernel if (self.local and fresh) else None, token=self.t.token),)
         res = self.t.setup_all("init_rank", per_rank=infos, timeout=60)
         if not res.ok:
             raise StartError("could not give the engines their ranks: " + first_error(res))
+        for r, o in res.outcomes.items():
+            door = o.value.get("door")
+            if door:
+                self.t.doors[r] = (door[0], int(door[1]))
 
     def form(self) -> None:
         """The first ``init_process_group`` on every rank, checked by an all_reduce."""

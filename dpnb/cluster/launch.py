@@ -45,9 +45,9 @@ def local_gpu_count() -> int:
     except ImportError:
         return 0
     try:
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except RuntimeError as e:  # a broken CUDA install must not stop a CPU cluster
-        log.warning("CUDA is installed but not usable: %s", e)
+        return torch.accelerator.device_count() if torch.accelerator.is_available() else 0
+    except RuntimeError as e:  # a broken driver must not stop a CPU cluster
+        log.warning("an accelerator is installed but not usable: %s", e)
         return 0
 
 
@@ -65,6 +65,10 @@ def check_start_args(n, backend: str, engines: str, timeout: float, threads: int
     if threads is not None and threads < 1:
         raise DpnbError(f"--threads must be >= 1 (got {threads})")
     gpu_list = parse_gpus(gpus)
+    if backend == "nccl" and gpu_list is not None and len(set(gpu_list)) < len(gpu_list):
+        twice = sorted({g for g in gpu_list if gpu_list.count(g) > 1})
+        raise DpnbError(f"--gpus {gpus} puts two ranks on cuda:{twice[0]}: NCCL refuses two ranks "
+                        f"on one device; give each rank its own GPU, or use --backend gloo")
     if engines == "local" and backend == "nccl":
         ngpu = local_gpu_count()
         avail = len(gpu_list) if gpu_list is not None else ngpu
@@ -239,10 +243,15 @@ def device_index(ri: RankInfo) -> int | None:
 
 def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: str,
                    master_port: int, timeout_s: float, threads: int, local: bool,
-                   watch_ppid: int | None) -> dict[str, Any]:
-    """What :func:`dpnb.engine.setup.init_rank` receives for rank ``ri``."""
+                   watch_ppid: int | None, token: str | None = None) -> dict[str, Any]:
+    """What :func:`dpnb.engine.setup.init_rank` receives for rank ``ri``.
+
+    ``token`` opens the engine's side door (:mod:`dpnb.engine.sidedoor`), on
+    loopback for local clusters and on the rank's own address otherwise.
+    """
     return dict(rank=ri.rank, world_size=world_size, local_rank=ri.local_rank,
                 local_world_size=ri.local_world_size, node_rank=ri.node_rank,
                 backend=backend, device_index=device_index(ri), master_addr=master_addr,
                 master_port=master_port, timeout_s=timeout_s, threads=threads,
-                local_cluster=local, watch_ppid=watch_ppid)
+                local_cluster=local, watch_ppid=watch_ppid, token=token,
+                door_addr="127.0.0.1" if local else ri.ip)

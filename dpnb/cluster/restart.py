@@ -72,6 +72,20 @@ class SetupLog:
         return len(self.entries)
 
 
+def latest_autosave(c: "Cluster") -> str:
+    """The newest checkpoint ``%dp train --checkpoint-every K DIR`` wrote."""
+    d = c.autosave_dir
+    if not d:
+        raise DpnbError("no automatic checkpoint yet: train with --checkpoint-every K DIR, or "
+                        "give --resume DIR")
+    try:
+        with open(os.path.join(d, "latest")) as f:
+            path = os.path.join(d, f.read().strip())
+    except OSError as e:
+        raise DpnbError(f"no checkpoint in {d} yet ({e.strerror}): give --resume DIR") from None
+    return path
+
+
 def replace_engines(c: "Cluster", ranks: list[int]) -> None:
     """Start ``len(ranks)`` engines and give them the numbers of ``ranks``."""
     known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
@@ -120,6 +134,8 @@ def _settle_busy(c: "Cluster", hard: bool) -> None:
 
 def restart(c: "Cluster", *, hard: bool = False, resume: str | None = None) -> str:
     """See :meth:`dpnb.Cluster.restart`."""
+    if resume == "" or resume is True:  # the latest automatic checkpoint
+        resume = latest_autosave(c)
     if resume is not None:
         resume = os.path.abspath(resume)
         if not os.path.isdir(resume):

@@ -11,6 +11,7 @@ once, and interrupts the ranks still running when it has to.
 from __future__ import annotations
 
 import logging
+import secrets
 import signal
 import time
 from typing import Any, Callable, Iterable
@@ -19,9 +20,20 @@ from ..compat import result_metadata
 from .diagnose import is_collective_error
 from .processes import Processes
 from .render import Streamer
+from .sidedoor import knock_all
 from .types import CellResult, Health, RankInfo, RankOutcome
 
 log = logging.getLogger("dpnb.transport")
+
+#: after a rank failed while others still run: how long to let them fail on
+#: their own (a typo fails on every rank within milliseconds) before releasing
+FAIL_GRACE_S = 0.1
+#: after an interrupt (timeout, Ctrl-C): how long ranks may take to stop by
+#: themselves before their groups are released (cells / dpnb calls such as
+#: %dp train, which stop at a step boundary)
+RELEASE_AFTER_S = {"execute": 0.3, "apply": 2.0}
+#: after a release, how long the ranks get to report back
+RELEASED_GRACE_S = 5.0
 
 
 def _setup_fn(name: str):
@@ -47,6 +59,8 @@ class Transport:
         self.procs = procs
         self.timeout_s = timeout_s
         self._views: dict[int, Any] = {}  # engine id -> its DirectView
+        self.token = secrets.token_hex(16)  # opens the engines' side doors
+        self.doors: dict[int, tuple[str, int]] = {}  # rank -> side door address
 
     # ---------------------------------------------------------------- views
     def view(self, rank: int):
@@ -84,57 +98,61 @@ class Transport:
     # ---------------------------------------------------------------- waiting
     def wait(self, ars: dict, sel: list[int], *, timeout, stream: bool, kind: str,
              on_poll: Callable[[dict], None] | None = None) -> CellResult:
-        """Wait for every rank, watching for deaths, timeouts and Ctrl-C.
+        """Wait for every rank, watching for failures, deaths, timeouts and Ctrl-C.
 
-        A rank interrupted while blocked in a gloo collective only sees the
-        interrupt when the collective returns (at the latest at the group
-        timeout), so after interrupting the loop waits up to that long more.
+        A rank blocked in a gloo collective ignores SIGINT and waits for its
+        peers until the group timeout.  So when a rank fails while others
+        still run, or the cell times out, or Ctrl-C comes, and ranks are still
+        running a moment later, the notebook *releases* the ranks' process
+        groups through their side doors: every blocked collective fails at
+        once, and the group is re-formed afterwards (state kept).  Where the
+        stopped ranks were is asked first, for the report.
         """
-        t0 = time.monotonic()
-        outcomes = {r: RankOutcome(rank=r) for r in sel}
-        pending = set(sel)
+        w = _Waiting(self, ars, sel, kind, timeout)
         streamer = Streamer(ars, delay_s=1.0) if stream else None
-        interrupted_at: float | None = None
-        timeout_hit = False
-        grace = self.timeout_s + 10.0
         try:
-            while pending:
+            while w.pending:
                 try:
-                    ars[min(pending)].wait(0.05)
-                    self._collect_ready(ars, pending, outcomes, kind)
+                    ars[min(w.pending)].wait(0.05)
+                    self._collect_ready(ars, w.pending, w.outcomes, kind)
                     if streamer is not None:
                         streamer.poll()
                     if on_poll is not None:
                         on_poll(ars)
-                    if pending:
-                        self._mark_dead(ars, pending, outcomes)
-                    now = time.monotonic()
-                    if pending and timeout and not timeout_hit and now - t0 > timeout:
-                        timeout_hit = True
-                        for r in pending:
-                            outcomes[r].status = "timeout"
-                        self.interrupt(pending)
-                        interrupted_at = now
-                    if pending and interrupted_at is not None and now - interrupted_at > grace:
+                    if w.pending:
+                        self._mark_dead(ars, w.pending, w.outcomes)
+                    if w.step(time.monotonic()):
                         break
                 except KeyboardInterrupt:
-                    if interrupted_at is not None:
-                        break  # second Ctrl-C: stop waiting, ranks stay marked busy
-                    self.interrupt(pending)
-                    interrupted_at = time.monotonic()
-                    for r in pending:
-                        outcomes[r].status = "interrupted"
+                    if w.ctrl_c(time.monotonic()):
+                        break  # a further Ctrl-C: stop waiting, ranks stay marked busy
         finally:
             if streamer is not None:
                 streamer.close()
-        for r in pending:  # gave up waiting: the engine is still busy with it
-            o = outcomes[r]
-            if o.status == "pending":
+        for r in w.pending:  # gave up waiting: the engine is still busy with it
+            o = w.outcomes[r]
+            if o.status in ("pending", "late"):
                 o.status = "timeout"
             self._copy_streams(ars[r], o)
             self.health.busy.add(r)
-        return CellResult(ranks=sel, outcomes=outcomes, elapsed_s=time.monotonic() - t0,
-                          streamed=bool(streamer and streamer.started))
+        return CellResult(ranks=sel, outcomes=w.outcomes, elapsed_s=time.monotonic() - w.t0,
+                          streamed=bool(streamer and streamer.started), released=w.released,
+                          where=w.where)
+
+    def release(self, ranks: Iterable[int]) -> bool:
+        """Release the process groups of ``ranks`` (side doors); True if any answered."""
+        alive = [r for r in ranks if r not in self.health.dead]
+        answers = knock_all(self.doors, alive, self.token, "release")
+        done = [r for r, a in answers.items() if a and "released" in a]
+        log.info("released the groups of ranks %s (asked %s)", done, alive)
+        if done:
+            self.health.group_ok = False
+        return bool(done)
+
+    def where(self, ranks: Iterable[int]) -> dict[int, dict | None]:
+        """Where each of ``ranks`` is now (works while they are busy)."""
+        return knock_all(self.doors, [r for r in ranks if r not in self.health.dead],
+                         self.token, "where")
 
     def _collect_ready(self, ars: dict, pending: set, outcomes: dict, kind: str) -> None:
         for r in list(pending):
@@ -173,8 +191,12 @@ class Transport:
             if o.ename == "EngineError":  # ipyparallel noticed the engine vanish
                 o.status, o.died = "died", self.death_cause(r) or o.evalue
                 self.health.dead[r] = o.died
-            elif prior in ("timeout", "interrupted") and o.ename == "KeyboardInterrupt":
-                o.status = prior
+            elif prior == "late":  # interrupted after a peer's collective failed
+                o.status = "timeout" if o.ename == "KeyboardInterrupt" else "error"
+            elif (prior in ("timeout", "interrupted") and (o.ename == "KeyboardInterrupt"
+                                                          or o.collective)) \
+                    or (prior == "stopped" and o.ename == "KeyboardInterrupt"):
+                o.status = prior  # stopped by the interrupt, or by the release after it
             else:
                 o.status = "error"
 
@@ -246,3 +268,91 @@ class Transport:
                                     block=False)
         except Exception as e:  # the controller relays signals; say it did not
             log.warning("interrupting %s through the controller failed: %s", ranks, e)
+
+
+class _Waiting:
+    """The state of one :meth:`Transport.wait`: what is pending, and when to act."""
+
+    def __init__(self, t: Transport, ars: dict, sel: list[int], kind: str, timeout):
+        self.t, self.ars, self.kind, self.timeout = t, ars, kind, timeout
+        self.t0 = time.monotonic()
+        self.outcomes = {r: RankOutcome(rank=r) for r in sel}
+        self.pending = set(sel)
+        self.sel = sel
+        self.interrupted_at: float | None = None
+        self.failed_at: float | None = None
+        self.released = False
+        self.released_at: float | None = None
+        self.where: dict = {}
+        self.presses = 0
+
+    def _capture_where(self) -> None:
+        """Ask every rank where it is, once, before anything is interrupted."""
+        if not self.where:
+            self.where = {r: dict(a, running=r in self.pending)
+                          for r, a in self.t.where(range(len(self.t.ranks))).items() if a}
+
+    def _release(self, now: float) -> None:
+        if self.released:
+            return
+        self._capture_where()
+        # every rank, idle ones too: closing their side is what frees a peer
+        self.released = self.t.release(range(len(self.t.ranks)))
+        self.released_at = now
+
+    def _interrupt(self, now: float, status: str) -> None:
+        """SIGINT the pending ranks.  At a cell timeout the culprits are the
+        ranks running Python code; those waiting inside a collective for them
+        are waiters (unless every pending rank is in a collective)."""
+        self._capture_where()
+        marked = set(self.pending)
+        if status == "timeout":
+            inside = {r for r in self.pending if (self.where.get(r) or {}).get("collective")}
+            if inside != marked:
+                marked -= inside
+        for r in marked:
+            self.outcomes[r].status = status
+        self.t.interrupt(self.pending)
+        self.interrupted_at = now
+
+    def step(self, now: float) -> bool:
+        """Act on the clock; True to stop waiting."""
+        if not self.pending:
+            return False
+        if self.failed_at is None and any(o.status in ("error", "died")
+                                          for o in self.outcomes.values()):
+            self.failed_at = now
+        if self.failed_at is not None and now - self.failed_at > FAIL_GRACE_S \
+                and not self.released:
+            # the others wait for the failed rank in a collective, or will:
+            # free them, and stop the ones still in Python code.  If every
+            # failure so far is a collective one, the ranks still running are
+            # those that never arrived: they are the culprits, not victims.
+            failed = [o for o in self.outcomes.values() if o.status in ("error", "died")]
+            waited = all(o.status == "error" and o.collective for o in failed)
+            self._release(now)
+            # ranks inside a collective now fail by themselves (released): waiters
+            inside = {r for r, a in self.where.items() if a.get("collective")}
+            rest = [r for r in self.pending if r not in inside]
+            for r in rest:  # "late": a culprit unless it turns out to have been waiting too
+                self.outcomes[r].status = "late" if waited else "stopped"
+            self.t.interrupt(rest)
+        if self.timeout and self.interrupted_at is None and now - self.t0 > self.timeout:
+            self._interrupt(now, "timeout")
+        if self.interrupted_at is not None and now - self.interrupted_at > RELEASE_AFTER_S[self.kind]:
+            self._release(now)
+        if self.released_at is not None:
+            return now - self.released_at > RELEASED_GRACE_S
+        return (self.interrupted_at is not None
+                and now - self.interrupted_at > self.t.timeout_s + 10.0)
+
+    def ctrl_c(self, now: float) -> bool:
+        """Ctrl-C: interrupt; a second one releases; a third stops waiting."""
+        self.presses += 1
+        if self.presses == 1:
+            self._interrupt(now, "interrupted")
+            return False
+        if self.presses == 2 and not self.released:
+            self._release(now)
+            return False
+        return True

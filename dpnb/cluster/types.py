@@ -40,7 +40,8 @@ class RankOutcome:
     """What one rank did in one cell or call."""
 
     rank: int
-    status: str = "pending"  # ok | error | died | timeout | interrupted
+    # ok | error | died | timeout | interrupted (Ctrl-C) | stopped (a peer failed)
+    status: str = "pending"
     value: Any = None
     ename: str = ""
     evalue: str = ""
@@ -62,6 +63,8 @@ class CellResult:
     elapsed_s: float
     streamed: bool = False
     error: Exception | None = None  # set when the caller asked not to raise
+    released: bool = False  # the ranks' process groups were released (must re-form)
+    where: dict = field(default_factory=dict)  # rank -> where it was when stopped
 
     @property
     def ok(self) -> bool:

@@ -14,6 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from . import device
 from .state import get_state
 from .train_state import ViewError
 
@@ -21,8 +22,7 @@ BENCH_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    device.synchronize(dev)
 
 
 def bench_collective(

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import device as accel
+
 __all__ = ["state_bytes", "BucketRecorder", "local_tensor"]
 
 from ..compat import local_tensor  # noqa: E402  (one copy; re-exported)
@@ -74,7 +76,7 @@ def state_bytes(module: torch.nn.Module, optimizer: Any, device: Any = None) -> 
     Returns builtins only: ``params``, ``grads``, ``optimizer``, ``total``,
     ``optimizer_by_key`` (e.g. ``{"exp_avg": ..., "step": ...}``), the element
     counts of the local parameter tensors, and ``peak_allocated`` /
-    ``allocated`` where the device reports them (CUDA), else ``None``.
+    ``allocated`` where the device reports them (an accelerator), else ``None``.
     """
     pc, gc, oc = _StorageCounter(), _StorageCounter(), _StorageCounter()
     params = list(module.parameters())
@@ -103,9 +105,9 @@ def state_bytes(module: torch.nn.Module, optimizer: Any, device: Any = None) -> 
         "allocated": None,
     }
     dev = torch.device(device) if device is not None else None
-    if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
-        out["peak_allocated"] = int(torch.cuda.max_memory_allocated(dev))
-        out["allocated"] = int(torch.cuda.memory_allocated(dev))
+    if dev is not None and accel.is_accel(dev):
+        out["peak_allocated"] = accel.max_memory_allocated(dev)
+        out["allocated"] = accel.memory_allocated(dev)
     return out
 
 
@@ -115,25 +117,23 @@ def state_bytes(module: torch.nn.Module, optimizer: Any, device: Any = None) -> 
 
 class _Clock:
     """Timestamps relative to a step start: host wall clock (``time.time``,
-    the clock of the step records' ``t_start``) on CPU, CUDA events on GPU
-    (resolved once the step's work has finished)."""
+    the clock of the step records' ``t_start``) on CPU, device events on an
+    accelerator (resolved once the step's work has finished)."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    def __init__(self, dev: torch.device):
+        self.dev = dev
+        self.cuda = accel.is_accel(dev)  # "events, not host time" (any accelerator)
         self.t0: Any = None
 
     def start(self, origin: float | None = None):
         if self.cuda:
-            self.t0 = torch.cuda.Event(enable_timing=True)
-            self.t0.record()
+            self.t0 = accel.timing_event(self.dev)
         else:
             self.t0 = time.time() if origin is None else origin
 
     def now(self):
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
+            return accel.timing_event(self.dev)
         return time.time() - self.t0
 
     def resolve(self, stamp) -> float | None:

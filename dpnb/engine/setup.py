@@ -53,11 +53,11 @@ def probe() -> dict:
     except OSError:
         ip = "127.0.0.1"
     try:
-        import torch
+        from .device import device_count
 
-        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception as e:  # a broken CUDA install must not stop a CPU cluster
-        log.warning("CUDA not usable on %s: %s: %s", host, type(e).__name__, e)
+        cuda = device_count()
+    except Exception as e:  # a broken accelerator install must not stop a CPU cluster
+        log.warning("accelerator not usable on %s: %s: %s", host, type(e).__name__, e)
         cuda = 0
     return {
         "host": host,
@@ -142,9 +142,10 @@ def init_rank(info: dict) -> dict:
     torch.set_num_threads(max(1, int(info["threads"])))
 
     if info["backend"] == "nccl":
-        idx = int(info["device_index"])
-        torch.cuda.set_device(idx)
-        device = torch.device("cuda", idx)
+        from .device import NCCL_DEVICE, set_device
+
+        device = torch.device(NCCL_DEVICE, int(info["device_index"]))
+        set_device(device)
     else:
         device = torch.device("cpu")
 
@@ -169,7 +170,14 @@ def init_rank(info: dict) -> dict:
     if info.get("watch_ppid"):
         _watch_parent(int(info["watch_ppid"]))
     _setup_inline_figures()
-    return {"rank": rank, "device": str(device), "threads": torch.get_num_threads()}
+    door = None
+    if info.get("token"):
+        from . import cellguard, sidedoor
+
+        door = sidedoor.open_door(state, info.get("door_addr") or "127.0.0.1", info["token"])
+        cellguard.install(state)
+    return {"rank": rank, "device": str(device), "threads": torch.get_num_threads(),
+            "door": door}
 
 
 def _setup_inline_figures() -> None:
@@ -229,6 +237,10 @@ def form_group(master_port: int | None = None) -> dict:
     dist.all_reduce(t)
     if int(t.item()) != st.world_size:
         raise RuntimeError(f"process group check failed: all_reduce of ones gave {t.item()}")
+    if st.cell_guard is not None:  # cells run on a checked twin of the group
+        from .cellguard import form_checked_group
+
+        form_checked_group(st)
     st.generation += 1
     _start_preload(st)
     return {"rank": st.rank, "generation": st.generation, "port": st.master_port}
@@ -360,9 +372,12 @@ def status() -> dict:
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "threads": torch.get_num_threads(),
     }
-    if st is not None and st.backend == "nccl":
-        out["cuda_allocated"] = torch.cuda.memory_allocated(st.device)
-        out["cuda_reserved"] = torch.cuda.memory_reserved(st.device)
+    if st is not None:
+        from .device import is_accel, memory_allocated, memory_reserved
+
+        if is_accel(st.device):  # reported as cuda_* whatever the accelerator
+            out["cuda_allocated"] = memory_allocated(st.device)
+            out["cuda_reserved"] = memory_reserved(st.device)
     return out
 
 

@@ -47,6 +47,11 @@ class EngineState:
     stop_requested: bool = False  # the Stop button: end training at a step boundary
     stop_file: str | None = None  # ... or this file appearing (any rank)
     store_sock: Any = None  # rank 0: the listening socket of the next group's store
+    side_door: Any = None  # dpnb.engine.sidedoor.SideDoor: release / where, from any thread
+    checked_group: Any = None  # the default group while a %%dp cell runs (dpnb.engine.cellguard)
+    cell_guard: Any = None  # its pre/post-run-cell hooks
+    cell_calls: dict = field(default_factory=dict)  # collectives run by the current cell, by op
+    current_collective: Any = None  # {"op", "seq"} while a cell is inside one
 
     @property
     def comm_device(self):
@@ -61,7 +66,7 @@ class EngineState:
         self.on_reform = old.on_reform
         self.generation = old.generation
         for name in ("train", "pending_data", "watch", "straggle_delay_s", "stop_requested",
-                     "stop_file", "store_sock"):
+                     "stop_file", "store_sock", "side_door", "checked_group", "cell_guard"):
             setattr(self, name, getattr(old, name))
 
 

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.strategies import LR_SCALES, is_fsdp
+from . import device
 from .batches import _arity, _resolve_callable, _split, _to_device, default_loss
 from .dataset import current_data
 from .measure import state_bytes
@@ -199,9 +200,9 @@ class _Loop:
                 nbytes = self.counted
             else:
                 nbytes = dict(self.counted)
-                if dev.type == "cuda":  # the peak is per step, and cheap to read
-                    nbytes["peak_allocated"] = int(torch.cuda.max_memory_allocated(dev))
-                    nbytes["allocated"] = int(torch.cuda.memory_allocated(dev))
+                if device.is_accel(dev):  # the peak is per step, and cheap to read
+                    nbytes["peak_allocated"] = device.max_memory_allocated(dev)
+                    nbytes["allocated"] = device.memory_allocated(dev)
         st.optimizer.zero_grad(set_to_none=True)
         return nbytes, time.perf_counter() - tc
 
@@ -265,7 +266,7 @@ class _Loop:
         """Progress through ipyparallel's datapub, at most ~5 times a second."""
         if self.publisher is None:
             return
-        self.pub_hist.append((rec.step, rec.loss))
+        self.pub_hist.append((rec.step, rec.loss, rec.samples_per_s))
         now = time.perf_counter()
         if not (now - self.last_pub >= 0.2 or i == self.p.n_steps - 1 or stopping):
             return
@@ -287,8 +288,8 @@ class _Loop:
         st, data, P = self.st, self.data, self.p
         data.ensure_room(P.micro_batch * P.grad_accum, P.rank, P.world_size)
         step_idx = st.step
-        if self.record and self.dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.dev)
+        if self.record:
+            device.reset_peak_memory(self.dev)
         wall0 = time.time()
         t0 = time.perf_counter()
         if self.rec is not None:
@@ -298,9 +299,8 @@ class _Loop:
         compute += opt_s
         stop_local = stop.reason()
         work, gathered = self.issue_stats(loss_acc, compute, n_local, stop_local)
-        if self.dev.type == "cuda":
-            # the step's kernels, not just their launches, belong in its time
-            torch.cuda.current_stream(self.dev).synchronize()
+        # the step's kernels, not just their launches, belong in its time
+        device.synchronize(self.dev)
         t1 = time.perf_counter()
         if self.rec is not None:
             self.rec.end_step()
@@ -329,6 +329,8 @@ def train(
     seq_len: int | None = None,
     record: bool | None = None,
     publish=None,
+    checkpoint_every: int | None = None,
+    checkpoint_dir: str | None = None,
 ) -> dict:
     """Run ``steps`` optimizer steps (or ``epochs`` passes) on every rank.
 
@@ -391,6 +393,12 @@ def train(
     P = plan(ns, es, data, steps=steps, epochs=epochs, micro_batch=micro_batch,
              grad_accum=grad_accum, lr_scale=lr_scale, ref_batch=ref_batch, step_fn=step_fn,
              loss_fn=loss_fn)
+    ck_dir = None
+    if checkpoint_every is not None or checkpoint_dir is not None:
+        from . import autosave
+
+        ck_dir = autosave.check(st, checkpoint_dir, checkpoint_every)
+    note = data.usage_note(P.micro_batch, P.grad_accum, P.world_size)
     # Everything is validated: from here on the call changes state.
     groups = st.optimizer.param_groups
     for g in groups:
@@ -404,6 +412,7 @@ def train(
     first = st.step
     t_call = time.perf_counter()
     pending = None
+    saved = []
     with StopRequest(es) as stop:
         for i in range(P.n_steps):
             issued = loop.one_step(i, stop)
@@ -411,6 +420,14 @@ def train(
                 pending = issued
                 break
             pending = issued
+            if ck_dir is not None and st.step % checkpoint_every == 0:
+                from . import autosave
+
+                stopping = loop.finish(pending, stop)  # the checkpoint holds finished steps
+                pending = None
+                saved.append(autosave.save_step(ns, ck_dir, st.step, P.rank))
+                if stopping:
+                    break
         if pending is not None:
             loop.finish(pending, stop)
     wall = time.perf_counter() - t_call
@@ -438,4 +455,7 @@ def train(
         "time_s": wall,
         "samples_per_s": samples_total / wall if wall > 0 else None,
         "tokens_per_s": samples_total * tps / wall if (tps and wall > 0) else None,
+        "data_note": note,
+        "checkpoints": saved,
+        "checkpoint_dir": ck_dir,
     }

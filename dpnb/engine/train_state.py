@@ -60,6 +60,7 @@ class DataState:
     offset: int = 0  # global samples consumed in this epoch
     _indices: list | None = None
     _key: tuple | None = None
+    noted: set = field(default_factory=set)  # (len, micro_batch, grad_accum, ws) said once
 
     def per_rank_len(self, world_size: int) -> int:
         return len(self.dataset) // world_size
@@ -96,6 +97,28 @@ class DataState:
         start = self.offset // world_size + k * batch
         items = [self.dataset[i] for i in idx[start : start + batch]]
         return default_collate(items), len(items)
+
+    def usage_note(self, micro_batch: int, grad_accum: int, world_size: int) -> str | None:
+        """Once per setting: how many samples an epoch uses and drops, and why."""
+        n = len(self.dataset)
+        per_rank = n // world_size
+        steps = per_rank // (micro_batch * grad_accum)
+        used = steps * micro_batch * grad_accum * world_size
+        key = (n, micro_batch, grad_accum, world_size)
+        if used == n or key in self.noted:
+            return None
+        self.noted.add(key)
+        why = []
+        if n % world_size:
+            why.append(f"DistributedSampler gives each of the {world_size} ranks {per_rank} "
+                       f"(drop_last: {n % world_size} left over)")
+        if per_rank % (micro_batch * grad_accum):
+            why.append(f"a step takes micro-batch {micro_batch} x grad-accum {grad_accum} = "
+                       f"{micro_batch * grad_accum} per rank, so {steps} step"
+                       f"{'s' if steps != 1 else ''} use {steps * micro_batch * grad_accum} of "
+                       f"each rank's {per_rank}")
+        return (f"an epoch uses {used} of the {n} samples and drops {n - used}: "
+                + "; ".join(why))
 
     def summary(self, world_size: int) -> dict:
         return {

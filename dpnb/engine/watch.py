@@ -24,6 +24,7 @@ import torch
 
 from .. import compat
 from ..core.strategies import is_fsdp
+from . import device
 from .state import get_state
 from .train_state import viewed_state
 
@@ -45,7 +46,7 @@ class _Watch:
     def __init__(self, st: Any, keep: int = 64):
         self.st = st
         self.device = torch.device(st.device)
-        self.cuda = self.device.type == "cuda"
+        self.cuda = device.is_accel(self.device)  # events, not host time
         self.keep = keep
         self.steps: OrderedDict = OrderedDict()
         self.handles: list = []
@@ -54,9 +55,7 @@ class _Watch:
 
     def stamp(self):
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
+            return device.timing_event(self.device)
         return time.time()
 
     def entry(self) -> dict:
@@ -70,7 +69,7 @@ class _Watch:
         if self.cuda and e["origin"] is None:
             rec = getattr(self.st, "recorder", None)
             t0 = getattr(getattr(rec, "clock", None), "t0", None) if rec is not None and rec.enabled else None
-            e["origin"] = t0 if isinstance(t0, torch.cuda.Event) else self.stamp()
+            e["origin"] = t0 if device.is_event(t0) else self.stamp()
         return e
 
     # hooks ------------------------------------------------------------------

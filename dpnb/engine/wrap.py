@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from .. import compat
 from ..core.strategies import MIXED_PRECISION, OPTIMIZERS, STRATEGIES, is_ddp, is_fsdp
+from . import device
 from .measure import BucketRecorder, local_tensor
 from .state import get_state
 from .train_state import TrainError, TrainState, choice, train_state
@@ -198,8 +199,7 @@ def wrap(
             "torch.distributed is not initialized on this engine: start the "
             "cluster with dpnb.start() before wrapping"
         )
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+    device.set_device(dev)
     module.to(dev)
     if is_ddp(strategy):
         wrapped, recorder, ddp_kwargs = _wrap_ddp(module, dev, bucket_cap_mb, record_buckets)
@@ -217,7 +217,7 @@ def wrap(
         model_name=model_name, model_out=model_out, optimizer_out=optimizer_out,
         module=module, wrapped=wrapped, optimizer=opt, world_size=es.world_size,
         generation=es.generation, device=dev, mesh=mesh, recorder=recorder,
-        scaler=torch.amp.GradScaler("cuda") if mp == "fp16" else None, ddp_kwargs=ddp_kwargs,
+        scaler=device.grad_scaler(dev) if mp == "fp16" else None, ddp_kwargs=ddp_kwargs,
     )
     # The new wrapper exists: only now let go of the old one.
     old = es.train
@@ -253,9 +253,9 @@ def wrap(
 
 
 def _check_wrap_args(es, dev, strategy, mp, cpu_offload, bucket_cap_mb) -> None:
-    if mp == "fp16" and dev.type != "cuda":
+    if mp == "fp16" and not device.is_accel(dev):
         raise TrainError(
-            f"--mixed-precision fp16 needs CUDA (loss scaling, fp16 kernels); rank "
+            f"--mixed-precision fp16 needs CUDA or another GPU (loss scaling, fp16 kernels); rank "
             f"{es.rank} runs on {dev.type}. Use --mixed-precision bf16 or none"
         )
     if cpu_offload and not is_fsdp(strategy):
@@ -271,8 +271,7 @@ def _wrap_ddp(module: nn.Module, dev, bucket_cap_mb, record_buckets: bool):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp_kwargs: dict = {
-        "device_ids": [dev.index if dev.index is not None else torch.cuda.current_device()]
-        if dev.type == "cuda" else None,
+        "device_ids": device.ddp_device_ids(dev),
         "gradient_as_bucket_view": True,
     }
     if bucket_cap_mb is not None:
@@ -302,7 +301,7 @@ def _wrap_fsdp(module: nn.Module, dev, world_size: int, strategy: str, mp: str, 
             reduce_dtype=torch.float32,
         )
     if cpu_offload:
-        if dev.type == "cuda":
+        if device.is_accel(dev):
             kw["offload_policy"] = CPUOffloadPolicy()
         else:
             notes.append("cpu_offload ignored: the ranks already run on CPU")

@@ -64,9 +64,9 @@ def data(status: list[dict] | None = None, summaries: list[dict] | None = None,
         hist[int(step)] = (int(step), float(loss), rest[0] if rest else None)
     prog = dict(progress or {})
     for p in prog.values():
-        for step, loss in p.get("history") or []:
+        for step, loss, *sps in p.get("history") or []:  # (step, loss[, samples/s])
             old = hist.get(int(step))
-            hist[int(step)] = (int(step), float(loss), old[2] if old else None)
+            hist[int(step)] = (int(step), float(loss), sps[0] if sps else (old[2] if old else None))
         if p.get("step") is not None and p.get("samples_per_s") is not None:
             st = int(p["step"])
             hist[st] = (st, float(p.get("loss", hist.get(st, (0, float("nan")))[1])), p["samples_per_s"])
@@ -288,9 +288,10 @@ class _Poller:
             if changed:
                 self.state["progress"].update(prog)
                 for p in prog.values():
-                    for step, loss in p.get("history") or []:
+                    for step, loss, *sps in p.get("history") or []:
+                        # each step's own samples/s (older payloads carry none)
                         self.state["history"][int(step)] = [int(step), float(loss),
-                                                            p.get("samples_per_s")]
+                                                            sps[0] if sps else None]
             self.state["running"] = running
         self.last_sig = sig
         self.box.refresh()

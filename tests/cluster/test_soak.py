@@ -4,8 +4,6 @@ import importlib.util
 import os
 
 
-
-
 def _soak():
     path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "soak.py")
     spec = importlib.util.spec_from_file_location("dpnb_soak", path)

@@ -121,3 +121,11 @@ def test_setup_log_is_bounded_and_describes_what_it_replays():
     assert log.describe()[0].startswith("(1 older entries were dropped")
     log.clear()
     assert len(log) == 0 and log.describe() == []
+
+
+def test_nccl_two_ranks_on_one_gpu_is_refused_before_any_process_starts():
+    from dpnb.cluster.launch import check_start_args
+
+    with pytest.raises(DpnbError, match="puts two ranks on cuda:0: NCCL refuses two ranks on one"):
+        check_start_args(2, "nccl", "local", 30.0, None, "0,0")
+    assert check_start_args(2, "gloo", "local", 30.0, None, "0,0") == [0, 0]

@@ -76,3 +76,12 @@ def test_widget_without_cluster():
     assert box.poller is None and box.data.last["step"] == 21
     assert "Cluster status" in box.readout.value
     box.stop()
+
+
+def test_each_step_keeps_its_own_throughput():
+    """Published history carries (step, loss, samples/s): the throughput curve
+    is per step, not the latest value painted over every step."""
+    p = {"rank": 0, "step": 2, "done": 3, "total": 3, "loss": 1.0, "samples_per_s": 300.0,
+         "history": [[0, 3.0, 100.0], [1, 2.0, 200.0], [2, 1.0, 300.0]]}
+    d = dashboard.data(progress={0: p})
+    assert [h[2] for h in d.history] == [100.0, 200.0, 300.0]

@@ -1,0 +1,51 @@
+"""Knocking on the engines' side doors (see :mod:`dpnb.engine.sidedoor`).
+
+A plain TCP connection to each rank's door, one JSON line each way, the
+cluster's token as the password; all ranks are asked in parallel and each
+answer is awaited for at most ``timeout`` seconds.  This channel works while
+an engine's main thread is blocked in a collective, when ipyparallel's does
+not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+
+log = logging.getLogger("dpnb.sidedoor")
+
+
+def knock(addr: str, port: int, token: str, cmd: str, timeout: float = 2.0) -> dict | None:
+    """One command to one door; its answer, or None if the door did not answer."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout) as s:
+            s.sendall((json.dumps({"token": token, "cmd": cmd}) + "\n").encode())
+            line = s.makefile("r").readline()
+        return json.loads(line) if line else None
+    except (OSError, ValueError) as e:
+        log.info("side door %s:%s (%s) did not answer: %s", addr, port, cmd, e)
+        return None
+
+
+def knock_all(doors: dict[int, tuple[str, int]], ranks, token: str, cmd: str,
+              timeout: float = 2.0) -> dict[int, dict | None]:
+    """``cmd`` to the doors of ``ranks`` at once: ``{rank: answer or None}``."""
+    out: dict[int, dict | None] = {}
+    threads = []
+    for r in ranks:
+        if r not in doors:
+            out[r] = None
+            continue
+        addr, port = doors[r]
+
+        def ask(r=r, addr=addr, port=port):
+            out[r] = knock(addr, port, token, cmd, timeout)
+
+        t = threading.Thread(target=ask, name=f"dpnb-knock-{r}", daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join(timeout + 0.5)
+    return out

@@ -1,0 +1,215 @@
+"""A side door into a busy engine: release its process group, or say where it is stuck.
+
+A rank whose main thread is blocked inside a gloo collective ignores SIGINT
+and the ipyparallel queue; what frees it is its peers' connections closing
+("Connection closed by peer", within milliseconds).  Measured with torch 2.13
+on 2 gloo ranks both blocked (one in ``all_reduce``, one in ``recv``):
+``destroy_process_group``, ``_abort_process_group`` or ``ProcessGroup.abort``
+called from another thread of the blocked process released nothing until the
+20 s group timeout (``abort`` even made the peer SIGABRT), while
+``shutdown(SHUT_RDWR)`` of the group's TCP connections from another thread
+released both ranks 10 ms later, and a new group formed at once.
+
+So every engine runs one daemon thread, the side door, listening on a port of
+its own address.  The notebook knocks with the cluster's token and one
+command:
+
+``release``
+    shut down every TCP connection this process opened since its first
+    ``init_rank`` (the process groups' gloo pairs and store connections --
+    not ipyparallel's, which were open before); every collective on this rank
+    and on its peers fails at once; the notebook then re-forms the group.
+``where``
+    what the main thread is doing: the user's cell line, and the collective
+    it is inside (op, shape, dtype, its number in this cell), read from the
+    main thread's frame (``sys._current_frames``) -- no ptrace.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import socket
+import sys
+import threading
+from typing import Any
+
+import psutil
+
+log = logging.getLogger("dpnb.engine.sidedoor")
+
+#: torch.distributed functions that are collectives (or point-to-point waits)
+COLLECTIVES = frozenset({
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "reduce_scatter", "reduce_scatter_tensor", "reduce", "gather", "scatter", "barrier",
+    "all_to_all", "all_to_all_single", "send", "recv", "broadcast_object_list",
+    "gather_object", "scatter_object_list", "monitored_barrier",
+})
+
+
+def tcp_connections() -> set[tuple]:
+    """``(local, remote)`` address pairs of this process's established TCP connections."""
+    out = set()
+    for c in psutil.Process().net_connections(kind="tcp"):
+        if c.status == psutil.CONN_ESTABLISHED and c.raddr:
+            out.add((tuple(c.laddr), tuple(c.raddr)))
+    return out
+
+
+def release_connections(keep: set[tuple]) -> int:
+    """Shut down (both directions) every established TCP connection not in ``keep``."""
+    n = 0
+    for c in psutil.Process().net_connections(kind="tcp"):
+        if c.status != psutil.CONN_ESTABLISHED or not c.raddr or c.fd < 0:
+            continue
+        if (tuple(c.laddr), tuple(c.raddr)) in keep:
+            continue
+        try:
+            s = socket.socket(fileno=c.fd)
+        except OSError as e:  # gloo closed it meanwhile (its peer went first)
+            log.debug("connection %s -> %s already closed: %s", c.laddr, c.raddr, e)
+            continue
+        try:
+            # the descriptor may have been reused since the listing: check it
+            if (s.getsockname()[:2], s.getpeername()[:2]) == (tuple(c.laddr), tuple(c.raddr)):
+                s.shutdown(socket.SHUT_RDWR)
+                n += 1
+        except OSError as e:  # closed meanwhile: nothing left to release
+            log.debug("shutdown of %s -> %s: %s", c.laddr, c.raddr, e)
+        finally:
+            s.detach()  # the descriptor stays the group's; only the connection ends
+    return n
+
+
+def _cell_frame(frame) -> tuple[Any, int] | None:
+    """The outermost frame of a ``%%dp`` cell on this stack, with its line."""
+    found = None
+    f = frame
+    while f is not None:
+        name = f.f_code.co_filename
+        if name.startswith("<ipython-input") or ("ipykernel_" in name and name.endswith(".py")) \
+                or name.startswith("<cell"):
+            found = (f, f.f_lineno)
+        f = f.f_back
+    return found
+
+
+def _collective_frame(frame) -> dict | None:
+    """The torch.distributed collective the stack is inside (outermost c10d API frame)."""
+    hit = None
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if code.co_filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py") \
+                and code.co_name in COLLECTIVES:
+            hit = f
+        f = f.f_back
+    if hit is None:
+        return None
+    out: dict[str, Any] = {"op": hit.f_code.co_name}
+    loc = hit.f_locals
+    for key in ("tensor", "output_tensor", "output", "input_tensor", "tensor_list"):
+        t = loc.get(key)
+        if t is not None and hasattr(t, "shape"):
+            out.update(shape=list(t.shape), dtype=str(t.dtype).removeprefix("torch."))
+            break
+    return out
+
+
+def where(state) -> dict:
+    """What the main thread is doing now (safe from any thread)."""
+    main = threading.main_thread()
+    frame = sys._current_frames().get(main.ident)
+    cell = _cell_frame(frame) if frame is not None else None
+    coll = _collective_frame(frame) if frame is not None else None
+    guard = getattr(state, "cell_calls", None) or {}
+    current = getattr(state, "current_collective", None)
+    if coll is not None and current is not None and current.get("op") == coll["op"]:
+        coll["seq"] = current.get("seq")
+    return {
+        "rank": getattr(state, "rank", None),
+        "busy": frame is not None and _busy(frame),
+        "cell_line": cell[1] if cell else None,
+        "in_cell": cell is not None,
+        "collective": coll,
+        "cell_calls": dict(guard),
+        "top": f"{frame.f_code.co_name} ({frame.f_code.co_filename.rsplit('/', 1)[-1]}:"
+               f"{frame.f_lineno})" if frame is not None else None,
+    }
+
+
+def _busy(frame) -> bool:
+    """False when the main thread only waits for the next request (ipykernel's loop)."""
+    f = frame
+    while f is not None:
+        if f.f_code.co_name in ("run_cell", "run_cell_async", "do_apply", "apply_request",
+                                "run_code", "execute_request"):
+            return True
+        f = f.f_back
+    return False
+
+
+class SideDoor(threading.Thread):
+    """The listening thread; one per engine process."""
+
+    def __init__(self, state, addr: str, token: str, keep: set[tuple]):
+        super().__init__(name="dpnb-side-door", daemon=True)
+        self.state, self.token, self.keep = state, token, keep
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.bind((addr, 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+
+    def run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError as e:  # the listening socket was closed: the engine is going
+                log.info("side door closed: %s", e)
+                return
+            # the connection itself must survive a release it asks for
+            self.keep.add((tuple(conn.getsockname()[:2]), tuple(conn.getpeername()[:2])))
+            try:
+                self._serve(conn)
+            except Exception as e:  # one bad knock must not close the door
+                log.warning("side door request failed: %s: %s", type(e).__name__, e, exc_info=True)
+            finally:
+                conn.close()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(2.0)
+        line = conn.makefile("r").readline()
+        req = json.loads(line or "{}")
+        if not hmac.compare_digest(str(req.get("token", "")), self.token):
+            conn.sendall(b'{"error": "bad token"}\n')
+            return
+        cmd = req.get("cmd")
+        if cmd == "release":
+            out = {"released": release_connections(self.keep)}
+            if getattr(self.state, "backend", None) == "nccl":
+                # NCCL waits on the GPU, not on a socket: abort its communicators
+                # (NCCL's abort is made to be called from another thread)
+                from .. import compat
+
+                out["aborted"] = compat.abort_groups()
+            log.info("released %d group connections", out["released"])
+        elif cmd == "where":
+            out = where(self.state)
+        else:
+            out = {"error": f"unknown command {cmd!r}"}
+        conn.sendall((json.dumps(out, default=str) + "\n").encode())
+
+
+def open_door(state, addr: str, token: str) -> tuple[str, int]:
+    """Start this engine's side door once (later calls update the token); return its address."""
+    door = getattr(state, "side_door", None)
+    if door is None or not door.is_alive():
+        keep = tcp_connections()  # ipyparallel's own connections: never released
+        door = SideDoor(state, addr, token, keep)
+        door.start()
+        state.side_door = door
+    door.token = token
+    door.state = state
+    return addr, door.port

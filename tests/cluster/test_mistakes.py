@@ -1,0 +1,149 @@
+"""Mistakes are cheap: a raising rank releases its peers at once, mismatched
+collectives in cells cost no engine, a stuck cell says where each rank is,
+the last failure can be inspected, and training checkpoints itself.
+
+The group timeout is the default 30 s throughout: every "released quickly"
+bound below (a generous 6 s, to prove "not the timeout", never a speed; the
+figures are in benchmarks/RESULTS.md) would fail by 24 s if a rank waited for it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import dpnb
+from dpnb.errors import DpnbError, RemoteCellError
+
+QUICK_S = 6.0  # far below the 30 s group timeout
+
+
+@pytest.fixture(scope="module")
+def c():
+    cl = dpnb.start(2)  # default 30 s group timeout
+    yield cl
+    cl.stop()
+
+
+def _raises(c, code, **kw) -> tuple[RemoteCellError, float]:
+    t0 = time.monotonic()
+    with pytest.raises(RemoteCellError) as ei:
+        c.run(code, display=False, **kw)
+    return ei.value, time.monotonic() - t0
+
+
+def _healthy(c) -> None:
+    assert c.run("t = torch.ones(1)\ndist.all_reduce(t)\nassert t.item() == world_size",
+                 display=False).ok
+
+
+def test_raise_before_all_reduce_releases_the_peer_at_once(c):
+    assert c.timeout_s == 30.0
+    c.run("kept = rank * 10", display=False)
+    pids = [r.pid for r in c.ranks]
+    err, took = _raises(c, "t = torch.ones(1)\nif rank == 1:\n    raise ValueError('typo')\n"
+                           "dist.all_reduce(t)")
+    assert took < QUICK_S, f"the peer waited {took:.1f} s: not released"
+    assert err.summary.startswith("rank 1 raised ValueError; rank 0 waiting on rank 1")
+    assert "released" in err.report and err.reformed
+    assert [r.pid for r in c.ranks] == pids and c.pull("kept") == [0, 10]
+    _healthy(c)
+
+
+@pytest.mark.parametrize("code,want", [
+    ("t = torch.ones(4 + rank)\ndist.all_reduce(t)", ["rank 0: allreduce [4]", "rank 1: allreduce [5]"]),
+    ("t = torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64)\ndist.all_reduce(t)",
+     ["Float", "Double"]),
+    ("t = torch.ones(4)\nif rank == 0:\n    dist.all_reduce(t)\nelse:\n    dist.broadcast(t, src=0)",
+     ["rank 0: allreduce", "rank 1: broadcast"]),
+], ids=["shape", "dtype", "op"])
+def test_collective_mismatch_in_a_cell_keeps_every_engine(c, code, want):
+    c.run("kept = 'still here'", display=False)
+    pids = [r.pid for r in c.ranks]
+    err, took = _raises(c, code)
+    assert took < QUICK_S
+    assert "collective mismatch" in err.report and "cell line" in err.report, err.report
+    for w in want:
+        assert w in err.report, err.report
+    assert [r.pid for r in c.ranks] == pids and not c.dead
+    assert c.pull("kept") == ["still here", "still here"]
+    _healthy(c)
+
+
+def test_one_sided_collective_says_who_is_blocked_where_and_keeps_the_timeout(c):
+    err, took = _raises(c, "t = torch.ones(3)\nif rank == 1:\n    dist.all_reduce(t)\n",
+                        timeout=3)
+    assert 2.5 < took < 3 + QUICK_S, took
+    assert "rank 1 is blocked in all_reduce #1 (shape [3], float32) at cell line 3" in err.report, \
+        err.report
+    assert "rank 0 finished the cell without entering it" in err.report, err.report
+    _healthy(c)
+
+
+def test_debug_shows_the_failing_ranks_locals(c):
+    c.last_failure = None
+    with pytest.raises(DpnbError, match="no cell has failed yet"):
+        c.debug()
+    _raises(c, "x = torch.zeros(3, 5)\nlabel = 'abc' * 100\nif rank == 0:\n"
+               "    raise RuntimeError('boom')\n")
+    text = c.debug()
+    assert "RuntimeError: boom" in text
+    assert "x = Tensor shape=[3, 5] dtype=torch.float32 device=cpu" in text
+    assert "label = 'abcabc" in text and len(max(text.splitlines(), key=len)) < 200
+    with pytest.raises(DpnbError, match="not a rank of this cluster"):
+        c.debug(7)
+    assert "idle" in c.where()
+
+
+def test_checkpoint_every_k_then_resume_loses_at_most_k_steps(c, tmp_path):
+    c.run("import dpnb.data\ntorch.manual_seed(0)\n"
+          "ds = dpnb.data.SyntheticRegression(n=256, in_dim=8, out_dim=1, seed=0)\n"
+          "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), "
+          "torch.nn.Linear(16, 1))", display=False, setup=True)
+    c.wrap("net", "ddp", lr=0.01)
+    c.set_data("ds")
+    with pytest.raises(DpnbError, match="whole number of steps >= 1"):
+        c.train(steps=2, micro_batch=8, progress=False, checkpoint_every=0,
+                checkpoint_dir=str(tmp_path))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(DpnbError, match="cannot write checkpoints to"):
+        c.train(steps=2, micro_batch=8, progress=False, checkpoint_every=2,
+                checkpoint_dir=str(blocker / "sub"))
+    ck = tmp_path / "auto"
+    s = c.train(steps=7, micro_batch=8, progress=False, checkpoint_every=3, checkpoint_dir=str(ck))
+    assert s["last_step"] == 6 and len(s["checkpoints"]) == 2  # after steps 3 and 6
+    assert sorted(p for p in os.listdir(ck) if p.startswith("step-")) == \
+        ["step-00000003", "step-00000006"]
+    with pytest.raises(RemoteCellError):
+        c.run("import os\nif rank == 1:\n    os._exit(9)\ndist.barrier()", display=False)
+    msg = c.restart(resume="")
+    assert "at step 6" in msg, msg  # lost one step, at most K = 3
+    nxt = c.train(steps=1, micro_batch=8, progress=False)
+    assert nxt["first_step"] == 6
+    assert c.check()["ok"]
+    c.run("other = torch.nn.Linear(3, 3)", display=False)
+    c.wrap("other", "ddp")
+    with pytest.raises(DpnbError, match="holds checkpoints of another model"):
+        c.train(steps=1, micro_batch=8, progress=False, checkpoint_every=1, checkpoint_dir=str(ck))
+
+
+def test_uneven_data_is_said_once(c):
+    c.run("import dpnb.data\nsmall = dpnb.data.SyntheticRegression(n=7, in_dim=8, out_dim=1)\n"
+          "lin = torch.nn.Linear(8, 1)", display=False)
+    c.wrap("lin", "ddp")
+    c.set_data("small")
+    s = c.train(steps=1, micro_batch=2, progress=False)
+    assert s["data_note"].startswith("an epoch uses 4 of the 7 samples and drops 3")
+    assert "each of the 2 ranks 3 (drop_last: 1 left over)" in s["data_note"]
+    assert c.train(steps=1, micro_batch=2, progress=False)["data_note"] is None  # said once
+
+
+def test_three_ranks_release_two_waiters():
+    with dpnb.start(3) as c3:
+        err, took = _raises(c3, "t = torch.ones(1)\nif rank == 2:\n    raise KeyError('k')\n"
+                                "dist.all_reduce(t)")
+        assert took < QUICK_S and err.waiting == [0, 1] and err.reformed
+        _healthy(c3)
