@@ -129,3 +129,45 @@ def test_nccl_two_ranks_on_one_gpu_is_refused_before_any_process_starts():
     with pytest.raises(DpnbError, match="puts two ranks on cuda:0: NCCL refuses two ranks on one"):
         check_start_args(2, "nccl", "local", 30.0, None, "0,0")
     assert check_start_args(2, "gloo", "local", 30.0, None, "0,0") == [0, 0]
+
+
+MISMATCH_0 = ("Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+              "CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[4], "
+              "TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), "
+              "device=cpu)), but Rank 1 is running collective: CollectiveFingerPrint(...)")
+MISMATCH_1 = MISMATCH_0.replace("Rank 0 is running", "Rank 1 is running").replace(
+    "TensorShape=[4]", "TensorShape=[5]")
+
+
+def test_mismatch_names_each_ranks_op_shape_dtype_and_line():
+    tb = "Cell In[3], line 2\n      1 t = torch.ones(4 + rank)\n----> 2 dist.all_reduce(t)\n"
+    res = _res(r0=dict(status="error", ename="RuntimeError", evalue=MISMATCH_0, traceback=tb),
+               r1=dict(status="error", ename="RuntimeError", evalue=MISMATCH_1, traceback=tb))
+    d = classify(res)
+    assert d.mismatch == [0, 1] and d.culprits == [0, 1] and not d.needs_reform
+    err = remote_error(res, d, timeout_s=30, reform_msg="", reformed=False)
+    assert "rank 0: allreduce [4] Float at cell line 2: dist.all_reduce(t)" in err.report
+    assert "rank 1: allreduce [5] Float at cell line 2" in err.report
+    assert err.summary == "ranks 0-1 called different collectives"
+
+
+def test_where_verdict_names_the_blocked_rank_and_the_one_that_never_came():
+    from dpnb.cluster.diagnose import where_verdict
+
+    res = _res(r0=dict(status="ok"), r1=dict(status="timeout"))
+    res.where = {
+        0: {"running": False, "cell_calls": {}, "collective": None},
+        1: {"running": True, "cell_line": 3, "cell_calls": {"all_reduce": 1},
+            "collective": {"op": "all_reduce", "seq": 1, "shape": [3], "dtype": "float32"}},
+    }
+    assert where_verdict(res) == ("rank 1 is blocked in all_reduce #1 (shape [3], float32) at "
+                                  "cell line 3; rank 0 finished the cell without entering it")
+    res.where[0] = {"running": True, "cell_line": 4, "top": "sleep (x.py:1)", "collective": None}
+    assert "rank 0 is running sleep (x.py:1) at cell line 4" in where_verdict(res)
+
+
+def test_a_release_always_means_re_forming():
+    res = _res(r0=dict(status="error", ename="ValueError", evalue="x"), r1=dict(status="ok"))
+    assert not classify(res).needs_reform
+    res.released = True
+    assert classify(res).needs_reform
