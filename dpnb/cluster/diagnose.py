@@ -192,7 +192,10 @@ def classify(res: CellResult) -> Diagnosis:
     return Diagnosis(died=died, timed_out=timed_out, culprits=culprits,
                      waiting=sorted(set(coll) | set(stopped)) if culprits else [],
                      interrupted=interrupted,
-                     needs_reform=bool(coll or timed_out or interrupted or res.released),
+                     # after a mismatch the checked group's fingerprint exchange
+                     # can be left half-done on some rank: start it afresh
+                     needs_reform=bool(coll or timed_out or interrupted or res.released
+                                       or mismatch),
                      mismatch=mismatch)
 
 

@@ -38,12 +38,20 @@ def form_checked_group(state) -> None:
 def _counting(state, name: str, fn):
     @functools.wraps(fn)
     def counted(*args, **kwargs):
+        __tracebackhide__ = True  # IPython shows the user's cell line, not this frame
         calls = state.cell_calls
         calls[name] = calls.get(name, 0) + 1
         outer = state.current_collective
         state.current_collective = {"op": name, "seq": calls[name]}
         try:
             return fn(*args, **kwargs)
+        except Exception as e:
+            # Raised again from here, without torch's frames: IPython formats
+            # each frame with its source, and distributed_c10d.py is 5,000
+            # lines -- with 8 released engines on 2 cores that formatting was
+            # most of a 3 s report.  The message says all that matters.
+            e.__traceback__ = None
+            raise e from None
         finally:
             state.current_collective = outer
 

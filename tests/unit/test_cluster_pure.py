@@ -144,7 +144,7 @@ def test_mismatch_names_each_ranks_op_shape_dtype_and_line():
     res = _res(r0=dict(status="error", ename="RuntimeError", evalue=MISMATCH_0, traceback=tb),
                r1=dict(status="error", ename="RuntimeError", evalue=MISMATCH_1, traceback=tb))
     d = classify(res)
-    assert d.mismatch == [0, 1] and d.culprits == [0, 1] and not d.needs_reform
+    assert d.mismatch == [0, 1] and d.culprits == [0, 1] and d.needs_reform
     err = remote_error(res, d, timeout_s=30, reform_msg="", reformed=False)
     assert "rank 0: allreduce [4] Float at cell line 2: dist.all_reduce(t)" in err.report
     assert "rank 1: allreduce [5] Float at cell line 2" in err.report
