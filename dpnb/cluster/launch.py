@@ -40,15 +40,10 @@ def parse_gpus(gpus: str | Sequence[int] | None) -> list[int] | None:
 
 
 def local_gpu_count() -> int:
-    try:
-        import torch
-    except ImportError:
-        return 0
-    try:
-        return torch.accelerator.device_count() if torch.accelerator.is_available() else 0
-    except RuntimeError as e:  # a broken driver must not stop a CPU cluster
-        log.warning("an accelerator is installed but not usable: %s", e)
-        return 0
+    """GPUs this host's processes see (the engines' own count, asked here)."""
+    from ..engine.device import device_count  # imports torch: only for --backend nccl
+
+    return device_count()
 
 
 def check_start_args(n, backend: str, engines: str, timeout: float, threads: int | None,

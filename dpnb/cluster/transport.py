@@ -108,7 +108,7 @@ class Transport:
         once, and the group is re-formed afterwards (state kept).  Where the
         stopped ranks were is asked first, for the report.
         """
-        w = _Waiting(self, ars, sel, kind, timeout)
+        w = _Waiting(self, sel, kind, timeout)
         streamer = Streamer(ars, delay_s=1.0) if stream else None
         try:
             while w.pending:
@@ -273,12 +273,11 @@ class Transport:
 class _Waiting:
     """The state of one :meth:`Transport.wait`: what is pending, and when to act."""
 
-    def __init__(self, t: Transport, ars: dict, sel: list[int], kind: str, timeout):
-        self.t, self.ars, self.kind, self.timeout = t, ars, kind, timeout
+    def __init__(self, t: Transport, sel: list[int], kind: str, timeout):
+        self.t, self.kind, self.timeout = t, kind, timeout
         self.t0 = time.monotonic()
         self.outcomes = {r: RankOutcome(rank=r) for r in sel}
         self.pending = set(sel)
-        self.sel = sel
         self.interrupted_at: float | None = None
         self.failed_at: float | None = None
         self.released = False

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import logging
+
 import torch
+
+log = logging.getLogger("dpnb.engine.device")
 
 NCCL_DEVICE = "cuda"  # the only device type NCCL drives
 
@@ -31,7 +35,8 @@ def accelerator_type() -> str | None:
     """``"cuda"`` (or ``"xpu"``, ``"mps"``, ...) when this process sees one, else None."""
     try:
         acc = torch.accelerator.current_accelerator()
-    except RuntimeError:  # a broken driver: treat the host as CPU-only
+    except RuntimeError as e:  # a broken driver: treat the host as CPU-only
+        log.warning("an accelerator is installed but not usable: %s", e)
         return None
     return acc.type if acc is not None else None
 
@@ -40,7 +45,8 @@ def device_count() -> int:
     """Accelerator devices visible to this process (0 on a CPU-only host)."""
     try:
         return torch.accelerator.device_count() if torch.accelerator.is_available() else 0
-    except RuntimeError:
+    except RuntimeError as e:  # a broken driver must not stop a CPU cluster
+        log.warning("an accelerator is installed but not usable: %s", e)
         return 0
 
 

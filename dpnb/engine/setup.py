@@ -242,7 +242,7 @@ def form_group(master_port: int | None = None) -> dict:
 
         form_checked_group(st)
     st.generation += 1
-    _start_preload(st)
+    _start_preload()
     return {"rank": st.rank, "generation": st.generation, "port": st.master_port}
 
 
@@ -291,7 +291,7 @@ def wait_preload(*_ignored) -> None:
             t.join()
 
 
-def _start_preload(st: EngineState) -> None:
+def _start_preload() -> None:
     """Import what the first ``%dp wrap`` needs in the background, once per process."""
     if _preloading() or all(m in sys.modules for m in PRELOAD_MODULES):
         return

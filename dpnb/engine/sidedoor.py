@@ -57,13 +57,15 @@ def tcp_connections() -> set[tuple]:
     return out
 
 
-def release_connections(keep: set[tuple]) -> int:
-    """Shut down (both directions) every established TCP connection not in ``keep``."""
+def release_connections(keep: set[tuple], also_keep: tuple | None = None) -> int:
+    """Shut down (both directions) every established TCP connection not in
+    ``keep`` (nor ``also_keep``, the connection asking for it)."""
     n = 0
     for c in psutil.Process().net_connections(kind="tcp"):
         if c.status != psutil.CONN_ESTABLISHED or not c.raddr or c.fd < 0:
             continue
-        if (tuple(c.laddr), tuple(c.raddr)) in keep:
+        pair = (tuple(c.laddr), tuple(c.raddr))
+        if pair in keep or pair == also_keep:
             continue
         try:
             s = socket.socket(fileno=c.fd)
@@ -169,8 +171,6 @@ class SideDoor(threading.Thread):
             except OSError as e:  # the listening socket was closed: the engine is going
                 log.info("side door closed: %s", e)
                 return
-            # the connection itself must survive a release it asks for
-            self.keep.add((tuple(conn.getsockname()[:2]), tuple(conn.getpeername()[:2])))
             try:
                 self._serve(conn)
             except Exception as e:  # one bad knock must not close the door
@@ -187,7 +187,9 @@ class SideDoor(threading.Thread):
             return
         cmd = req.get("cmd")
         if cmd == "release":
-            out = {"released": release_connections(self.keep)}
+            # the asking connection itself must survive the release
+            me = (tuple(conn.getsockname()[:2]), tuple(conn.getpeername()[:2]))
+            out = {"released": release_connections(self.keep, me)}
             if getattr(self.state, "backend", None) == "nccl":
                 # NCCL waits on the GPU, not on a socket: abort its communicators
                 # (NCCL's abort is made to be called from another thread)
