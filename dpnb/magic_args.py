@@ -46,12 +46,23 @@ def sub(name: str, prog: str | None = None):
 @argument("--threads", type=int, default=None,
           help="torch threads per engine (default: cores / engines per host)")
 @argument("--launcher-arg", action="append", default=None, dest="launcher_args",
-          help="launcher setting (repeatable): an mpiexec option for mpi (e.g. "
-               "--oversubscribe), KEY=VALUE for slurm (queue, account, timelimit, qos, "
-               "options), HOST=N for ssh")
+          help="launcher setting (repeatable): HOST=N for ssh (N engines on HOST), an "
+               "mpiexec option for mpi (e.g. --hostfile F), KEY=VALUE for slurm (queue, "
+               "account, timelimit, qos, options)")
+@argument("--env", action="append", default=None, metavar="KEY=VALUE",
+          help="environment variable for every engine on every launcher (repeatable), "
+               "e.g. --env GLOO_SOCKET_IFNAME=eth1 --env NCCL_DEBUG=INFO")
+@argument("--remote-python", default=None, metavar="PATH",
+          help="the Python to run on other hosts (ssh), one that has dpnb installed "
+               "(default: python3 on the remote PATH)")
+@argument("--ssh-config", default=None, metavar="FILE", help="ssh config file for --engines ssh")
+@argument("--master-addr", default=None,
+          help="address of rank 0 the other ranks reach the process group's store on "
+               "(default: rank 0's address on its route to the controller)")
 @argument("--controller-ip", default=None,
-          help="address the controller listens on (default 127.0.0.1; use '*' so engines "
-               "on other nodes can connect)")
+          help="address the controller listens on (default: loopback for local engines, "
+               "this host's address towards the first host for ssh, all interfaces for "
+               "slurm)")
 def _start():
     """Start N engines and join them in one torch.distributed process group."""
 

@@ -19,6 +19,7 @@ from .errors import DpnbError, RemoteCellError
 from .magic_args import SUBCOMMANDS as _SUBCOMMANDS
 from .magic_args import _cell
 
+
 def _is_dpnb_error(e: Exception) -> bool:
     return type(e).__module__.startswith("dpnb.")
 
@@ -116,7 +117,9 @@ class DPMagics(Magics):
                              f"{c.backend}): %dp stop it first, or %dp restart")
         c = cl.Cluster.start(a.n, backend=a.backend, engines=a.engines, gpus=a.gpus,
                              timeout=a.timeout, threads=a.threads,
-                             launcher_args=a.launcher_args, controller_ip=a.controller_ip)
+                             launcher_args=a.launcher_args, controller_ip=a.controller_ip,
+                             env=a.env, remote_python=a.remote_python,
+                             ssh_config=a.ssh_config, master_addr=a.master_addr)
         self.cluster = c
         devs = sorted({r.device for r in c.ranks})
         hosts = sorted({r.host for r in c.ranks})

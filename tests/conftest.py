@@ -27,7 +27,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TESTS = pathlib.Path(__file__).resolve().parent
-TIERS = ("unit", "cluster", "notebook", "browser", "slow", "gpu")
+TIERS = ("unit", "cluster", "multihost", "notebook", "browser", "slow", "gpu")
 
 
 def pytest_collection_modifyitems(config, items):

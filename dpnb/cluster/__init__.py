@@ -26,16 +26,16 @@ from __future__ import annotations
 import atexit
 import logging
 import shutil
-import tempfile
+import signal
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import log as _log
-from ..errors import DpnbError, NotRunningError, StartError
+from ..errors import DpnbError, NotRunningError
 from ..ranks import parse_ranks, rank_label
 from . import diagnose, launch
 from .group import Group
-from .processes import Processes, engine_logs, stop_ipp, wait_pids_gone
+from .processes import Processes, stop_ipp, wait_pids_gone
 from .render import show_result
 from .restart import SetupLog
 from .restart import restart as _restart
@@ -46,6 +46,7 @@ from .types import (
     LAUNCHERS,
     CellResult,
     Health,
+    LaunchSpec,
     RankInfo,
     RankOutcome,
 )
@@ -53,13 +54,13 @@ from .types import (
 __all__ = ["Cluster", "start", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
            "DEFAULT_TIMEOUT_S", "assign_ranks", "describe_exit"]
 
-from .launch import assign_ranks  # noqa: E402  (re-exported)
-from .processes import describe_exit  # noqa: E402  (re-exported)
+from .launch import assign_ranks
+from .processes import describe_exit
 
 log = logging.getLogger("dpnb.cluster")
 
 
-def start(n: int = 2, **kwargs) -> "Cluster":
+def start(n: int = 2, **kwargs) -> Cluster:
     """Start ``n`` engines joined in one process group; see :meth:`Cluster.start`."""
     return Cluster.start(n, **kwargs)
 
@@ -74,8 +75,11 @@ class Cluster:
 
     def __init__(self, *, ipp_cluster, client, ranks: list[RankInfo], backend: str,
                  launcher: str, timeout_s: float, profile_dir: str, master_addr: str,
-                 threads: int, gpus: list[int] | None, local: bool):
+                 threads: int, gpus: list[int] | None, local: bool, agents=None,
+                 spec: LaunchSpec | None = None):
         self._ipp = ipp_cluster
+        self.spec = spec or LaunchSpec(engines=launcher)
+        self.agents = agents
         self.client = client
         self.ranks = ranks
         self.launcher = launcher
@@ -84,12 +88,12 @@ class Cluster:
         self.local = local
         self.running = True
         self.health = Health()
-        self.procs = Processes(ipp_cluster, launcher, profile_dir)
+        self.procs = Processes(ipp_cluster, launcher, profile_dir, agents)
         self.procs.remember(ranks)
         self.transport = Transport(client, ranks, self.health, self.procs, timeout_s)
         self.group = Group(self.transport, ranks, self.health, backend=backend,
                            master_addr=master_addr, timeout_s=timeout_s, threads=threads,
-                           local=local)
+                           local=local, env=self.spec.env_dict)
         self.last_train: dict | None = None  # filled by dpnb.train
         self.last_wrap: dict | None = None
         self.setup_log = SetupLog()
@@ -106,63 +110,64 @@ class Cluster:
               gpus: str | Sequence[int] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
               threads: int | None = None, start_timeout: float = 120.0,
               launcher_args: Sequence[str] | None = None,
-              controller_ip: str | None = None) -> "Cluster":
+              controller_ip: str | None = None, env=None, remote_python: str | None = None,
+              ssh_config: str | None = None, master_addr: str | None = None) -> Cluster:
         """Start ``n`` engines and join them in a torch.distributed group.
 
         ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
-        own, else gloo.  ``engines``: the ipyparallel launcher (``local``,
-        ``mpi``, ``slurm``, ``ssh``); extra launcher options go in
-        ``launcher_args`` (e.g. ``["--oversubscribe"]`` for mpiexec).
-        ``gpus``: device ordinals to use per host (``"0,1"``), rank ``i`` on a
-        host gets ``gpus[local_rank]``.  ``timeout``: seconds any collective
-        may wait for a peer before it errors (the process-group timeout).
+        own, else gloo.  ``engines``: ``local``, ``ssh`` (``launcher_args``
+        ``["node1=4", "node2=4"]``, one host agent per host, see
+        :mod:`dpnb.cluster.agents`), ``mpi`` (mpiexec options in
+        ``launcher_args``) or ``slurm`` (sbatch settings).  ``gpus``: device
+        ordinals per host.  ``timeout``: seconds any collective may wait for a
+        peer before it errors.  ``env``: ``{"GLOO_SOCKET_IFNAME": "eth1"}`` or
+        ``["K=V", ...]`` for every engine; ``remote_python``: the Python on
+        other hosts (default ``python3``); ``ssh_config``: an ssh config file;
+        ``master_addr``: the group's store address instead of rank 0's route
+        to the controller.
         """
+        spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
+                          controller_ip=controller_ip, env=launch.parse_env(env),
+                          remote_python=remote_python, ssh_config=ssh_config,
+                          master_addr=master_addr)
         gpu_list = launch.check_start_args(n, backend, engines, timeout, threads, gpus)
+        if engines == "ssh":
+            from .agents import parse_hosts
+
+            parse_hosts(n, spec.launcher_args)  # bad hosts fail before anything starts
         _log.install()
-        profile_dir = tempfile.mkdtemp(prefix="dpnb-profile-")  # 0700: keys stay private
-        icluster = client = None
+        icluster, client, agents, profile_dir = launch.bring_up(n, spec, start_timeout)
         try:
-            icluster = launch.make_ipp_cluster(n, engines, profile_dir, start_timeout,
-                                               launcher_args, controller_ip)
-            try:
-                client = launch.start_engines(icluster, n, engines, start_timeout)
-            except Exception as e:
-                raise StartError(f"could not start {n} engines with the {engines} launcher: "
-                                 f"{type(e).__name__}: {e}"
-                                 f"{engine_logs(icluster)}") from None
-            return cls._form(icluster, client, n=n, backend=backend, engines=engines,
+            return cls._form(icluster, client, n=n, backend=backend, spec=spec,
                              gpus=gpu_list, timeout=timeout, threads=threads,
-                             profile_dir=profile_dir)
+                             profile_dir=profile_dir, agents=agents)
         except BaseException:
-            if client is not None:
-                client.close()
-            if icluster is not None:
-                stop_ipp(icluster)
-            shutil.rmtree(profile_dir, ignore_errors=True)
+            launch.tear_down(icluster, client, agents, profile_dir)
             raise
 
     @classmethod
-    def _form(cls, icluster, client, *, n, backend, engines, gpus, timeout, threads,
-              profile_dir) -> "Cluster":
+    def _form(cls, icluster, client, *, n, backend, spec, gpus, timeout, threads,
+              profile_dir, agents) -> Cluster:
         from ..engine import setup
 
         eids = sorted(client.ids)[:n]
-        probes = dict(zip(eids, client[eids].apply_sync(setup.probe)))
+        ctl = launch.controller_address(icluster)
+        probes = dict(zip(eids, client[eids].apply_sync(setup.probe, ctl)))
         ranks = launch.assign_ranks(probes)
         backend = launch.choose_backend(backend, ranks, probes, gpus)
         ranks = launch.with_devices(ranks, backend, gpus)
         if threads is None:
             cpu = min(probes[e]["cpu_count"] for e in eids)
             threads = max(1, cpu // max(r.local_world_size for r in ranks))
-        local = engines == "local"
+        local = spec.engines == "local"
         self = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=backend,
-                   launcher=engines, timeout_s=timeout, profile_dir=profile_dir,
-                   master_addr="127.0.0.1" if local else ranks[0].ip, threads=threads,
-                   gpus=gpus, local=local)
+                   launcher=spec.engines, timeout_s=timeout, profile_dir=profile_dir,
+                   master_addr=spec.master_addr or ("127.0.0.1" if local else ranks[0].ip),
+                   threads=threads, gpus=gpus, local=local, agents=agents, spec=spec)
         self.group.init_ranks()
         self.group.form()
-        # Our controller and engines (or mpiexec) are children of this process
-        # for every launcher but ssh/slurm's remote side, so guard them all.
+        # Our controller and engines (or mpiexec, or the ssh clients of the
+        # host agents) are children of this process, so guard them all.
         self.procs.start_reaper(self.ranks)
         return self
 
@@ -452,9 +457,12 @@ class Cluster:
         return _restart(self, hard=hard, resume=resume)
 
     def kill_rank(self, r: int) -> None:
-        """Stop rank ``r``'s engine: SIGKILL by PID on this host, else through ipyparallel."""
+        """Stop rank ``r``'s engine: SIGKILL by PID on this host, through its host's
+        agent on an ssh cluster, else through ipyparallel."""
         if self.launcher == "local":
             self.procs.kill_local(self.ranks[r])
+        elif self.agents is not None:
+            self.procs.signal_remote(self.ranks[r], signal.SIGKILL, wait_s=10.0)
         else:
             self.client.shutdown(targets=[self.ranks[r].engine_id], block=False)
 
@@ -469,6 +477,8 @@ class Cluster:
             self.client.close()
         except Exception as e:  # the sockets go with the process anyway
             log.info("closing the ipyparallel client: %s: %s", type(e).__name__, e)
+        if self.agents is not None:  # every host at once: SIGTERM, then SIGKILL
+            self.agents.close()
         stop_ipp(self._ipp)
         wait_pids_gone(owned, 10.0)
         self.procs.stop_reaper()
@@ -479,7 +489,7 @@ class Cluster:
         """PIDs of this host's processes of the cluster (controller, engines, nannies)."""
         return sorted(self.procs.owned(self.ranks))
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import DpnbError, StartError
+from ..ranks import rank_label
 from .diagnose import first_error
 from .launch import rank_init_info
 from .transport import Transport
@@ -31,7 +32,8 @@ class Group:
     """The settings of one cluster's process group and the steps that (re-)form it."""
 
     def __init__(self, transport: Transport, ranks: list[RankInfo], health: Health, *,
-                 backend: str, master_addr: str, timeout_s: float, threads: int, local: bool):
+                 backend: str, master_addr: str, timeout_s: float, threads: int, local: bool,
+                 env: dict[str, str] | None = None):
         self.t = transport
         self.ranks = ranks
         self.health = health
@@ -41,6 +43,7 @@ class Group:
         self.timeout_s = timeout_s
         self.threads = threads
         self.local = local
+        self.env = dict(env or {})
 
     def init_ranks(self, new: Sequence[int] | None = None) -> None:
         """``init_rank`` on every rank, one round trip in all.
@@ -57,7 +60,8 @@ class Group:
                 ri, world_size=len(self.ranks), backend=self.backend,
                 master_addr=self.master_addr, master_port=self.master_port,
                 timeout_s=self.timeout_s, threads=self.threads, local=self.local,
-                watch_ppid=kernel if (self.local and fresh) else None, token=self.t.token),)
+                watch_ppid=kernel if (self.local and fresh) else None, token=self.t.token,
+                env=self.env),)
         res = self.t.setup_all("init_rank", per_rank=infos, timeout=60)
         if not res.ok:
             raise StartError("could not give the engines their ranks: " + first_error(res))
@@ -66,9 +70,32 @@ class Group:
             if door:
                 self.t.doors[r] = (door[0], int(door[1]))
 
+    def check_reach(self, port: int) -> None:
+        """Every rank connects to rank 0's store first (multi-host only), so an
+        unreachable address fails in seconds, naming itself, not after the
+        group timeout as "2/4 clients joined"."""
+        if self.local:
+            return
+        res = self.t.setup_all("reach_store", (self.master_addr, port), timeout=30)
+        if not res.ok:
+            raise StartError("could not check the store address: " + first_error(res))
+        bad = {r: o.value for r, o in res.outcomes.items() if not o.value.get("ok")}
+        if not bad:
+            return
+        good = sorted(set(res.outcomes) - set(bad))
+        lines = [f"rank {r} on {v.get('host')}: {v.get('error')}" for r, v in sorted(bad.items())]
+        raise StartError(
+            f"the process group's store at {self.master_addr}:{port} (rank 0 on "
+            f"{self.ranks[0].host}) is not reachable from {rank_label(sorted(bad))}:\n  "
+            + "\n  ".join(lines) + f"\n{rank_label(good) if good else 'no rank'} reached it. "
+            f"Give --master-addr an address of {self.ranks[0].host} the other hosts can "
+            f"reach (and --env GLOO_SOCKET_IFNAME=<its interface> if gloo must use another "
+            f"interface), or check the firewall between the hosts")
+
     def form(self) -> None:
         """The first ``init_process_group`` on every rank, checked by an all_reduce."""
         self.master_port = self.t.setup_one(0, "listen_store", self.master_addr)
+        self.check_reach(self.master_port)
         res = self.t.setup_all("form_group", (self.master_port,), timeout=self.timeout_s + 15)
         if not res.ok:
             raise StartError("the engines started but could not form a process group: "
@@ -84,6 +111,7 @@ class Group:
         only when every rank still holds its objects).
         """
         port = self.t.setup_one(0, "listen_store", self.master_addr)
+        self.check_reach(port)
         res = self.t.setup_all("reform_group", (port, callbacks), timeout=self.timeout_s + 15)
         if not res.ok:
             self.health.group_ok = False

@@ -20,10 +20,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import DpnbError
-from .types import BACKENDS, LAUNCHERS, RankInfo
+from .types import BACKENDS, LAUNCHERS, LaunchSpec, RankInfo
 
 log = logging.getLogger("dpnb.launch")
 
@@ -78,6 +79,24 @@ def check_start_args(n, backend: str, engines: str, timeout: float, threads: int
     return gpu_list
 
 
+def parse_env(env) -> tuple[tuple[str, str], ...]:
+    """``["A=1", "B=x"]`` (or a dict) -> ``(("A", "1"), ("B", "x"))``, names checked."""
+    if not env:
+        return ()
+    pairs = list(env.items()) if isinstance(env, dict) else []
+    if not isinstance(env, dict):
+        for item in env:
+            key, sep, value = str(item).partition("=")
+            if not sep:
+                raise DpnbError(f"--env {item!r}: give KEY=VALUE, e.g. --env GLOO_SOCKET_IFNAME=eth1")
+            pairs.append((key, value))
+    for key, _ in pairs:
+        if not key or not (key.replace("_", "a").isalnum() and not key[0].isdigit()):
+            raise DpnbError(f"--env {key!r}=...: a variable name is letters, digits and _ "
+                            f"(not starting with a digit)")
+    return tuple((str(k), str(v)) for k, v in pairs)
+
+
 def _quiet_ipp_log() -> logging.Logger:
     # ipyparallel logs every engine's exit (with its output) as a warning when
     # the cluster stops; in a notebook that lands in the cell as red stderr.
@@ -90,43 +109,194 @@ def _quiet_ipp_log() -> logging.Logger:
     return ipp_log
 
 
-def make_ipp_cluster(n: int, engines: str, profile_dir: str, start_timeout: float,
-                     launcher_args: Sequence[str] | None, controller_ip: str | None):
+def make_ipp_cluster(n: int, spec: LaunchSpec, profile_dir: str, start_timeout: float):
     """An unstarted ``ipyparallel.Cluster`` configured for dpnb."""
     import ipyparallel as ipp
 
+    engines = spec.engines
     icluster = ipp.Cluster(
-        n=n, engines=engines, profile_dir=profile_dir, log=_quiet_ipp_log(),
-        engine_timeout=int(start_timeout), shutdown_atexit=True, parent=None,
-        # Engines on this host (local, mpiexec without a hostfile) reach the
-        # controller on loopback; nothing listens outside.  Batch / ssh
-        # engines run elsewhere, so the controller listens on all interfaces;
-        # ipyparallel signs every message with the cluster's key.
-        controller_ip=controller_ip or ("127.0.0.1" if engines in ("local", "mpi") else "*"),
+        n=n, engines="local" if engines == "ssh" else engines, profile_dir=profile_dir,
+        log=_quiet_ipp_log(), engine_timeout=int(start_timeout), shutdown_atexit=True,
+        parent=None, controller_ip=controller_ip(spec),
     )
     # An engine counts as registered only once the controller's heart monitor
     # has seen it beat, by default every 3 s: up to 3 s of every start spent
     # waiting.  Beat every second and allow 30 misses (still 30 s to answer).
     icluster.controller_args = [*icluster.controller_args, "--HeartMonitor.period=1000",
                                 "--HeartMonitor.max_heartmonitor_misses=30"]
+    env = spec.env_dict
+    if engines in ("mpi", "slurm"):  # started by srun / mpiexec on the nodes
+        cls = "MPIEngineSetLauncher" if engines == "mpi" else "SlurmEngineSetLauncher"
+        icluster.config[cls].engine_cmd = [spec.remote_python or sys.executable, "-m",
+                                           "dpnb.engine.boot"]
     if engines == "mpi":
         # mpiexec refuses to run as root and to place more ranks than cores
         # unless told; dpnb's own processes are what it launches here.
-        icluster.config.MPILauncher.mpi_args = list(launcher_args or [])
+        # Open MPI passes variables to ranks on other hosts only when named (-x).
+        forward = [*env, "IPP_CONNECTION_INFO", "IPP_PROFILE_DIR", "IPP_CLUSTER_ID"]
+        icluster.config.MPILauncher.mpi_args = [*spec.launcher_args,
+                                                *(a for k in forward for a in ("-x", k))]
         if os.geteuid() == 0:
-            env = icluster.config.MPILauncher.get("environment", {})
-            icluster.config.MPIEngineSetLauncher.environment = {
-                **env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    elif launcher_args:
-        apply_launcher_args(icluster, engines, launcher_args)
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        icluster.config.MPIEngineSetLauncher.environment = env
+    elif engines == "slurm":
+        icluster.config.SlurmEngineSetLauncher.environment = env  # sbatch --export=ALL
+        if spec.launcher_args:
+            apply_launcher_args(icluster, engines, spec.launcher_args)
+    elif engines == "local":
+        if spec.launcher_args:
+            apply_launcher_args(icluster, engines, spec.launcher_args)
+        icluster.config.LocalEngineSetLauncher.environment = env
     return icluster
 
 
-def start_engines(icluster, n: int, engines: str, timeout: float):
-    """Start the controller and ``n`` engines; return a connected client."""
-    if engines != "local":
-        return icluster.start_and_connect_sync(n=n)
-    return _start_overlapped(icluster, n, timeout)
+def local_address_towards(addr: str) -> str:
+    """This host's address on the route to ``addr`` (a UDP connect sends nothing)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((addr, 9))
+        return s.getsockname()[0]
+
+
+def controller_ip(spec: LaunchSpec) -> str:
+    """Where the controller listens.
+
+    Engines on this host (local, mpiexec without a hostfile) reach it on
+    loopback and nothing listens outside.  For ssh clusters: this host's
+    address on the route to the first host, so the engines can reach it
+    whatever this host's name resolves to.  Batch engines run on nodes we
+    cannot see from here: all interfaces (ipyparallel signs every message
+    with the cluster's key).
+    """
+    if spec.controller_ip:
+        return spec.controller_ip
+    if spec.engines == "ssh":
+        from .agents import resolve
+
+        first = spec.launcher_args[0].partition("=")[0].strip()  # checked by parse_hosts
+        return local_address_towards(resolve(first, spec.ssh_config))
+    if spec.engines == "mpi":
+        first = mpi_first_host(spec.launcher_args)
+        return local_address_towards(first) if first else "127.0.0.1"
+    if spec.engines == "slurm":
+        ctl = slurmctld_address()
+        if ctl:
+            return local_address_towards(ctl)
+    return "127.0.0.1" if spec.engines == "local" else "*"
+
+
+def mpi_first_host(args: Sequence[str]) -> str | None:
+    """The first host mpiexec's ``--hostfile F`` / ``--host a,b`` names (None: this host)."""
+    import socket
+
+    args = list(args)
+    for i, a in enumerate(args[:-1]):
+        host = None
+        if a in ("--hostfile", "-hostfile", "--machinefile", "-machinefile"):
+            try:
+                with open(args[i + 1]) as f:
+                    host = next((ln.split()[0] for ln in f
+                                 if ln.strip() and not ln.lstrip().startswith("#")), None)
+            except OSError as e:
+                raise DpnbError(f"mpiexec hostfile {args[i + 1]!r}: {e.strerror}") from None
+        elif a in ("--host", "-host", "-H"):
+            host = args[i + 1].split(",")[0].split(":")[0]
+        if host:
+            if host in ("localhost", "127.0.0.1", socket.gethostname()):
+                return None
+            return socket.gethostbyname(host)
+    return None
+
+
+def slurmctld_address() -> str | None:
+    """The address of the Slurm controller (``SlurmctldHost``), which the compute
+    nodes reach by definition; None if ``scontrol`` cannot tell."""
+    import re
+    import socket
+    import subprocess
+
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                             timeout=15).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("scontrol show config: %s", e)
+        return None
+    m = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", out, re.M)
+    if not m:
+        return None
+    try:
+        return m.group(2) or socket.gethostbyname(m.group(1))
+    except OSError:
+        return None
+
+
+def controller_address(icluster) -> str:
+    """The address engines connect to (passed to their probe to find their route)."""
+    import json
+
+    from .agents import engine_connection_file
+
+    try:
+        with open(engine_connection_file(icluster)) as f:
+            info = json.load(f)
+    except (OSError, ValueError) as e:
+        log.info("engine connection file not readable (%s); assuming loopback", e)
+        return "127.0.0.1"
+    iface = str(info.get("interface", "")).rpartition("/")[2]
+    return iface if iface not in ("", "*", "0.0.0.0") else str(info.get("location") or "127.0.0.1")
+
+
+def start_engines(icluster, n: int, spec: LaunchSpec, timeout: float):
+    """Start the controller and ``n`` engines; return ``(client, agents or None)``."""
+    if spec.engines == "ssh":
+        from .agents import start_over_ssh
+
+        return start_over_ssh(icluster, n, spec, timeout)
+    if spec.engines != "local":
+        return icluster.start_and_connect_sync(n=n), None
+    return _start_overlapped(icluster, n, timeout), None
+
+
+def bring_up(n: int, spec: LaunchSpec, start_timeout: float):
+    """Controller and engines in a fresh 0700 profile: ``(icluster, client, agents,
+    profile_dir)``.  A failed start leaves no folder and no process."""
+    import tempfile
+
+    from ..errors import StartError
+    from .processes import engine_logs
+
+    profile_dir = tempfile.mkdtemp(prefix="dpnb-profile-")  # 0700: keys stay private
+    icluster = client = agents = None
+    try:
+        icluster = make_ipp_cluster(n, spec, profile_dir, start_timeout)
+        try:
+            client, agents = start_engines(icluster, n, spec, start_timeout)
+        except (DpnbError, StartError):
+            raise
+        except Exception as e:
+            raise StartError(f"could not start {n} engines with the {spec.engines} launcher: "
+                             f"{type(e).__name__}: {e}{engine_logs(icluster)}") from None
+        return icluster, client, agents, profile_dir
+    except BaseException:
+        tear_down(icluster, client, agents, profile_dir)
+        raise
+
+
+def tear_down(icluster, client, agents, profile_dir: str) -> None:
+    """Undo a start that failed part-way."""
+    import shutil
+
+    from .processes import stop_ipp
+
+    if client is not None:
+        client.close()
+    if agents is not None:
+        agents.close()
+    if icluster is not None:
+        stop_ipp(icluster)
+    shutil.rmtree(profile_dir, ignore_errors=True)
 
 
 def _start_overlapped(icluster, n: int, timeout: float):
@@ -140,7 +310,7 @@ def _start_overlapped(icluster, n: int, timeout: float):
     launcher = icluster.config.LocalEngineSetLauncher
     launcher.engine_cmd = [sys.executable, "-m", "dpnb.engine.boot"]
     launcher.environment = {
-        **dict(launcher.get("environment", {})),
+        **dict(launcher.get("environment", {}) or {}),
         "DPNB_CONNECTION_FILE": os.path.join(
             icluster.profile_dir, "security", f"ipcontroller-{icluster.cluster_id}-engine.json"),
         "DPNB_CONNECTION_WAIT": str(timeout),
@@ -157,8 +327,8 @@ def apply_launcher_args(icluster, engines: str, args: Sequence[str]) -> None:
     """Pass launcher settings through to ipyparallel.
 
     slurm: ``KEY=VALUE`` for ``SlurmEngineSetLauncher`` traits (``queue``
-    (the partition), ``account``, ``timelimit``, ``qos``, ``options``);
-    ssh: ``HOST=N`` engines per host.
+    (the partition), ``account``, ``timelimit``, ``qos``, ``options``).
+    ssh hosts are read by :func:`dpnb.cluster.agents.parse_hosts`.
     """
     pairs = []
     for a in args:
@@ -173,11 +343,6 @@ def apply_launcher_args(icluster, engines: str, args: Sequence[str]) -> None:
             if key not in allowed:
                 raise DpnbError(f"--launcher-arg {key}=...: slurm takes {', '.join(sorted(allowed))}")
             setattr(icluster.config.SlurmEngineSetLauncher, key, value)
-    elif engines == "ssh":
-        try:
-            icluster.config.SSHEngineSetLauncher.engines = {h: int(n) for h, n in pairs}
-        except ValueError:
-            raise DpnbError("--launcher-arg for ssh is HOST=N (engines on that host)") from None
     else:
         raise DpnbError(f"the {engines} launcher takes no --launcher-arg")
 
@@ -198,7 +363,8 @@ def assign_ranks(probes: dict[int, dict]) -> list[RankInfo]:
             p = probes[eid]
             ranks.append(RankInfo(rank=len(ranks), engine_id=eid, host=host, ip=p["ip"],
                                   pid=p["pid"], local_rank=local_rank,
-                                  local_world_size=len(eids), node_rank=node_rank, device=""))
+                                  local_world_size=len(eids), node_rank=node_rank, device="",
+                                  location=p.get("location", ""), ifname=p.get("ifname", "")))
     return ranks
 
 
@@ -238,7 +404,8 @@ def device_index(ri: RankInfo) -> int | None:
 
 def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: str,
                    master_port: int, timeout_s: float, threads: int, local: bool,
-                   watch_ppid: int | None, token: str | None = None) -> dict[str, Any]:
+                   watch_ppid: int | None, token: str | None = None,
+                   env: dict[str, str] | None = None) -> dict[str, Any]:
     """What :func:`dpnb.engine.setup.init_rank` receives for rank ``ri``.
 
     ``token`` opens the engine's side door (:mod:`dpnb.engine.sidedoor`), on
@@ -249,4 +416,5 @@ def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: 
                 backend=backend, device_index=device_index(ri), master_addr=master_addr,
                 master_port=master_port, timeout_s=timeout_s, threads=threads,
                 local_cluster=local, watch_ppid=watch_ppid, token=token,
-                door_addr="127.0.0.1" if local else ri.ip)
+                door_addr="127.0.0.1" if local else ri.ip, ifname=ri.ifname,
+                env=dict(env or {}))

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import warnings
-from typing import Iterable
+from collections.abc import Iterable
 
 import psutil  # a dependency of ipyparallel
 
@@ -124,10 +124,11 @@ def wait_pids_gone(procs: dict[int, float], timeout: float) -> None:
 class Processes:
     """The OS-level side of one cluster: its local PIDs, deaths, kills and the reaper."""
 
-    def __init__(self, icluster, launcher: str, profile_dir: str):
+    def __init__(self, icluster, launcher: str, profile_dir: str, agents=None):
         self.ipp = icluster
         self.launcher = launcher
         self.local_engines = launcher in LOCAL_LAUNCHERS
+        self.agents = agents  # dpnb.cluster.agents.Agents for ssh clusters
         self.profile_dir = profile_dir
         self.reaper: subprocess.Popen | None = None
         self.reaper_file = os.path.join(profile_dir, "dpnb-pids.txt")
@@ -140,9 +141,27 @@ class Processes:
             for ri in ranks:
                 self._started.setdefault(ri.pid, start_time(ri.pid))
 
+    @property
+    def sees_exits(self) -> bool:
+        """Whether an engine's exit is seen as it happens (here, or by its host agent);
+        otherwise only the controller's heartbeat notices, up to 30 s later."""
+        return self.launcher == "local" or self.agents is not None
+
     def exit_of(self, ri: RankInfo) -> str | None:
-        """How a local rank's engine ended, or None while it runs."""
+        """How a rank's engine ended, or None while it runs (local or agent-hosted ranks)."""
+        if self.agents is not None:
+            return self.agents.exit_of(ri.location, ri.pid)
         return local_exit(self.ipp, ri.pid)
+
+    def signal_remote(self, ri: RankInfo, sig: int, wait_s: float = 0.0) -> bool:
+        """Signal an agent-hosted engine through its host's agent (never by a local PID)."""
+        if self.agents is None:
+            return False
+        sent = self.agents.signal(ri.location, ri.pid, sig)
+        deadline = time.monotonic() + wait_s
+        while sent and wait_s and self.exit_of(ri) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return sent
 
     def kill_local(self, ri: RankInfo, wait_s: float = 10.0) -> None:
         """SIGKILL the engine of ``ri`` (this host only), then wait for it to be reaped."""
@@ -169,7 +188,8 @@ class Processes:
         """``{pid: start_time}`` of the processes this cluster runs on this host.
 
         The controller always; engine launchers (and mpiexec) only when they
-        run here -- an ssh launcher's PID is a PID on the remote host.
+        run here; for ssh clusters the ssh client processes, never the engine
+        PIDs their agents report (those are PIDs on the remote hosts).
         """
         roots: list[int] = []
         ctl = getattr(self.ipp, "controller", None)
@@ -184,6 +204,8 @@ class Processes:
                     roots.append(es.pid)
         if self.launcher == "local":
             roots += [ri.pid for ri in ranks]
+        if self.agents is not None:  # the ssh clients; ending them ends the remote agents
+            roots += self.agents.local_pids()
         out: dict[int, float] = {}
         for pid in roots:
             try:

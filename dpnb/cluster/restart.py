@@ -72,7 +72,7 @@ class SetupLog:
         return len(self.entries)
 
 
-def latest_autosave(c: "Cluster") -> str:
+def latest_autosave(c: Cluster) -> str:
     """The newest checkpoint ``%dp train --checkpoint-every K DIR`` wrote."""
     d = c.autosave_dir
     if not d:
@@ -86,35 +86,106 @@ def latest_autosave(c: "Cluster") -> str:
     return path
 
 
-def replace_engines(c: "Cluster", ranks: list[int]) -> None:
-    """Start ``len(ranks)`` engines and give them the numbers of ``ranks``."""
+# ipyparallel's default engine job, placed on one node (braces doubled for its
+# own formatting, which fills n, cluster_id and the command)
+SLURM_PINNED = """#!/bin/sh
+#SBATCH --export=ALL
+#SBATCH --job-name=ipengine-{{cluster_id}}
+#SBATCH --ntasks={{n}}
+#SBATCH --nodelist={host}
+srun {{program_and_args}}
+"""
+
+
+def replace_engines(c: Cluster, ranks: list[int]) -> None:
+    """Start ``len(ranks)`` engines and give them the numbers of ``ranks``.
+
+    A replacement takes the dead rank's host, local rank and device.  On ssh
+    clusters it is started by that host's agent, so it lands there; other
+    launchers place it themselves, and one that lands on another host is
+    refused rather than given a local rank (a GPU) another rank holds.
+    """
     known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
-    c._ipp.start_engines_sync(n=len(ranks))
-    deadline = time.monotonic() + 120
+    started = None
+    if c.agents is not None:
+        per_host = collections.Counter(c.ranks[r].location for r in ranks)
+        started = c.agents.start(dict(per_host))
+    elif c.launcher == "slurm":  # one job per host, pinned there with --nodelist
+        for host, k in collections.Counter(c.ranks[r].host for r in ranks).items():
+            cfg = c._ipp.config.SlurmEngineSetLauncher
+            cfg.batch_template = SLURM_PINNED.format(host=host)
+            try:
+                c._ipp.start_engines_sync(n=k)
+            finally:
+                del cfg["batch_template"]
+    else:
+        c._ipp.start_engines_sync(n=len(ranks))
+    new = _wait_new(c, known, len(ranks), started)
+    from ..engine import setup
+    from .launch import controller_address
+
+    probes = dict(zip(new, c.client[new].apply_sync(setup.probe, controller_address(c._ipp))))
+    try:
+        c.ranks[:] = place_replacements(c.ranks, ranks, probes)
+    except StartError:
+        c.client.shutdown(targets=new, block=False)  # nothing may hold a rank twice
+        raise
+    for r in ranks:
+        c.health.dead.pop(r, None)  # a live engine holds the rank now
+        c.transport.doors.pop(r, None)  # the old engine's door; init_rank opens a new one
+    c.procs.remember(c.ranks)
+    c.procs.write_reaper_file(c.ranks)
+
+
+def _wait_new(c: Cluster, known: set, k: int, started: dict | None,
+              timeout: float = 120.0) -> list[int]:
+    deadline = time.monotonic() + timeout
     while True:
         new = sorted(set(c.client.ids) - known)
-        if len(new) >= len(ranks):
-            break
-        if time.monotonic() > deadline:
-            raise StartError(f"replacement engines did not register within 120 s "
-                             f"({len(new)} of {len(ranks)}){engine_logs(c._ipp)}")
-        time.sleep(0.1)
-    new = new[: len(ranks)]
-    from ..engine import setup
-
-    probes = c.client[new].apply_sync(setup.probe)
-    for r, eid, p in zip(ranks, new, probes):
-        old = c.ranks[r]
-        c.ranks[r] = RankInfo(rank=r, engine_id=eid, host=p["host"], ip=p["ip"], pid=p["pid"],
-                              local_rank=old.local_rank, local_world_size=old.local_world_size,
-                              node_rank=old.node_rank, device=old.device)
-        c.health.dead.pop(r, None)  # a live engine holds the rank now
-    c.procs.remember(c.ranks)
-    if c.local:
-        c.procs.write_reaper_file(c.ranks)
+        if len(new) >= k:
+            return new[:k]
+        bad = c.agents.failures(started) if started is not None else []
+        if time.monotonic() > deadline or bad:
+            raise StartError(f"replacement engines: {len(new)} of {k} registered within "
+                             f"{timeout:.0f} s{engine_logs(c._ipp)}\n" + "\n".join(bad))
+        time.sleep(0.05)
 
 
-def _settle_busy(c: "Cluster", hard: bool) -> None:
+def place_replacements(old: list[RankInfo], ranks: list[int],
+                       probes: dict[int, dict]) -> list[RankInfo]:
+    """The rank table with each of ``ranks`` held by one of the new engines in ``probes``.
+
+    A replacement goes to a dead rank of its own host (matched by the agent's
+    location when there is one, else by hostname) and keeps that rank's local
+    rank and device.  When a new engine's host had no dead rank, the placement
+    is refused with what happened, instead of doubling a local rank.
+    """
+    out = list(old)
+    todo = list(ranks)
+    for eid, p in sorted(probes.items()):
+        def same_host(r: int) -> bool:
+            ri = old[r]
+            return (ri.location == p.get("location")) if ri.location else ri.host == p["host"]
+
+        match = next((r for r in todo if same_host(r)), None)
+        if match is None:
+            where = ", ".join(f"rank {r} on {old[r].host}" for r in todo)
+            raise StartError(
+                f"the launcher started a replacement on {p['host']}, but the dead ranks lived "
+                f"elsewhere ({where}): putting it on {p['host']} would give two ranks the same "
+                f"local rank (and device) there. Run %dp restart --hard, or stop and start "
+                f"the cluster")
+        todo.remove(match)
+        o = old[match]
+        out[match] = RankInfo(rank=match, engine_id=eid, host=p["host"], ip=p["ip"],
+                              pid=p["pid"], local_rank=o.local_rank,
+                              local_world_size=o.local_world_size, node_rank=o.node_rank,
+                              device=o.device, location=o.location,
+                              ifname=p.get("ifname", o.ifname))
+    return out
+
+
+def _settle_busy(c: Cluster, hard: bool) -> None:
     """Interrupt survivors still running an old cell; kill those that do not stop."""
     h = c.health
     busy = [r for r in h.busy if r not in h.dead]
@@ -132,7 +203,7 @@ def _settle_busy(c: "Cluster", hard: bool) -> None:
         h.dead[r] = "killed by restart: it did not respond to interrupts"
 
 
-def restart(c: "Cluster", *, hard: bool = False, resume: str | None = None) -> str:
+def restart(c: Cluster, *, hard: bool = False, resume: str | None = None) -> str:
     """See :meth:`dpnb.Cluster.restart`."""
     if resume == "" or resume is True:  # the latest automatic checkpoint
         resume = latest_autosave(c)
@@ -170,7 +241,7 @@ def restart(c: "Cluster", *, hard: bool = False, resume: str | None = None) -> s
     return msg
 
 
-def replay_and_load(c: "Cluster", path: str) -> str:
+def replay_and_load(c: Cluster, path: str) -> str:
     """Replay the setup log on every rank, then load the checkpoint at ``path``."""
     entries = list(c.setup_log.entries)
     for i, e in enumerate(entries):

@@ -29,6 +29,22 @@ def knock(addr: str, port: int, token: str, cmd: str, timeout: float = 2.0) -> d
         return None
 
 
+def is_closed(addr: str, port: int, timeout: float = 1.0) -> bool:
+    """True when nothing listens at the door any more: its engine process is gone.
+
+    Faster than the controller's heartbeat (which allows 30 missed beats)
+    for engines whose launcher reports no exits (slurm, mpi).
+    """
+    try:
+        socket.create_connection((addr, port), timeout=timeout).close()
+        return False
+    except ConnectionRefusedError:
+        return True
+    except OSError as e:  # unreachable or slow: not proof of death
+        log.info("side door %s:%s not checked: %s", addr, port, e)
+        return False
+
+
 def knock_all(doors: dict[int, tuple[str, int]], ranks, token: str, cmd: str,
               timeout: float = 2.0) -> dict[int, dict | None]:
     """``cmd`` to the doors of ``ranks`` at once: ``{rank: answer or None}``."""

@@ -14,13 +14,14 @@ import logging
 import secrets
 import signal
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..compat import result_metadata
 from .diagnose import is_collective_error
 from .processes import Processes
 from .render import Streamer
-from .sidedoor import knock_all
+from .sidedoor import is_closed, knock_all
 from .types import CellResult, Health, RankInfo, RankOutcome
 
 log = logging.getLogger("dpnb.transport")
@@ -220,7 +221,7 @@ class Transport:
     def find_dead(self, ranks: Iterable[int]) -> dict[int, str]:
         """Ranks whose engine is gone, with how it ended if known."""
         dead: dict[int, str] = {}
-        if self.procs.launcher == "local":
+        if self.procs.sees_exits:
             for r in ranks:
                 how = self.procs.exit_of(self.ranks[r])
                 if how is not None:
@@ -230,6 +231,9 @@ class Transport:
             for r in ranks:
                 if self.ranks[r].engine_id not in alive:
                     dead[r] = "its engine unregistered from the controller"
+                elif r in self.doors and is_closed(*self.doors[r]):
+                    dead[r] = f"its engine on {self.ranks[r].host} is gone (nothing listens " \
+                              f"at its side door)"
         return dead
 
     def refresh_busy(self) -> None:
@@ -262,6 +266,10 @@ class Transport:
         if self.procs.launcher == "local":
             for r in ranks:
                 self.procs.interrupt_local(self.ranks[r])
+            return
+        if self.procs.agents is not None:  # the host agents signal their own engines
+            for r in ranks:
+                self.procs.signal_remote(self.ranks[r], signal.SIGINT)
             return
         try:
             self.client.send_signal(signal.SIGINT, targets=[self.ranks[r].engine_id for r in ranks],

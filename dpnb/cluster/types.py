@@ -33,6 +33,32 @@ class RankInfo:
     local_world_size: int
     node_rank: int
     device: str
+    location: str = ""  # the ssh destination its host agent was reached by ("" elsewhere)
+    ifname: str = ""    # the interface holding ``ip`` on its host
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """How ``%dp start`` brings engines up, beyond their number.
+
+    ``env``: variables every engine gets on every launcher (set in the engine
+    before its group forms, and in the process environment where the
+    launcher passes one).  ``remote_python``: the Python the ssh agents (and
+    engines) run on the other hosts.  ``master_addr``: the process group's
+    store address, overriding rank 0's route to the controller.
+    """
+
+    engines: str = "local"
+    launcher_args: tuple[str, ...] = ()
+    controller_ip: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    remote_python: str | None = None  # ssh: python3; slurm/mpi: this Python's path
+    ssh_config: str | None = None
+    master_addr: str | None = None
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
 
 
 @dataclass

@@ -44,7 +44,25 @@ def wait_for_connection(path: str, timeout: float, poll: float = 0.02) -> str | 
             time.sleep(poll)
 
 
+def _watch_parent(period: float = 0.5) -> None:
+    """Exit when the process that started this engine is gone.
+
+    Set by :mod:`dpnb.engine.hostagent` (``DPNB_WATCH_PARENT``): an agent
+    that is SIGKILLed cannot stop its engines, so they stop themselves.
+    """
+    parent = os.getppid()
+
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(period)
+        os._exit(3)
+
+    threading.Thread(target=loop, name="dpnb-agent-watch", daemon=True).start()
+
+
 def main() -> None:
+    if os.environ.pop("DPNB_WATCH_PARENT", ""):
+        _watch_parent()
     threading.Thread(target=_preload, name="dpnb-preload-torch", daemon=True).start()
     from ipyparallel.engine.app import main as engine_main
 

@@ -44,14 +44,19 @@ def user_ns() -> dict:
     return ip.user_ns
 
 
-def probe() -> dict:
-    """What the notebook needs to assign ranks: host, addresses, PID, GPUs."""
+def probe(controller_addr: str = "127.0.0.1") -> dict:
+    """What the notebook needs to assign ranks: host, address, PID, GPUs.
+
+    ``ip`` is the address this engine's host uses on its route to the
+    controller, i.e. the address the other hosts can reach it on, not what
+    its hostname resolves to (often 127.0.1.1, or nothing, on a compute
+    node).  ``ifname`` is the interface holding it: gloo binds its pair
+    sockets to the hostname's address unless ``GLOO_SOCKET_IFNAME`` names an
+    interface, so :func:`init_rank` sets that for multi-host clusters.
+    """
     wait_preload()
     host = socket.gethostname()
-    try:
-        ip = socket.gethostbyname(host)
-    except OSError:
-        ip = "127.0.0.1"
+    ip = route_address(controller_addr)
     try:
         from .device import device_count
 
@@ -62,11 +67,39 @@ def probe() -> dict:
     return {
         "host": host,
         "ip": ip,
+        "ifname": interface_of(ip),
+        "location": os.environ.get("DPNB_LOCATION", ""),
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "cuda_devices": cuda,
         "cpu_count": os.cpu_count() or 1,
     }
+
+
+def route_address(dest: str) -> str:
+    """This host's source address towards ``dest`` (a UDP connect sends nothing)."""
+    try:
+        family = socket.AF_INET6 if ":" in dest else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((dest, 9))
+            return s.getsockname()[0]
+    except OSError as e:
+        log.warning("no route to the controller at %s (%s); using the hostname's address",
+                    dest, e)
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def interface_of(ip: str) -> str:
+    """The name of the interface that holds ``ip`` ("" if none does)."""
+    import psutil  # a dependency of ipyparallel
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == ip for a in addrs):
+            return name
+    return ""
 
 
 def listen_store(addr: str = "127.0.0.1") -> int:
@@ -89,6 +122,24 @@ def listen_store(addr: str = "127.0.0.1") -> int:
     sock.listen(1024)
     st.store_sock = sock
     return sock.getsockname()[1]
+
+
+def reach_store(addr: str, port: int, timeout: float = 5.0) -> dict:
+    """Can this rank open a TCP connection to the group's store at ``addr:port``?
+
+    Asked of every rank before ``init_process_group`` on multi-host
+    clusters: a store nobody can reach would otherwise show up only as
+    "timed out, 2/4 clients joined" after the whole group timeout.  The
+    connection is closed at once; the store's server drops it.
+    """
+    t0 = time.monotonic()
+    try:
+        socket.create_connection((addr, int(port)), timeout=timeout).close()
+        return {"ok": True, "host": socket.gethostname(), "s": time.monotonic() - t0}
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        return {"ok": False, "host": socket.gethostname(), "error": f"{why} after "
+                f"{time.monotonic() - t0:.1f} s"}
 
 
 def _watch_parent(ppid: int, period: float = 1.0) -> None:
@@ -133,10 +184,17 @@ def init_rank(info: dict) -> dict:
         "MASTER_PORT": info["master_port"],
     }
     os.environ.update({k: str(v) for k, v in env.items()})
+    # --env KEY=VALUE: set before any group exists, on every launcher
+    os.environ.update({str(k): str(v) for k, v in (info.get("env") or {}).items()})
     if info.get("local_cluster"):
         # Keep gloo's pair connections on loopback: a container's hostname
         # often resolves to an address that is not routable from itself.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    elif info.get("ifname"):
+        # gloo would bind to the hostname's address (127.0.1.1 on a stock
+        # Debian node); the interface that reaches the controller reaches
+        # the other hosts too.  An explicit --env GLOO_SOCKET_IFNAME wins.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", info["ifname"])
     # Two engines on two cores each spawning a full intra-op pool oversubscribe
     # the CPU: a DDP step runs about twice as slow as with one thread each.
     torch.set_num_threads(max(1, int(info["threads"])))

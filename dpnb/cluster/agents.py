@@ -1,0 +1,363 @@
+"""Engines on other hosts over ssh: one host agent per host, one ssh connection each.
+
+``%dp start --engines ssh --launcher-arg node1=4 --launcher-arg node2=4``
+opens one ``ssh node1 PYTHON -m dpnb.engine.hostagent`` per host (in
+parallel) and keeps it for the cluster's life.  Over that connection the
+notebook sends the controller's connection info and the engines'
+environment, asks for engines, signals them and stops them; the agent
+reports each engine's exit as it happens.  See :mod:`dpnb.engine.hostagent`.
+
+Why not ipyparallel's ssh launcher: it runs five or more ssh commands per
+engine, one after another (start took 20 s for four engines), shows none of
+the remote stderr when the remote Python lacks ipyparallel, keeps a profile
+folder on each host, and a SIGKILLed kernel leaves the remote engines
+running.  Here a host costs one ssh handshake; the remote stderr is read
+and shown; nothing is written on the host outside a temporary folder the
+agent removes; and when the kernel dies its ssh clients see end of input,
+so the agents stop their engines.  PIDs the agents report are PIDs on their
+host: they are only ever signalled through that host's agent.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import queue
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import DpnbError, StartError
+
+log = logging.getLogger("dpnb.agents")
+
+AGENT_MODULE = "dpnb.engine.hostagent"
+REPLY_TIMEOUT_S = 30.0
+
+
+def parse_hosts(n: int, launcher_args: Sequence[str] | None) -> dict[str, int]:
+    """``["node1=2", "node2=2"]`` -> ``{"node1": 2, "node2": 2}``, checked against ``-n``."""
+    if not launcher_args:
+        raise DpnbError("--engines ssh needs the hosts: --launcher-arg HOST=N for each host "
+                        "(e.g. --launcher-arg node1=2 --launcher-arg node2=2)")
+    hosts: dict[str, int] = {}
+    for a in launcher_args:
+        host, sep, count = a.partition("=")
+        host = host.strip()
+        try:
+            k = int(count)
+        except ValueError:
+            k = -1
+        if not sep or not host or k < 1:
+            raise DpnbError(f"--launcher-arg {a!r}: for ssh give HOST=N (N >= 1 engines on HOST)")
+        if host in hosts:
+            raise DpnbError(f"--launcher-arg names {host} twice: give each host once, HOST=N")
+        hosts[host] = k
+    total = sum(hosts.values())
+    if total != n:
+        per = " + ".join(f"{k} on {h}" for h, k in hosts.items())
+        raise DpnbError(f"-n {n} but the hosts take {total} engines ({per}): make -n {total} "
+                        f"or change the HOST=N counts")
+    return hosts
+
+
+def ssh_command(ssh_config: str | None) -> list[str]:
+    """ssh without prompts, noticing a dead link within ~15 s."""
+    cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
+           "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=15"]
+    if ssh_config:
+        cmd[1:1] = ["-F", ssh_config]
+    return cmd
+
+
+def resolve(host: str, ssh_config: str | None) -> str:
+    """The address ssh would connect to for ``host`` (its ``HostName``, resolved)."""
+    try:
+        out = subprocess.run([*ssh_command(ssh_config), "-G", host], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+        name = next((ln.split(None, 1)[1] for ln in out.splitlines()
+                     if ln.startswith("hostname ")), host)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("ssh -G %s failed (%s); using the name as given", host, e)
+        name = host
+    try:
+        return socket.getaddrinfo(name, 22, proto=socket.IPPROTO_TCP)[0][4][0]
+    except OSError as e:
+        raise DpnbError(f"host {host!r} does not resolve ({e}): give an address or a name "
+                        f"your ssh config knows") from None
+
+
+class HostAgent:
+    """One host's agent: its ssh process, replies by id, exits as they come."""
+
+    def __init__(self, host: str, cmd: list[str]):
+        self.host = host
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1,
+                                     start_new_session=True)
+        self.replies: dict[int, queue.Queue] = {}
+        self.exits: dict[int, dict] = {}  # engine pid -> {"code", "tail"}
+        self.err = collections.deque(maxlen=40)
+        self.lock = threading.Lock()
+        self.next_id = 0
+        self.pids: list[int] = []
+        threading.Thread(target=self._read, name=f"dpnb-agent-{host}", daemon=True).start()
+        threading.Thread(target=self._read_err, name=f"dpnb-agent-err-{host}",
+                         daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                self.err.append(line.rstrip())
+                continue
+            if msg.get("event") == "exit":
+                self.exits[int(msg["pid"])] = msg
+                log.info("%s: engine pid %s exited (%s)", self.host, msg["pid"], msg.get("code"))
+            elif msg.get("id") in self.replies:
+                self.replies[msg["id"]].put(msg)
+        for q in list(self.replies.values()):
+            q.put(None)  # the connection is gone: wake every waiter
+
+    def _read_err(self) -> None:
+        for line in self.proc.stderr:
+            self.err.append(line.rstrip())
+
+    def stderr_tail(self, lines: int = 8) -> str:
+        return "\n".join(list(self.err)[-lines:])
+
+    def request(self, cmd: str, timeout: float = REPLY_TIMEOUT_S, **fields) -> dict:
+        with self.lock:
+            self.next_id += 1
+            rid = self.next_id
+            q: queue.Queue = queue.Queue()
+            self.replies[rid] = q
+        try:
+            try:
+                self.proc.stdin.write(json.dumps({"id": rid, "cmd": cmd, **fields}) + "\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                return self._gone(cmd)
+            if self.proc.poll() is not None and q.empty():
+                return self._gone(cmd)
+            try:
+                msg = q.get(timeout=timeout)
+            except queue.Empty:
+                raise StartError(f"host {self.host}: the dpnb host agent did not answer "
+                                 f"{cmd!r} within {timeout:.0f} s{self._stderr_note()}") from None
+            if msg is None:
+                return self._gone(cmd)
+            if not msg.get("ok"):
+                raise DpnbError(f"host {self.host}: {cmd} failed: {msg.get('error')}")
+            return msg
+        finally:
+            self.replies.pop(rid, None)
+
+    def _stderr_note(self) -> str:
+        tail = self.stderr_tail()
+        return f"; its stderr ended with:\n{tail}" if tail else ""
+
+    def _gone(self, cmd: str):
+        try:
+            code = self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        time.sleep(0.05)  # let the stderr reader take the last lines
+        raise StartError(
+            f"host {self.host}: `{' '.join(self.cmd[-3:])}` ended (exit {code}) before it "
+            f"answered {cmd!r}{self._stderr_note()}\n"
+            f"If the module is missing there, point --remote-python at a Python on {self.host} "
+            f"that has dpnb installed (e.g. --remote-python /path/to/venv/bin/python); if ssh "
+            f"failed, check `ssh {self.host}` works without a password prompt")
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the agent's engines, end the ssh connection; kill ssh if it hangs."""
+        if self.proc.poll() is None:
+            try:
+                self.request("stop", timeout=timeout)
+            except (DpnbError, StartError) as e:
+                log.warning("host %s: agent stop: %s", self.host, e)
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("host %s: ssh did not end; killing it", self.host)
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+class Agents:
+    """The cluster's host agents, keyed by the host name given to ``--launcher-arg``."""
+
+    def __init__(self, hosts: dict[str, int], *, remote_python: str,
+                 ssh_config: str | None, env: dict[str, str]):
+        self.counts = dict(hosts)
+        self.remote_python = remote_python
+        self.ssh_config = ssh_config
+        self.env = dict(env)
+        self.agents: dict[str, HostAgent] = {}
+        self.info: dict[str, dict] = {}
+
+    def _parallel(self, fn, hosts: Iterable[str]) -> dict:
+        hosts = list(hosts)
+        with ThreadPoolExecutor(max(1, len(hosts))) as pool:
+            futs = {h: pool.submit(fn, h) for h in hosts}
+        errors = []
+        out = {}
+        for h, f in futs.items():
+            try:
+                out[h] = f.result()
+            except (DpnbError, StartError) as e:
+                errors.append(str(e))
+        if errors:
+            raise StartError("\n".join(errors))
+        return out
+
+    def open(self) -> None:
+        """Start one agent per host over ssh, in parallel."""
+        for h in self.counts:
+            cmd = [*ssh_command(self.ssh_config), h, self.remote_python, "-m", AGENT_MODULE]
+            self.agents[h] = HostAgent(h, cmd)
+
+    def hello(self, connection: str) -> dict[str, dict]:
+        """Hand every agent the controller's connection info; check versions agree."""
+        def one(h):
+            env = {**self.env, "DPNB_LOCATION": h}
+            return self.agents[h].request("hello", connection=connection, env=env)
+
+        self.info = self._parallel(one, self.agents)
+        _check_versions(self.info)
+        return self.info
+
+    def start(self, counts: dict[str, int]) -> dict[str, list[int]]:
+        def one(h):
+            return self.agents[h].request("start", n=counts[h])["pids"]
+
+        return self._parallel(one, [h for h in counts if counts[h] > 0])
+
+    def failures(self, started: dict[str, list[int]] | None = None) -> list[str]:
+        """Engines of ``started`` (default: all) that exited, with their last lines,
+        and agents whose connection ended (for start errors)."""
+        out = []
+        for h, a in self.agents.items():
+            for pid, e in a.exits.items():
+                if started is not None and pid not in started.get(h, ()):
+                    continue
+                out.append(f"{h}: engine pid {pid} exited with code {e.get('code')}:\n"
+                           f"{e.get('tail', '')}")
+            if a.proc.poll() is not None:
+                out.append(f"{h}: the ssh connection to the agent ended{a._stderr_note()}")
+        return out
+
+    def exit_of(self, host: str, pid: int) -> str | None:
+        """How an engine on ``host`` ended (as its agent saw), or None while it runs."""
+        a = self.agents.get(host)
+        if a is None:
+            return "its host agent is unknown"
+        e = a.exits.get(pid)
+        if e is not None:
+            from .processes import describe_exit
+
+            return f"{describe_exit(e.get('code'))} on {host}"
+        if a.proc.poll() is not None:
+            return f"the ssh connection to {host} ended"
+        return None
+
+    def signal(self, host: str, pid: int, sig: int) -> bool:
+        a = self.agents.get(host)
+        if a is None or a.proc.poll() is not None:
+            return False
+        try:
+            return bool(a.request("signal", pid=pid, sig=int(sig), timeout=10).get("sent"))
+        except (DpnbError, StartError) as e:
+            log.warning("signal %s to %s on %s: %s", sig, pid, host, e)
+            return False
+
+    def local_pids(self) -> list[int]:
+        """The ssh client processes on this host (the reaper may stop them)."""
+        return [a.proc.pid for a in self.agents.values() if a.proc.poll() is None]
+
+    def close(self) -> None:
+        """Stop every host's engines and agent, all hosts at once."""
+        with ThreadPoolExecutor(max(1, len(self.agents))) as pool:
+            list(pool.map(lambda a: a.close(), self.agents.values()))
+
+
+def _check_versions(info: dict[str, dict]) -> None:
+    """Every host must run the same torch and dpnb: gloo/NCCL wire formats and
+    dpnb's engine calls differ between versions."""
+    for mod in ("torch", "dpnb"):
+        seen = {h: i.get("versions", {}).get(mod) for h, i in info.items()}
+        missing = [h for h, v in seen.items() if v is None]
+        if missing:
+            raise StartError(f"{mod} is not installed for {info[missing[0]].get('python')} on "
+                             f"{', '.join(missing)}: install it there, or point --remote-python "
+                             f"at a Python that has it")
+        if len(set(seen.values())) > 1:
+            per = ", ".join(f"{h}: {v}" for h, v in seen.items())
+            raise StartError(f"hosts run different {mod} versions ({per}): install the same "
+                             f"version everywhere")
+
+
+def wait_file(path: str, timeout: float) -> str:
+    """The controller's engine connection file, once written."""
+    from ..engine.boot import wait_for_connection
+
+    text = wait_for_connection(path, timeout)
+    if text is None:
+        raise StartError(f"the controller wrote no connection file ({path}) within {timeout:.0f} s")
+    return text
+
+
+def engine_connection_file(icluster) -> str:
+    return os.path.join(icluster.profile_dir, "security",
+                        f"ipcontroller-{icluster.cluster_id}-engine.json")
+
+
+def start_over_ssh(icluster, n: int, spec, timeout: float):
+    """The ssh start: agents and controller at once, then every host's engines.
+
+    The agents' ssh handshakes run while the controller starts; a host whose
+    agent cannot start (no dpnb for that Python, ssh refused) fails the start
+    with that host's stderr, before any engine is launched.
+    """
+    agents = Agents(parse_hosts(n, spec.launcher_args), remote_python=spec.remote_python or "python3",
+                    ssh_config=spec.ssh_config, env=spec.env_dict)
+    try:
+        agents.open()
+        icluster.start_controller_sync()
+        agents.hello(wait_file(engine_connection_file(icluster), timeout))
+        started = agents.start(agents.counts)
+        client = icluster.connect_client_sync()
+        _wait_registered(client, n, agents, started, timeout)
+        return client, agents
+    except BaseException:
+        agents.close()
+        raise
+
+
+def _wait_registered(client, n: int, agents: Agents, started: dict[str, list[int]],
+                     timeout: float) -> None:
+    """Wait for ``n`` engines; an engine that exits first ends the wait at once."""
+    deadline = time.monotonic() + timeout
+    while len(client.ids) < n:
+        bad = agents.failures(started)
+        if bad:
+            raise StartError(f"{len(client.ids)} of {n} engines registered; then:\n"
+                             + "\n".join(bad))
+        if time.monotonic() > deadline:
+            raise StartError(f"only {len(client.ids)} of {n} engines registered within "
+                             f"{timeout:.0f} s: can the hosts reach the controller at "
+                             f"{client._config.get('interface', '?')}? Give --controller-ip "
+                             f"an address of this host they can reach")
+        time.sleep(0.05)

@@ -1,0 +1,174 @@
+"""The host agent: one process per remote host, started over ssh, that owns that host's engines.
+
+``ssh HOST PYTHON -m dpnb.engine.hostagent`` -- one ssh connection per host,
+for the cluster's whole life.  The notebook (``dpnb.cluster.agents``) talks
+to it in JSON lines on the connection's stdin/stdout:
+
+* ``{"cmd": "hello", "connection": TEXT, "env": {...}}`` -- the controller's
+  engine connection info (kept in a private temporary folder on this host,
+  removed when the agent exits) and the environment for every engine;
+  answered with the host's name, Python and library versions;
+* ``{"cmd": "start", "n": K}`` -- start K engines (``python -m
+  dpnb.engine.boot``); answered with their PIDs;
+* ``{"cmd": "signal", "pid": P, "sig": S}`` -- signal one of *its own*
+  engines (a PID it did not start is refused: PIDs here mean nothing on the
+  notebook's host, and the agent only touches what it started);
+* ``{"cmd": "output", "pid": P}`` -- the last lines an engine printed;
+* ``{"cmd": "stop"}`` -- stop every engine (SIGTERM, SIGKILL after a grace),
+  answer, and exit.
+
+Events flow back unasked too: ``{"event": "exit", "pid": P, "code": C,
+"tail": ...}`` when an engine ends.  End of input means the notebook's
+kernel (or its ssh) is gone: the agent stops its engines and exits, so a
+killed kernel leaves nothing running on the remote hosts.  Engines watch the
+agent in turn (``DPNB_WATCH_PARENT``) and exit if it is SIGKILLed.
+
+Only the standard library is imported here: the agent must start in well
+under a second, and it never touches torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+GRACE_S = 3.0  # SIGTERM -> SIGKILL
+
+
+class Agent:
+    def __init__(self, out=sys.stdout):
+        self.out = out
+        self.lock = threading.Lock()
+        self.dir = tempfile.mkdtemp(prefix="dpnb-host-")
+        self.conn_file = os.path.join(self.dir, "engine.json")
+        self.env: dict[str, str] = {}
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.logs: dict[int, str] = {}
+        self.serial = 0
+
+    def send(self, msg: dict) -> None:
+        with self.lock:
+            self.out.write(json.dumps(msg) + "\n")
+            self.out.flush()
+
+    # ---------------------------------------------------------------- commands
+    def hello(self, msg: dict) -> dict:
+        with open(os.open(self.conn_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(msg["connection"])
+        self.env = {str(k): str(v) for k, v in (msg.get("env") or {}).items()}
+        versions = {}
+        for mod in ("dpnb", "ipyparallel", "torch"):
+            versions[mod] = _version(mod)
+        return {"host": socket.gethostname(), "python": sys.executable, "pid": os.getpid(),
+                "versions": versions, "cpu_count": os.cpu_count() or 1}
+
+    def start(self, msg: dict) -> dict:
+        pids = []
+        for _ in range(int(msg.get("n", 1))):
+            self.serial += 1
+            log = os.path.join(self.dir, f"engine-{self.serial}.log")
+            env = {**os.environ, **self.env, "DPNB_CONNECTION_FILE": self.conn_file,
+                   "DPNB_CONNECTION_WAIT": "60", "DPNB_WATCH_PARENT": "1"}
+            with open(log, "wb") as f:
+                p = subprocess.Popen([sys.executable, "-m", "dpnb.engine.boot"], env=env,
+                                     stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                     start_new_session=True, cwd=os.path.expanduser("~"))
+            self.procs[p.pid] = p
+            self.logs[p.pid] = log
+            threading.Thread(target=self._watch, args=(p,), daemon=True).start()
+            pids.append(p.pid)
+        return {"pids": pids}
+
+    def signal(self, msg: dict) -> dict:
+        pid, sig = int(msg["pid"]), int(msg["sig"])
+        p = self.procs.get(pid)
+        if p is None or p.poll() is not None:
+            return {"sent": False, "why": f"pid {pid} is not a running engine of this agent"}
+        p.send_signal(sig)
+        return {"sent": True}
+
+    def output(self, msg: dict) -> dict:
+        return {"tail": _tail(self.logs.get(int(msg["pid"]), ""))}
+
+    def stop(self, _msg: dict | None = None) -> dict:
+        live = [p for p in self.procs.values() if p.poll() is None]
+        for p in live:
+            _quiet_signal(p, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_S
+        for p in live:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _quiet_signal(p, signal.SIGKILL)
+                p.wait()
+        return {"stopped": sorted(p.pid for p in live)}
+
+    # ---------------------------------------------------------------- loop
+    def _watch(self, p: subprocess.Popen) -> None:
+        code = p.wait()
+        self.send({"event": "exit", "pid": p.pid, "code": code, "tail": _tail(self.logs[p.pid])})
+
+    def serve(self, inp=sys.stdin) -> None:
+        try:
+            for line in inp:
+                if not line.strip():
+                    continue
+                msg = json.loads(line)
+                cmd = msg.get("cmd")
+                handler = {"hello": self.hello, "start": self.start, "signal": self.signal,
+                           "output": self.output, "stop": self.stop}.get(cmd)
+                try:
+                    if handler is None:
+                        raise ValueError(f"unknown command {cmd!r}")
+                    reply = {"id": msg.get("id"), "ok": True, **handler(msg)}
+                except Exception as e:  # reported to the notebook, which raises it there
+                    reply = {"id": msg.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}"}
+                self.send(reply)
+                if cmd == "stop":
+                    return
+        finally:
+            self.stop()  # end of input: the notebook is gone
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _quiet_signal(p: subprocess.Popen, sig: int) -> None:
+    try:
+        p.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _version(mod: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(mod)
+    except PackageNotFoundError:
+        return None
+
+
+def main() -> None:
+    # stdout carries the protocol; anything else a library prints goes to stderr
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    Agent(out).serve()
+
+
+if __name__ == "__main__":
+    main()

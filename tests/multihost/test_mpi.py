@@ -1,0 +1,34 @@
+"""Open MPI across the two hosts: mpiexec with a hostfile, its ssh agent pointed at the hosts."""
+
+import shutil
+import time
+
+import pytest
+
+import dpnb
+
+
+def test_mpi_hostfile_across_two_hosts(two_hosts):
+    if shutil.which("mpiexec") is None:
+        pytest.skip("mpiexec not installed (apt-get install openmpi-bin)")
+    hs = two_hosts
+    a, b = hs.hosts
+    hf = f"{hs.dir}/hostfile"
+    with open(hf, "w") as f:
+        f.write(f"{a.ip} slots=2\n{b.ip} slots=2\n")
+    c = dpnb.start(4, engines="mpi", timeout=20, start_timeout=90, env=["DPNB_TEST_MPI=1"],
+                   launcher_args=["--hostfile", hf, "--mca", "plm_rsh_agent",
+                                  f"ssh -F {hs.ssh_config}"])
+    try:
+        assert [(r.host, r.ip, r.local_rank) for r in c.ranks] == \
+            [(a.name, a.ip, 0), (a.name, a.ip, 1), (b.name, b.ip, 0), (b.name, b.ip, 1)]
+        c.run("import os\nx = torch.ones(1); dist.all_reduce(x)\n"
+              "out = (x.item(), os.environ['DPNB_TEST_MPI'], os.environ['GLOO_SOCKET_IFNAME'])",
+              display=False)
+        assert c.pull("out") == [(4.0, "1", "eth1")] * 4
+    finally:
+        c.stop()
+    deadline = time.monotonic() + 10
+    while any(hs.remote_pids(h) for h in hs.hosts) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(hs.remote_pids(h) for h in hs.hosts)

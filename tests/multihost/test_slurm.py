@@ -1,0 +1,67 @@
+"""Slurm for real: slurmctld here, a slurmd on each of two hosts, engines through sbatch."""
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+import dpnb
+from helpers import slurm as _slurm
+
+
+@pytest.fixture(scope="module")
+def slurm(two_hosts):
+    why = _slurm.missing()
+    if why:
+        pytest.skip(f"slurm: {why}")
+    with _slurm.SlurmCluster(two_hosts) as sl:
+        old = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = sl.conf
+        try:
+            yield sl
+        finally:
+            if old is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = old
+
+
+def test_slurm_start_train_restart_stop(two_hosts, slurm):
+    hs = two_hosts
+    t0 = time.monotonic()
+    c = dpnb.start(4, engines="slurm", timeout=20, start_timeout=90)
+    try:
+        start_s = time.monotonic() - t0
+        hosts = [r.host for r in c.ranks]
+        # ranks contiguous per host, each host's local ranks 0..k-1
+        assert set(hosts) <= {h.name for h in hs.hosts}
+        assert hosts == sorted(hosts, key=hosts.index)
+        assert slurm.jobs(), "the engines' job is in the queue while the cluster runs"
+        c.run("import dpnb.data\ntorch.manual_seed(0)\n"
+              "ds = dpnb.data.SyntheticRegression(n=256, in_dim=8, out_dim=1, seed=0)\n"
+              "net = torch.nn.Linear(8, 1)", display=False, setup=True)
+        c.wrap("net", "ddp")
+        c.set_data("ds")
+        out = c.train(steps=3, micro_batch=8, progress=False)
+        assert out["last_step"] == 2, out
+        # kill rank 3's engine (a PID on this machine: the hosts share its PID
+        # namespace); the restart pins the replacement to rank 3's node
+        victim = c.ranks[3]
+        os.kill(victim.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while 3 not in c.transport.find_dead([3]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        msg = c.restart()
+        assert "rank 3 replaced" in msg, msg
+        assert c.ranks[3].host == victim.host and c.ranks[3].local_rank == victim.local_rank
+        c.run("x = torch.ones(1); dist.all_reduce(x)\nassert x.item() == 4", display=False)
+    finally:
+        c.stop()
+    assert start_s < 90
+    deadline = time.monotonic() + 20
+    while slurm.jobs() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert slurm.jobs() == []
+    print(f"slurm start {start_s:.1f} s", file=sys.stderr)

@@ -1,0 +1,133 @@
+"""ssh clusters across two hosts: start, addresses, mistakes, restart on the right host, stop."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import dpnb
+from dpnb.errors import StartError
+
+
+def _start(hs, n_per_host=2, **kw):
+    a, b = hs.hosts
+    kw.setdefault("remote_python", sys.executable)
+    return dpnb.start(2 * n_per_host, engines="ssh", ssh_config=hs.ssh_config, timeout=20,
+                      launcher_args=[f"{a.name}={n_per_host}", f"{b.name}={n_per_host}"], **kw)
+
+
+def _profiles() -> set:
+    import tempfile
+
+    d = tempfile.gettempdir()
+    return {p for p in os.listdir(d) if p.startswith("dpnb-profile-")}
+
+
+def _no_remote_left(hs, within=10.0):
+    deadline = time.monotonic() + within
+    while True:
+        left = {h.name: hs.remote_pids(h) for h in hs.hosts}
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def test_missing_remote_module_is_shown_fast_and_leaves_nothing(two_hosts):
+    before = _profiles()
+    t0 = time.monotonic()
+    with pytest.raises(StartError) as ei:
+        _start(two_hosts, remote_python="python3")  # the remote PATH's Python has no dpnb
+    took = time.monotonic() - t0
+    msg = str(ei.value)
+    assert "No module named 'dpnb'" in msg and "--remote-python" in msg, msg
+    assert took < 60, took
+    assert _profiles() == before
+    assert not any(_no_remote_left(two_hosts).values())
+
+
+def test_two_hosts_addresses_env_restart_and_stop(two_hosts):
+    hs = two_hosts
+    a, b = hs.hosts
+    c = _start(hs, env=["DPNB_TEST_FORWARDED=yes"])
+    try:
+        assert [r.host for r in c.ranks] == [a.name, a.name, b.name, b.name]
+        assert [r.local_rank for r in c.ranks] == [0, 1, 0, 1]
+        # the address each host reaches the controller by, not what its
+        # (unresolvable) hostname gives
+        assert [r.ip for r in c.ranks] == [a.ip, a.ip, b.ip, b.ip]
+        assert c.master_addr == a.ip
+        res = c.run("import os\nx = torch.ones(1) * (rank + 1); dist.all_reduce(x)\n"
+                    "out = (os.environ['GLOO_SOCKET_IFNAME'], os.environ['DPNB_TEST_FORWARDED'], "
+                    "os.environ['LOCAL_RANK'], x.item())", display=False)
+        outs = c.pull("out")
+        assert outs == [("eth1", "yes", str(lr), 10.0) for lr in (0, 1, 0, 1)], outs
+        rows = c.status()
+        assert [(r["host"], r["local_rank"]) for r in rows] == \
+            [(a.name, 0), (a.name, 1), (b.name, 0), (b.name, 1)]
+
+        # a raising rank on the other host releases the rest at once
+        c.run("kept = rank * 10", display=False)
+        t0 = time.monotonic()
+        res = c.run("if rank == 3: raise ValueError('boom')\n"
+                    "y = torch.ones(1); dist.all_reduce(y)", display=False, raise_errors=False)
+        assert not res.ok and time.monotonic() - t0 < 10
+        assert c.pull("kept") == [0, 10, 20, 30]
+
+        # rank 3 (second host) dies; the restart puts its replacement there,
+        # with local rank 1
+        old_pid = c.ranks[3].pid
+        c.kill_rank(3)
+        msg = c.restart()
+        assert "rank 3 replaced" in msg, msg
+        assert c.ranks[3].host == b.name and c.ranks[3].local_rank == 1
+        c.run("import os\nx = torch.ones(1); dist.all_reduce(x)\nlr = os.environ['LOCAL_RANK']",
+              display=False)
+        assert c.pull("lr") == ["0", "1", "0", "1"]
+        assert [c.pull("kept", rank=r) for r in range(3)] == [0, 10, 20]
+        assert c.ranks[3].pid != old_pid or c.ranks[3].engine_id != 3
+    finally:
+        t0 = time.monotonic()
+        c.stop()
+        stop_s = time.monotonic() - t0
+    assert stop_s < 10, stop_s
+    assert not any(_no_remote_left(hs).values())
+
+
+def test_unreachable_store_is_named_within_seconds(two_hosts):
+    t0 = time.monotonic()
+    with pytest.raises(StartError) as ei:
+        _start(two_hosts, n_per_host=1, master_addr="127.0.0.1")
+    msg = str(ei.value)
+    assert "127.0.0.1:" in msg and "rank 1" in msg and "--master-addr" in msg, msg
+    assert "rank 0 reached it" in msg, msg
+    assert time.monotonic() - t0 < 60
+    assert not any(_no_remote_left(two_hosts).values())
+
+
+def test_killed_kernel_leaves_no_remote_engine(two_hosts, tmp_path):
+    hs = two_hosts
+    a, b = hs.hosts
+    script = tmp_path / "kernel.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time, dpnb
+        c = dpnb.start(2, engines="ssh", ssh_config={hs.ssh_config!r}, timeout=20,
+                       remote_python={sys.executable!r},
+                       launcher_args=["{a.name}=1", "{b.name}=1"])
+        print("up", flush=True)
+        time.sleep(600)
+    """))
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "up"
+        assert all(hs.remote_pids(h) for h in hs.hosts)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        left = _no_remote_left(hs, within=20)
+        assert not any(left.values()), left
+    finally:
+        if p.poll() is None:
+            p.kill()
