@@ -1,11 +1,12 @@
 """Test-wide settings and the one layout rule: a test's folder is its tier.
 
 ``unit/`` (fast, no processes beyond a short torch subprocess), ``cluster/``
-(real ipyparallel engines or multi-process gloo groups), ``notebook/``
+(real ipyparallel engines or multi-process gloo groups), ``multihost/``
+(two hosts from network namespaces: ssh, Slurm, Open MPI), ``notebook/``
 (nbclient), ``browser/`` (JupyterLab in Chromium), ``slow/`` (fresh virtual
 environments, the benchmark smoke run), ``gpu/`` (one CUDA GPU; skipped
 without one).  Each test gets its folder's marker
-here, so ``-m "not cluster and not notebook and not browser and not slow"``
+here, so ``-m "not cluster and not multihost and not notebook and not browser and not slow"``
 selects the fast tier.  Shared helpers are the package ``tests/helpers``.
 
 IPython/Jupyter state is kept out of the user's home.
