@@ -106,7 +106,6 @@ class HostAgent:
         self.err = collections.deque(maxlen=40)
         self.lock = threading.Lock()
         self.next_id = 0
-        self.pids: list[int] = []
         threading.Thread(target=self._read, name=f"dpnb-agent-{host}", daemon=True).start()
         threading.Thread(target=self._read_err, name=f"dpnb-agent-err-{host}",
                          daemon=True).start()
@@ -206,7 +205,6 @@ class Agents:
         self.ssh_config = ssh_config
         self.env = dict(env)
         self.agents: dict[str, HostAgent] = {}
-        self.info: dict[str, dict] = {}
 
     def _parallel(self, fn, hosts: Iterable[str]) -> dict:
         hosts = list(hosts)
@@ -235,9 +233,9 @@ class Agents:
             env = {**self.env, "DPNB_LOCATION": h}
             return self.agents[h].request("hello", connection=connection, env=env)
 
-        self.info = self._parallel(one, self.agents)
-        _check_versions(self.info)
-        return self.info
+        info = self._parallel(one, self.agents)
+        _check_versions(info)
+        return info
 
     def start(self, counts: dict[str, int]) -> dict[str, list[int]]:
         def one(h):

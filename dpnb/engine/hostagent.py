@@ -13,7 +13,6 @@ to it in JSON lines on the connection's stdin/stdout:
 * ``{"cmd": "signal", "pid": P, "sig": S}`` -- signal one of *its own*
   engines (a PID it did not start is refused: PIDs here mean nothing on the
   notebook's host, and the agent only touches what it started);
-* ``{"cmd": "output", "pid": P}`` -- the last lines an engine printed;
 * ``{"cmd": "stop"}`` -- stop every engine (SIGTERM, SIGKILL after a grace),
   answer, and exit.
 
@@ -95,9 +94,6 @@ class Agent:
         p.send_signal(sig)
         return {"sent": True}
 
-    def output(self, msg: dict) -> dict:
-        return {"tail": _tail(self.logs.get(int(msg["pid"]), ""))}
-
     def stop(self, _msg: dict | None = None) -> dict:
         live = [p for p in self.procs.values() if p.poll() is None]
         for p in live:
@@ -124,7 +120,7 @@ class Agent:
                 msg = json.loads(line)
                 cmd = msg.get("cmd")
                 handler = {"hello": self.hello, "start": self.start, "signal": self.signal,
-                           "output": self.output, "stop": self.stop}.get(cmd)
+                           "stop": self.stop}.get(cmd)
                 try:
                     if handler is None:
                         raise ValueError(f"unknown command {cmd!r}")
