@@ -1,4 +1,4 @@
-"""Start and stop of a two-host ssh cluster: dpnb's host agents against ipyparallel's ssh launcher.
+"""Start, cell, restart and stop of a two-host ssh cluster: dpnb's host agents against ipyparallel's ssh launcher.
 
 Two hosts are built from network namespaces on this machine (see
 ``tests/helpers/hosts.py``; root only), 2 engines each.  Each round runs
@@ -6,7 +6,11 @@ both sides one after the other (order alternating): dpnb ``start`` to a
 formed group and ``stop``; raw ipyparallel ``Cluster(engines="ssh")`` with the
 same hosts, ssh config and remote Python, ``start_and_connect`` to 4
 registered engines (no group: raw is given that for free) and
-``stop_cluster``.  Prints medians and the dpnb / raw ratios.
+``stop_cluster``.  Cell: the median of 20 round trips of a one-line cell on
+all 4 ranks (dpnb ``run``; raw ``execute(...).get()`` on all engines).
+Restart (dpnb only: raw ipyparallel has no "replace rank 3 on its host"):
+SIGKILL rank 3's engine through its host's agent, then ``restart`` until the
+group is re-formed with rank 3 back on its host.  Prints medians and ratios.
 
     python benchmarks/multihost.py [--rounds 3]
 """
@@ -26,7 +30,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.hosts import Hosts  # noqa: E402
 
 
-def dpnb_side(hs) -> tuple[float, float]:
+CELLS = 20
+
+
+def _median_call(fn, k: int = CELLS) -> float:
+    ts = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def dpnb_side(hs) -> dict:
     import dpnb
 
     a, b = hs.hosts
@@ -34,11 +50,17 @@ def dpnb_side(hs) -> tuple[float, float]:
     c = dpnb.start(4, engines="ssh", ssh_config=hs.ssh_config, remote_python=sys.executable,
                    launcher_args=[f"{a.name}=2", f"{b.name}=2"], timeout=20)
     t1 = time.perf_counter()
+    cell = _median_call(lambda: c.run("x = 1", display=False))
+    c.kill_rank(3)
+    t2 = time.perf_counter()
+    c.restart()
+    restart = time.perf_counter() - t2
+    t3 = time.perf_counter()
     c.stop()
-    return t1 - t0, time.perf_counter() - t1
+    return {"start": t1 - t0, "cell": cell, "restart": restart, "stop": time.perf_counter() - t3}
 
 
-def raw_side(hs) -> tuple[float, float]:
+def raw_side(hs) -> dict:
     import ipyparallel as ipp
 
     a, b = hs.hosts
@@ -55,31 +77,36 @@ def raw_side(hs) -> tuple[float, float]:
     t0 = time.perf_counter()
     client = c.start_and_connect_sync(n=4)
     t1 = time.perf_counter()
+    view = client[:]
+    cell = _median_call(lambda: view.execute("x = 1").get())
     client.close()
-    c.stop_cluster_sync()
     t2 = time.perf_counter()
+    c.stop_cluster_sync()
+    t3 = time.perf_counter()
     shutil.rmtree(prof, ignore_errors=True)
     shutil.rmtree(prof + "-remote", ignore_errors=True)
-    return t1 - t0, t2 - t1
+    return {"start": t1 - t0, "cell": cell, "stop": t3 - t2}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    res: dict[str, list[tuple[float, float]]] = {"dpnb": [], "raw": []}
+    res: dict[str, list[dict]] = {"dpnb": [], "raw": []}
     with Hosts(2) as hs:
         for i in range(args.rounds):
             sides = [("dpnb", dpnb_side), ("raw", raw_side)]
             for name, fn in (sides if i % 2 == 0 else sides[::-1]):
                 res[name].append(fn(hs))
-                print(f"round {i} {name}: start {res[name][-1][0]:.2f} s, "
-                      f"stop {res[name][-1][1]:.2f} s", flush=True)
-    for k, label in ((0, "start"), (1, "stop")):
-        d = statistics.median(r[k] for r in res["dpnb"])
-        r = statistics.median(r[k] for r in res["raw"])
-        print(f"{label}: dpnb {d:.2f} s, raw ipyparallel ssh {r:.2f} s, ratio {d / r:.2f}")
-
+                print(f"round {i} {name}: " + ", ".join(f"{k} {v:.3f} s" for k, v in res[name][-1].items()),
+                      flush=True)
+    for label in ("start", "cell", "restart", "stop"):
+        d = statistics.median(r[label] for r in res["dpnb"])
+        if label in res["raw"][0]:
+            r = statistics.median(x[label] for x in res["raw"])
+            print(f"{label}: dpnb {d:.3f} s, raw ipyparallel ssh {r:.3f} s, ratio {d / r:.2f}")
+        else:
+            print(f"{label}: dpnb {d:.3f} s (no raw ipyparallel counterpart)")
 
 if __name__ == "__main__":
     main()

@@ -264,14 +264,22 @@ def _comm():
 
 @sub("bench")
 @magic_arguments()
-@argument("kind", choices=("allreduce", "all_reduce", "reduce_scatter", "all_gather"))
+@argument("kind", choices=("allreduce", "all_reduce", "reduce_scatter", "all_gather", "hierarchical"))
 @argument("--sizes", default=None, metavar="LO:HI:K",
-          help="K sizes from LO to HI bytes, log-spaced (default 1e3:3.2e7:8)")
+          help="K sizes from LO to HI bytes, log-spaced (default 1e3:3.2e7:8; hierarchical: 1 to 64 MiB)")
 @argument("--iters", type=int, default=5)
 @argument("--link", default=None, help="link preset to draw the model for")
+@argument("--hosts", type=int, default=None, metavar="K",
+          help="hierarchical: split the ranks into K pretend hosts (default: the real hosts)")
+@argument("--flat", action="store_true",
+          help="allreduce across hosts: one flat benchmark instead of intra- and inter-host links")
 @argument("--save", default=None, metavar="PATH")
 def _bench():
-    """Run real collectives on the ranks over a range of sizes; algbw/busbw vs the model."""
+    """Run real collectives on the ranks over a range of sizes; algbw/busbw vs the model.
+
+    On a cluster that spans hosts, allreduce measures the intra-host and the
+    inter-host link each on its own, and flat vs two-level all-reduce
+    (as hierarchical does)."""
 
 
 @sub("scaling")

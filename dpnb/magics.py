@@ -288,6 +288,14 @@ class DPMagics(Magics):
                 raise UsageError(f"--sizes {a.sizes!r}: use LO:HI:K, e.g. 1e3:3.2e7:8") from None
         if a.iters < 1:
             raise UsageError("--iters must be >= 1")
+        if kind == "hierarchical" or (kind == "all_reduce" and comm.spans_hosts(c) and not a.flat):
+            # across hosts one fit would mix two links: measure each on its own
+            from .widgets import hierarchy
+
+            hb = hierarchy.show(c, sizes=sizes, iters=a.iters, hosts=a.hosts)
+            if a.save:
+                print(f"dpnb: wrote {hierarchy.save(a.save, hb)}")
+            return hb
         b = comm.show_bench(c, sizes=sizes, kind=kind, iters=a.iters, link=a.link)
         if a.save:
             print(f"dpnb: wrote {comm.save(a.save, link=a.link or 'gloo-loopback', n=b.world_size, collectives=(kind,), bench=b)}")

@@ -59,6 +59,12 @@ def local_exit(icluster, pid: int) -> str | None:
     for es in list(getattr(icluster, "engines", {}).values()):
         for el in list(getattr(es, "launchers", {}).values()):
             if getattr(el, "pid", None) == pid and getattr(el, "process", None) is not None:
+                # ipyparallel's own waiter thread reaps the engine; a second
+                # wait racing it gets None from psutil (and may overwrite the
+                # code psutil caches), so let that thread finish and read its code
+                waiter = getattr(el, "_wait_thread", None)
+                if waiter is not None and waiter.is_alive():
+                    waiter.join(2.0)
                 try:
                     code = el.process.wait(0.5)
                 except (psutil.Error, subprocess.TimeoutExpired) as e:

@@ -35,6 +35,9 @@ FAIL_GRACE_S = 0.1
 RELEASE_AFTER_S = {"execute": 0.3, "apply": 2.0}
 #: after a release, how long the ranks get to report back
 RELEASED_GRACE_S = 5.0
+#: ... and longer when every rank left is writing its error report (seen
+#: taking seconds with 3 engines on 2 busy cores)
+REPORT_GRACE_S = 20.0
 
 
 def _setup_fn(name: str):
@@ -296,8 +299,13 @@ class _Waiting:
     def _capture_where(self) -> None:
         """Ask every rank where it is, once, before anything is interrupted."""
         if not self.where:
-            self.where = {r: dict(a, running=r in self.pending)
-                          for r, a in self.t.where(range(len(self.t.ranks))).items() if a}
+            answers = self.t.where(range(len(self.t.ranks)))
+            self.where = {r: dict(a, running=r in self.pending) for r, a in answers.items() if a}
+            # the report's culprits rest on these answers: keep them for a post-mortem
+            log.info("where, before acting (pending %s): %s", sorted(self.pending),
+                     {r: (a or {}).get("collective") or ("reporting its error" if (a or {}).get("reporting")
+                                                         else (a or {}).get("top"))
+                      for r, a in answers.items()})
 
     def _release(self, now: float) -> None:
         if self.released:
@@ -312,15 +320,21 @@ class _Waiting:
         ranks running Python code; those waiting inside a collective for them
         are waiters (unless every pending rank is in a collective)."""
         self._capture_where()
-        marked = set(self.pending)
+        # a rank already writing its error report finishes by itself: an
+        # interrupt would only replace its real error by KeyboardInterrupt
+        reporting = self._reporting()
+        marked = set(self.pending) - reporting
         if status == "timeout":
             inside = {r for r in self.pending if (self.where.get(r) or {}).get("collective")}
             if inside != marked:
                 marked -= inside
         for r in marked:
             self.outcomes[r].status = status
-        self.t.interrupt(self.pending)
+        self.t.interrupt(self.pending - reporting)
         self.interrupted_at = now
+
+    def _reporting(self) -> set[int]:
+        return {r for r in self.pending if (self.where.get(r) or {}).get("reporting")}
 
     def step(self, now: float) -> bool:
         """Act on the clock; True to stop waiting."""
@@ -339,7 +353,7 @@ class _Waiting:
             waited = all(o.status == "error" and o.collective for o in failed)
             self._release(now)
             # ranks inside a collective now fail by themselves (released): waiters
-            inside = {r for r, a in self.where.items() if a.get("collective")}
+            inside = {r for r, a in self.where.items() if a.get("collective")} | self._reporting()
             rest = [r for r in self.pending if r not in inside]
             for r in rest:  # "late": a culprit unless it turns out to have been waiting too
                 self.outcomes[r].status = "late" if waited else "stopped"
@@ -349,7 +363,9 @@ class _Waiting:
         if self.interrupted_at is not None and now - self.interrupted_at > RELEASE_AFTER_S[self.kind]:
             self._release(now)
         if self.released_at is not None:
-            return now - self.released_at > RELEASED_GRACE_S
+            # ranks still writing their error report will finish: wait longer for them
+            grace = RELEASED_GRACE_S + (REPORT_GRACE_S if self.pending <= self._reporting() else 0.0)
+            return now - self.released_at > grace
         return (self.interrupted_at is not None
                 and now - self.interrupted_at > self.t.timeout_s + 10.0)
 

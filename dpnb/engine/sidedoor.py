@@ -135,10 +135,27 @@ def where(state) -> dict:
         "cell_line": cell[1] if cell else None,
         "in_cell": cell is not None,
         "collective": coll,
+        "reporting": frame is not None and _reporting(frame),
         "cell_calls": dict(guard),
         "top": f"{frame.f_code.co_name} ({frame.f_code.co_filename.rsplit('/', 1)[-1]}:"
                f"{frame.f_lineno})" if frame is not None else None,
     }
+
+
+#: IPython functions that format a cell's error: a rank inside one has already
+#: failed and is only writing its report (slow under load: stack_data
+#: highlights every frame), neither a culprit nor waiting on a peer
+_REPORTING = frozenset({"showtraceback", "structured_traceback", "_showtraceback",
+                        "format_exception_as_a_whole"})
+
+
+def _reporting(frame) -> bool:
+    f = frame
+    while f is not None:
+        if f.f_code.co_name in _REPORTING and "IPython" in f.f_code.co_filename:
+            return True
+        f = f.f_back
+    return False
 
 
 def _busy(frame) -> bool:

@@ -52,6 +52,9 @@ class EngineState:
     cell_guard: Any = None  # its pre/post-run-cell hooks
     cell_calls: dict = field(default_factory=dict)  # collectives run by the current cell, by op
     current_collective: Any = None  # {"op", "seq"} while a cell is inside one
+    # (key, intra-host group, inter-host group) of dpnb.engine.hierbench; the
+    # key holds the generation, so a re-formed group forms new subgroups
+    subgroups: Any = None
 
     @property
     def comm_device(self):

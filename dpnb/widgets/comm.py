@@ -76,6 +76,11 @@ def bench_from_ranks(per_rank: list[dict]) -> BenchResult:
                        tuple(times), len(r0["times"][0]) if r0["times"] else 0)
 
 
+def spans_hosts(cluster) -> bool:
+    """Whether the cluster's ranks run on more than one host (two links, not one)."""
+    return len({r.host for r in cluster.ranks}) > 1
+
+
 def bench(cluster, sizes=None, kind: str = "all_reduce", iters: int = 5, warmup: int = 1) -> BenchResult:
     """Run ``kind`` on every live rank for each size (bytes) and return the timings.
 
@@ -305,7 +310,7 @@ def view(cluster=None, *, link: str = "ib-ndr-400", n: int = 8, collectives=KIND
 
     if cluster is not None:
         n = cluster.world_size
-        if cluster.backend == "gloo" and link == "ib-ndr-400":
+        if cluster.backend == "gloo" and link == "ib-ndr-400" and not spans_hosts(cluster):
             link = "gloo-loopback"
         if run_bench and bench is None:
             bench = globals()["bench"](cluster, sizes, kind, iters)
@@ -331,7 +336,11 @@ def view(cluster=None, *, link: str = "ib-ndr-400", n: int = 8, collectives=KIND
                     bandwidth_gbs=v["bandwidth_gbs"] or None,
                     latency_us=v["latency_us"] if v["latency_us"] >= 0 else None)
 
-    box = C.viewbox("Collective communication" + (" (live)" if cluster is not None else ""), controls, compute,
+    title = "Collective communication" + (" (live)" if cluster is not None else "")
+    if cluster is not None and spans_hosts(cluster):
+        # one fit across hosts mixes loopback and network: point at the view that separates them
+        title += f" -- {len({r.host for r in cluster.ranks})} hosts: %dp bench allreduce measures each link"
+    box = C.viewbox(title, controls, compute,
                     figure, html, text, extra=extra,
                     layout_rows=[["link", "n", "collectives"], ["bandwidth_gbs", "latency_us"]])
     if extra:
@@ -357,7 +366,7 @@ def show(cluster=None, **kw: Any) -> None:
             kw.setdefault("n", cluster.world_size)
             if kw.get("run_bench") and kw.get("bench") is None:
                 kw["bench"] = bench(cluster, kw.get("sizes"), kw.get("kind", "all_reduce"), kw.get("iters", 5))
-            if cluster.backend == "gloo":
+            if cluster.backend == "gloo" and not spans_hosts(cluster):
                 kw.setdefault("link", "gloo-loopback")
         if kw.get("bench") is not None:
             kw["n"] = kw["bench"].world_size

@@ -47,6 +47,11 @@ def test_live_views(ip, capsys):
     assert "measured" in out.lower()
     b = ip.run_line_magic("dp", "bench allreduce --sizes 1e3:1e5:3 --iters 2")
     assert b.world_size == 2 and len(b.sizes) == 3
+    h = ip.run_line_magic("dp", "bench hierarchical --hosts 2 --sizes 1e4:1e6:2 --iters 1")
+    assert (h.hosts, h.per_host, h.equal, h.pretend) == (2, 1, True, True)
+    assert "two-level" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="one host"):
+        ip.run_line_magic("dp", "bench hierarchical")
     ip.run_line_magic("dp", "ring --live --numel 64")
     assert "all_reduce" in capsys.readouterr().out
     ip.run_line_magic("dp", "straggle --rank 1 --delay 50")

@@ -105,3 +105,15 @@ def test_scaling_validation() -> None:
         scaling([1], 0.0, 0.1)
     with pytest.raises(ConfigError, match="DP degrees"):
         scaling([0], 1.0, 0.1)
+
+
+def test_shared_nic_gives_the_flat_ring_the_whole_link() -> None:
+    # 2 hosts × 2 ranks behind one 125 MB/s link each: every rank's share is
+    # 62.5 MB/s while both send (the two-level inter phase), but the flat
+    # ring's one crossing stream per host gets the whole 125 MB/s
+    intra, share = Link("loop", 1e9), Link("eth-share", 62.5e6)
+    per_rank = hierarchical_allreduce_time(64 * 2**20, 2, 2, intra, share)
+    shared = hierarchical_allreduce_time(64 * 2**20, 2, 2, intra, share, shared_nic=True)
+    assert shared.total_s == pytest.approx(per_rank.total_s)
+    assert shared.flat_ring_s == pytest.approx(ring_allreduce_time(64 * 2**20, 4, Link("eth", 125e6)))
+    assert per_rank.flat_ring_s == pytest.approx(2 * shared.flat_ring_s, rel=0.01)

@@ -1,0 +1,84 @@
+"""How a cell's wait classifies ranks from their side-door answers (no cluster).
+
+A rank that already failed and is only writing its error report (IPython
+formatting the traceback, slow on a loaded machine) is neither a culprit nor
+interrupted; ranks in Python code at the timeout are the culprits."""
+
+import sys
+
+from dpnb.cluster import transport as T
+from dpnb.engine import sidedoor
+
+
+class FakeTransport:
+    """Just what ``_Waiting`` uses: answers to ``where``, and a record of
+    interrupts and releases."""
+
+    def __init__(self, answers: dict, timeout_s: float = 6.0):
+        self.ranks = list(answers)
+        self.answers = answers
+        self.timeout_s = timeout_s
+        self.interrupted: list[set] = []
+        self.released: list[list] = []
+
+    def where(self, ranks):
+        return {r: self.answers[r] for r in ranks}
+
+    def interrupt(self, ranks):
+        self.interrupted.append(set(ranks))
+
+    def release(self, ranks):
+        self.released.append(list(ranks))
+        return True
+
+
+ANSWERS = {
+    0: {"collective": {"op": "all_reduce"}, "reporting": False, "top": "wait"},
+    1: {"collective": None, "reporting": True, "top": "render (core.py:394)"},
+    2: {"collective": None, "reporting": False, "top": "sleep"},
+}
+
+
+def test_timeout_marks_the_rank_in_python_code_and_spares_the_reporting_one():
+    t = FakeTransport(ANSWERS)
+    w = T._Waiting(t, [0, 1, 2], "execute", timeout=9.0)
+    w.step(w.t0 + 9.5)
+    assert {r: o.status for r, o in w.outcomes.items()} == {0: "pending", 1: "pending", 2: "timeout"}
+    assert t.interrupted == [{0, 2}]
+
+
+def test_peer_failure_releases_but_a_reporting_rank_is_not_late():
+    t = FakeTransport({0: ANSWERS[0], 1: ANSWERS[1], 2: ANSWERS[2], 3: ANSWERS[1]})
+    w = T._Waiting(t, [0, 1, 2, 3], "execute", timeout=None)
+    w.outcomes[3].status, w.outcomes[3].collective = "error", True
+    w.pending.discard(3)
+    w.step(w.t0 + 1.0)  # notices the failure
+    w.step(w.t0 + 1.2)  # past the grace: release, classify the rest
+    assert t.released and w.outcomes[2].status == "late" and w.outcomes[1].status == "pending"
+    assert t.interrupted == [{2}]
+
+
+def test_wait_lasts_longer_only_while_every_rank_left_is_reporting():
+    t = FakeTransport(ANSWERS)
+    w = T._Waiting(t, [1], "execute", timeout=None)
+    w._capture_where()
+    w.released, w.released_at = True, w.t0
+    assert w.step(w.t0 + T.RELEASED_GRACE_S + 1) is False
+    assert w.step(w.t0 + T.RELEASED_GRACE_S + T.REPORT_GRACE_S + 1) is True
+    w2 = T._Waiting(FakeTransport(ANSWERS), [1, 2], "execute", timeout=None)
+    w2._capture_where()
+    w2.released, w2.released_at = True, w2.t0
+    assert w2.step(w2.t0 + T.RELEASED_GRACE_S + 1) is True
+
+
+def _frame_in(filename: str, name: str):
+    """A real frame of a function called ``name`` compiled as if from ``filename``."""
+    ns: dict = {"sys": sys}
+    exec(compile(f"def {name}():\n    return sys._getframe()\n", filename, "exec"), ns)
+    return ns[name]()
+
+
+def test_reporting_is_read_from_ipython_frames_only():
+    assert sidedoor._reporting(_frame_in("/x/IPython/core/interactiveshell.py", "showtraceback"))
+    assert not sidedoor._reporting(_frame_in("/x/mycode.py", "showtraceback"))
+    assert not sidedoor._reporting(sys._getframe())
