@@ -28,18 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from helpers.hosts import Hosts  # noqa: E402
+from timing import median_call  # noqa: E402
 
 
 CELLS = 20
-
-
-def _median_call(fn, k: int = CELLS) -> float:
-    ts = []
-    for _ in range(k):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def dpnb_side(hs) -> dict:
@@ -50,7 +42,7 @@ def dpnb_side(hs) -> dict:
     c = dpnb.start(4, engines="ssh", ssh_config=hs.ssh_config, remote_python=sys.executable,
                    launcher_args=[f"{a.name}=2", f"{b.name}=2"], timeout=20)
     t1 = time.perf_counter()
-    cell = _median_call(lambda: c.run("x = 1", display=False))
+    cell = median_call(lambda: c.run("x = 1", display=False), CELLS)
     c.kill_rank(3)
     t2 = time.perf_counter()
     c.restart()
@@ -78,7 +70,7 @@ def raw_side(hs) -> dict:
     client = c.start_and_connect_sync(n=4)
     t1 = time.perf_counter()
     view = client[:]
-    cell = _median_call(lambda: view.execute("x = 1").get())
+    cell = median_call(lambda: view.execute("x = 1").get(), CELLS)
     client.close()
     t2 = time.perf_counter()
     c.stop_cluster_sync()

@@ -6,6 +6,7 @@ import html
 
 from .core.units import fmt_bytes
 from .env import in_kernel
+from .ranks import format_ranks, rank_label
 
 STATUS_COLUMNS = ("rank", "host", "pid", "device", "backend", "alive", "state", "memory")
 
@@ -14,7 +15,55 @@ def _fmt_bytes(n) -> str:
     return fmt_bytes(n, binary=True)
 
 
+#: above this many ranks, status tables group the ranks that agree
+GROUP_ABOVE = 8
+
+
+def group_status(rows: list[dict]) -> list[list[dict]]:
+    """Status rows grouped by host, backend, health and state (first-seen order):
+    at 32 ranks the ranks that differ -- dead, busy, another host -- stand out."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = (str(r.get("host", "")), str(r.get("backend", "")), bool(r.get("alive", True)),
+               str(r.get("state", "")))
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def devices_label(devs: list[str]) -> str:
+    """``cpu`` / ``cuda:0-7``: the devices of a group of ranks, compactly."""
+    kinds = {d.split(":")[0] for d in devs}
+    if len(kinds) == 1 and all(":" in d and d.split(":")[1].isdigit() for d in devs):
+        return f"{kinds.pop()}:{format_ranks(int(d.split(':')[1]) for d in devs)}"
+    return ",".join(sorted(set(devs)))
+
+
+def byte_span(vals, **kw) -> str:
+    """``400 MiB`` or ``400 MiB - 431 MiB`` over a group; ``-`` when none is known."""
+    vals = [v for v in vals if v]
+    if not vals:
+        return "-"
+    lo, hi = min(vals), max(vals)
+    return fmt_bytes(lo, **kw) if lo == hi else f"{fmt_bytes(lo, **kw)} - {fmt_bytes(hi, **kw)}"
+
+
+def _grouped_rows(rows: list[dict]) -> list[list[str]]:
+    out = []
+    for rs in group_status(rows):
+        mem = byte_span([r.get("rss_bytes") for r in rs], binary=True)
+        gpu = [r.get("cuda_allocated") for r in rs if r.get("cuda_allocated") is not None]
+        if gpu:
+            mem += f" (GPU {byte_span(gpu, binary=True)})"
+        out.append([rank_label(r["rank"] for r in rs), rs[0]["host"],
+                    f"{len(rs)} engine{'s' if len(rs) > 1 else ''}",
+                    devices_label([str(r["device"]) for r in rs]), rs[0]["backend"],
+                    "yes" if rs[0]["alive"] else "NO", str(rs[0]["state"]), mem])
+    return out
+
+
 def status_rows(rows: list[dict]) -> list[list[str]]:
+    if len(rows) > GROUP_ABOVE:
+        return _grouped_rows(rows)
     out = []
     for r in rows:
         mem = _fmt_bytes(r.get("rss_bytes"))
@@ -25,9 +74,13 @@ def status_rows(rows: list[dict]) -> list[list[str]]:
     return out
 
 
+def status_columns(rows: list[dict]) -> tuple[str, ...]:
+    return STATUS_COLUMNS if len(rows) <= GROUP_ABOVE else ("ranks", "host", "engines") + STATUS_COLUMNS[3:]
+
+
 def status_text(rows: list[dict]) -> str:
-    table = [list(STATUS_COLUMNS)] + status_rows(rows)
-    widths = [max(len(row[i]) for row in table) for i in range(len(STATUS_COLUMNS))]
+    table = [list(status_columns(rows))] + status_rows(rows)
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
                      for row in table)
 
@@ -35,10 +88,10 @@ def status_text(rows: list[dict]) -> str:
 def status_widget(rows: list[dict]):
     import ipywidgets as w
 
-    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{c}</th>" for c in STATUS_COLUMNS)
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{c}</th>" for c in status_columns(rows))
     body = []
-    for row, raw in zip(status_rows(rows), rows):
-        style = "" if raw["alive"] else " style='background:#fdd'"
+    for row in status_rows(rows):
+        style = "" if row[5] == "yes" else " style='background:#fdd'"
         cells = "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in row)
         body.append(f"<tr{style}>{cells}</tr>")
     return w.HTML(f"<table class='dpnb-status'><thead><tr>{head}</tr></thead>"

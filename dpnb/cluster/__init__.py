@@ -479,6 +479,7 @@ class Cluster:
             log.info("closing the ipyparallel client: %s: %s", type(e).__name__, e)
         if self.agents is not None:  # every host at once: SIGTERM, then SIGKILL
             self.agents.close()
+        self.procs.terminate_engines(owned)
         stop_ipp(self._ipp)
         wait_pids_gone(owned, 10.0)
         self.procs.stop_reaper()

@@ -117,7 +117,7 @@ def wait_pids_gone(procs: dict[int, float], timeout: float) -> None:
                 live.append(psutil.Process(pid))
             except psutil.Error:
                 pass
-    _, alive = psutil.wait_procs(live, timeout=timeout)
+    alive = _wait_exited(live, timeout)
     for p in alive:
         log.warning("pid %s outlived the stop by %.0f s: SIGKILL", p.pid, timeout)
         try:
@@ -125,6 +125,31 @@ def wait_pids_gone(procs: dict[int, float], timeout: float) -> None:
         except psutil.Error as e:
             log.debug("SIGKILL of %s: %s", p.pid, e)
     psutil.wait_procs(alive, timeout=5)
+
+
+def _exited(p: psutil.Process) -> bool:
+    """Whether ``p`` has ended.  A zombie has: it only waits to be reaped by
+    its parent (for an engine's nanny, init, which took about a second here)."""
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error as e:  # unreadable: treat it as running, the SIGKILL path decides
+        log.debug("status of %s not readable: %s", p.pid, e)
+        return False
+
+
+def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process has exited (or is a zombie); those still running."""
+    deadline = time.monotonic() + timeout
+    live = list(procs)
+    while True:
+        # our own children among them (engines) are reaped by ipyparallel's
+        # waiter threads; reaping here would race those for the exit code
+        live = [p for p in live if not _exited(p)]
+        if not live or time.monotonic() > deadline:
+            return live
+        time.sleep(0.02)
 
 
 class Processes:
@@ -186,6 +211,23 @@ class Processes:
         if same_process(ri.pid, self._started.get(ri.pid)):
             try:
                 os.kill(ri.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+    def terminate_engines(self, owned: dict[int, float]) -> None:
+        """SIGTERM every process of ``owned`` but the controller, all at once.
+
+        The engines end at once (``dpnb.engine.setup`` makes SIGTERM exit
+        fast); their ipyparallel nannies, which would otherwise outlive them
+        by 1-2 s reporting the exit to a controller that is stopping anyway,
+        end with them.  Checked by PID and start time; this host only.
+        """
+        ctl = getattr(getattr(self.ipp, "controller", None), "pid", None)
+        for pid, started in owned.items():
+            if pid == ctl or not same_process(pid, started):
+                continue
+            try:
+                os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
 

@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..display import GROUP_ABOVE, byte_span, devices_label, group_status
+from ..ranks import rank_label
 from . import _common as C
 
 log = logging.getLogger("dpnb.dashboard")
@@ -111,7 +113,29 @@ STATUS_HEADERS = ("rank", "host", "pid", "device", "backend", "alive", "state", 
                   "model states")
 
 
+def _grouped_status_rows(d: DashboardView) -> list[list[str]]:
+    """One row per host and health state, ranks as ranges and memory as min-max:
+    at 32 ranks only the ranks that differ (dead, busy, another host) stand out."""
+    mem = {m["rank"]: m for m in d.memory}
+    rows = []
+    for rs in group_status(list(d.status)):
+        rows.append([rank_label(r["rank"] for r in rs), str(rs[0].get("host", "")),
+                     f"{len(rs)} engine{'s' if len(rs) > 1 else ''}",
+                     devices_label([str(r.get("device", "")) for r in rs]), str(rs[0].get("backend", "")),
+                     "yes" if rs[0].get("alive", True) else "NO", str(rs[0].get("state", "")),
+                     byte_span([r.get("rss_bytes") for r in rs], binary=True),
+                     byte_span([r.get("cuda_allocated") for r in rs], binary=True),
+                     byte_span([mem.get(r["rank"], {}).get("state_bytes") for r in rs])])
+    return rows
+
+
+def status_headers(d: DashboardView) -> tuple[str, ...]:
+    return STATUS_HEADERS if len(d.status) <= GROUP_ABOVE else ("ranks", "host", "engines") + STATUS_HEADERS[3:]
+
+
 def status_rows(d: DashboardView) -> list[list[str]]:
+    if len(d.status) > GROUP_ABOVE:
+        return _grouped_status_rows(d)
     mem = {m["rank"]: m for m in d.memory}
     rows = []
     for r in d.status:
@@ -147,14 +171,14 @@ def _summary(d: DashboardView) -> list[str]:
 def text(d: DashboardView) -> str:
     out = ["dpnb dashboard"] + ["  " + s for s in _summary(d)]
     if d.status:
-        out += ["", C.text_table(STATUS_HEADERS, status_rows(d))]
+        out += ["", C.text_table(status_headers(d), status_rows(d))]
     return "\n".join(out)
 
 
 def html(d: DashboardView) -> str:
     out = C.html_lines(_summary(d))
     if d.status:
-        out += C.html_table(STATUS_HEADERS, status_rows(d), "Cluster status",
+        out += C.html_table(status_headers(d), status_rows(d), "Cluster status",
                             highlight=lambda i: not d.status[i].get("alive", True))
     return out
 
@@ -195,15 +219,23 @@ def figure(d: DashboardView):
         # locator picks round numbers of MiB/GiB (not 47.6837 MiB).
         div, unit = (1.0, "B") if wide else C.byte_scale(top, binary=True)
         w = 0.8 / max(1, len(series))
+        many = len(ranks) > GROUP_ABOVE  # label only each series' largest bar, tick every k-th rank
         for k, (name, vals, col) in enumerate(series):
             xs = [r - 0.4 + w * (k + 0.5) for r in range(len(ranks))]
             ax3.bar(xs, [v / div for v in vals], w * 0.95, color=col, label=name)
-            for x, v in zip(xs, vals):
-                if v:
-                    ax3.text(x, v / div, C.fmt_bytes(v, binary=True, digits=3), ha="center",
-                             va="bottom", fontsize=6.5)
-        ax3.set_xticks(range(len(ranks)))
-        ax3.set_xticklabels([f"rank {r}" for r in ranks], fontsize=8)
+            top_i = max(range(len(vals)), key=lambda i: vals[i])
+            for i, (x, v) in enumerate(zip(xs, vals)):
+                if v and (not many or i == top_i):
+                    ax3.text(x, v / div, C.fmt_bytes(v, binary=True, digits=3)
+                             + (f"\n(rank {ranks[i]})" if many else ""), ha="center", va="bottom", fontsize=6.5)
+        if many:
+            step = -(-len(ranks) // 8)
+            ax3.set_xticks(range(0, len(ranks), step))
+            ax3.set_xticklabels([str(r) for r in ranks[::step]], fontsize=8)
+            ax3.set_xlabel("rank")
+        else:
+            ax3.set_xticks(range(len(ranks)))
+            ax3.set_xticklabels([f"rank {r}" for r in ranks], fontsize=8)
         if wide:
             ax3.set_yscale("log")
             ax3.set_ylim(min(vals_all) / 3, top * 8)

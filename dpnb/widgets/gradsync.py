@@ -90,14 +90,52 @@ COLL_HEADERS = ("rank", "collective", "phase", "unit", "bytes", "start", "end")
 
 
 def coll_table(d: GradsyncView) -> list[list[str]]:
-    return [[str(r), k, ph, u, f"{b:,}", C.fmt_ms(s), C.fmt_ms(e)] for r, k, ph, u, b, s, e in d.collectives]
+    shown = shown_ranks(d)  # at 32 ranks, every rank's FSDP collectives would be hundreds of rows
+    return [[str(r), k, ph, u, f"{b:,}", C.fmt_ms(s), C.fmt_ms(e)] for r, k, ph, u, b, s, e in d.collectives
+            if r in shown]
+
+
+#: above this many ranks, lanes and per-rank lines are drawn for a few ranks only
+LANES_ABOVE = 4
+
+
+def shown_ranks(d: GradsyncView) -> dict[int, str]:
+    """``{rank: role}`` of the ranks whose lanes are drawn: all of them up to
+    :data:`LANES_ABOVE`; beyond, rank 0, the slowest and fastest step, and the
+    most exposed communication (32 ranks × 4 lanes would be unreadable; the
+    spread over all ranks goes in the summary)."""
+    if len(d.ranks) <= LANES_ABOVE:
+        return {r.rank: "" for r in d.ranks}
+    by_step = sorted(d.ranks, key=lambda r: r.step_s)
+    roles: dict[int, list[str]] = {d.ranks[0].rank: []}
+    roles.setdefault(by_step[-1].rank, []).append("slowest")
+    roles.setdefault(by_step[0].rank, []).append("fastest")
+    if any(r.exposed_s > 0 for r in d.ranks):
+        roles.setdefault(max(d.ranks, key=lambda r: r.exposed_s).rank, []).append("most exposed")
+    return {r: ", ".join(v) for r, v in sorted(roles.items())}
+
+
+def _spread(d: GradsyncView) -> str:
+    """One line over all ranks: min / median / max of step time and exposed communication."""
+    def mmm(xs):
+        xs = sorted(xs)
+        return f"{C.fmt_ms(xs[0])} / {C.fmt_ms(xs[len(xs) // 2])} / {C.fmt_ms(xs[-1])}"
+
+    slow = max(d.ranks, key=lambda r: r.step_s)
+    fast = min(d.ranks, key=lambda r: r.step_s)
+    return (f"all {len(d.ranks)} ranks, min / median / max: step {mmm([r.step_s for r in d.ranks])} "
+            f"(slowest rank {slow.rank}, fastest rank {fast.rank}); exposed communication "
+            f"{mmm([r.exposed_s for r in d.ranks])}")
 
 
 def _summary(d: GradsyncView) -> list[str]:
     lines = [f"step {d.step}, {d.strategy}, {d.world_size} ranks"
              + (f", bucket_cap_mb={d.measured_cap_mb if d.measured_cap_mb is not None else 'default (25, first 1)'}"
                 if is_ddp(d.strategy) else "")]
-    for r in d.ranks:
+    shown = shown_ranks(d)
+    if len(shown) < len(d.ranks):
+        lines.append(_spread(d))
+    for r in (r for r in d.ranks if r.rank in shown):
         if is_fsdp(d.strategy):
             ag = sum(s.duration for s in r.lane("all_gather"))
             rs = sum(s.duration for s in r.lane("reduce_scatter"))
@@ -143,7 +181,8 @@ def figure(d: GradsyncView):
     all-reduce or FSDP's all-gathers/reduce-scatters, optimizer step); the
     exposed part of communication is shaded red.  Bottom: the model at the
     measured bucket cap (and at the slider's cap)."""
-    lanes: list[tuple[int, str]] = [(r.rank, ln) for r in d.ranks for ln in _lanes_for(r)]
+    shown = shown_ranks(d)
+    lanes: list[tuple[int, str]] = [(r.rank, ln) for r in d.ranks if r.rank in shown for ln in _lanes_for(r)]
     preds = [p for p in (d.predicted, d.other) if p is not None]
     n_pred = 2 * len(preds)
     h = 1.3 + 0.28 * len(lanes) + (0.9 + 0.28 * n_pred if preds else 0)
@@ -179,12 +218,13 @@ def figure(d: GradsyncView):
                 and is_ddp(d.strategy):
             ax.broken_barh([(r.compute_end * 1e3, (r.comm_end - r.compute_end) * 1e3)], (y - 0.45, 0.9),
                            facecolors="none", edgecolor=C.COLORS["exposed"], hatch="////", linewidth=1)
-        yl.append(f"rank {rank} {LANE_LABEL[ln]}")
+        yl.append(f"rank {rank}{f' ({shown[rank]})' if shown[rank] else ''} {LANE_LABEL[ln]}")
     for y, waits in queued_y:  # drawn last, as a thin bar along the lane's lower edge
         C.barh(ax, [(s.start * 1e3, s.duration * 1e3) for s in waits], y + 0.3, height=0.16,
                facecolors=C.COLORS["wait"], edgecolor="#808080", linewidth=0.5)
     for r in d.ranks:
-        ax.axvline(r.step_s * 1e3, color="gray", lw=0.6, ls=":")
+        if r.rank in shown:
+            ax.axvline(r.step_s * 1e3, color="gray", lw=0.6, ls=":")
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels(yl, fontsize=8)
     ax.set_ylim(len(lanes) - 0.4, -0.6)
@@ -205,7 +245,8 @@ def figure(d: GradsyncView):
     handles.append(Patch(color=C.COLORS["optimizer_step"], label="optimizer step"))
     ax.legend(handles=handles, fontsize=7.5, ncol=min(len(handles), 4), loc="lower left", bbox_to_anchor=(0, 1.0),
               frameon=False, handlelength=1.2, columnspacing=1.0)
-    ax.set_title(f"Measured: step {d.step}, {d.strategy}, {d.world_size} ranks (dotted: step end)", fontsize=10,
+    some = f"; lanes of {len(shown)} of them" if len(shown) < len(d.ranks) else ""
+    ax.set_title(f"Measured: step {d.step}, {d.strategy}, {d.world_size} ranks{some} (dotted: step end)", fontsize=10,
                  pad=8 + 11 * ((len(handles) + 3) // 4))
     ax.grid(True, axis="x", alpha=0.3)
     if ax2 is not None:

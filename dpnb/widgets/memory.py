@@ -31,6 +31,7 @@ from dpnb.core import (
 )
 from dpnb.core.memory import OFFLOADS, OPTIMIZERS, PRECISIONS
 
+from ..ranks import rank_label
 from . import _common as C
 
 PART_LABELS = {
@@ -192,11 +193,11 @@ FITS_HEADERS = ("stage", "per rank", "fits?", "largest model that fits", "min DP
 
 def live_rows(lm: LiveMemory) -> list[list[str]]:
     rows = []
-    for r in lm.ranks:
+    for label, r in bar_groups(lm):
         for k in LIVE_PARTS:
-            rows.append([f"rank {r.rank}", LIVE_LABELS[k], f"{r.predicted[k]:,}", f"{r.measured[k]:,}",
+            rows.append([label, LIVE_LABELS[k], f"{r.predicted[k]:,}", f"{r.measured[k]:,}",
                          C.fmt_signed_bytes(r.diff[k])])
-        rows.append([f"rank {r.rank}", "total", f"{sum(r.predicted.values()):,}",
+        rows.append([label, "total", f"{sum(r.predicted.values()):,}",
                      f"{sum(r.measured.values()):,}", C.fmt_signed_bytes(r.diff["total"])])
     return rows
 
@@ -217,7 +218,8 @@ def _summary(d: MemoryView) -> list[str]:
         when = "after optimizer.step() of step %s" % lm.step if lm.phase == "after_step" else "now, between steps (grads freed)"
         verdict = ("measured == predicted on every rank, byte for byte" if lm.agrees
                    else "measured and predicted DIFFER: " + "; ".join(
-                       f"rank {r.rank} {C.fmt_signed_bytes(r.diff['total'])}" for r in lm.ranks if not r.agrees))
+                       f"{label} {C.fmt_signed_bytes(r.diff['total'])}" for label, r in bar_groups(lm)
+                       if not r.agrees))
         lines.append(f"live: {lm.strategy}, {lm.optimizer}, {lm.world_size} ranks, {C.fmt_count(lm.n_params)} params, "
                      f"measured {when}: {verdict}")
     return lines
@@ -286,11 +288,31 @@ def figure(d: MemoryView):
     return fig
 
 
+#: above this many ranks, ranks holding the same bytes share one pair of bars
+GROUP_ABOVE = 8
+
+
+def bar_groups(lm: LiveMemory) -> list[tuple[str, RankMemory]]:
+    """``(label, representative)`` per pair of bars: one per rank up to
+    :data:`GROUP_ABOVE` ranks; beyond, one per distinct (predicted,
+    measured), labelled with its ranks (``ranks 0-30``), so 32 equal ranks
+    make one pair and the rank that differs (FSDP's padded last shard, a
+    leak) gets its own."""
+    if len(lm.ranks) <= GROUP_ABOVE:
+        return [(f"rank {r.rank}", r) for r in lm.ranks]
+    groups: dict[tuple, list[RankMemory]] = {}
+    for r in lm.ranks:
+        key = (tuple(r.predicted[k] for k in LIVE_PARTS), tuple(r.measured[k] for k in LIVE_PARTS))
+        groups.setdefault(key, []).append(r)
+    return [(rank_label(r.rank for r in rs), rs[0]) for rs in groups.values()]
+
+
 def _live_panel(ax, lm: LiveMemory) -> None:
-    tops = [max(sum(r.predicted.values()), sum(r.measured.values())) for r in lm.ranks]
+    bars = bar_groups(lm)
+    tops = [max(sum(r.predicted.values()), sum(r.measured.values())) for _, r in bars]
     div, unit = C.byte_scale(max(tops) if tops else 1)
     w = 0.38
-    for i, r in enumerate(lm.ranks):
+    for i, (_, r) in enumerate(bars):
         for j, (src, vals) in enumerate((("predicted", r.predicted), ("measured", r.measured))):
             xpos = i + (j - 0.5) * (w + 0.04)
             bottom = 0.0
@@ -299,12 +321,13 @@ def _live_panel(ax, lm: LiveMemory) -> None:
                        hatch="//" if src == "measured" else None, edgecolor="white", linewidth=0.5,
                        label=(LIVE_LABELS[k] if (i == 0 and j == 0) else None))
                 bottom += vals[k] / div
-            ax.text(xpos, bottom, "exact" if src == "predicted" else "measured", ha="center",
-                    va="bottom", fontsize=7)
-    ax.set_xticks(range(len(lm.ranks)))
-    ax.set_xticklabels([f"rank {r.rank}\nmeasured − predicted: {C.fmt_signed_bytes(r.diff['total'])}"
-                        for r in lm.ranks], fontsize=8.5)
-    for lab, r in zip(ax.get_xticklabels(), lm.ranks):
+            tag = ("exact" if src == "predicted" else "measured") if len(bars) <= 3 else src[:4] + "."
+            ax.text(xpos, bottom, tag, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(bars)))
+    diff_tag = "measured − predicted: " if len(bars) <= 2 else "Δ "
+    ax.set_xticklabels([f"{label}\n{diff_tag}{C.fmt_signed_bytes(r.diff['total'])}"
+                        for label, r in bars], fontsize=8.5 if len(bars) <= 4 else 7)
+    for lab, (_, r) in zip(ax.get_xticklabels(), bars):
         lab.set_color("#2a7d2a" if r.agrees else "#b00020")
     ax.set_ylabel(f"bytes held ({C.unit_note(unit)})")
     ax.set_ylim(0, (max(tops) / div if tops else 1) * 1.3)

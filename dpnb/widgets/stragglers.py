@@ -140,12 +140,22 @@ def clear(cluster) -> None:
 
 
 # ----------------------------------------------------------------- output
+#: up to this many ranks each gets its own bar (and column) per step; beyond,
+#: the spread over ranks is drawn with the slowest rank named
+BARS_UP_TO = 8
+
+
 def table_rows(d: StragglerView) -> list[list[str]]:
+    if d.world_size > BARS_UP_TO:  # one column per rank stops being readable: the spread
+        return [[str(r.step), C.fmt_ms(min(r.compute_s)), C.fmt_ms(statistics.median(r.compute_s)),
+                 C.fmt_ms(max(r.compute_s)), C.fmt_ms(r.step_s), f"rank {r.slowest}"] for r in d.steps]
     return [[str(r.step)] + [C.fmt_ms(c) for c in r.compute_s] + [C.fmt_ms(r.step_s), f"rank {r.slowest}"]
             for r in d.steps]
 
 
 def _headers(d: StragglerView) -> list[str]:
+    if d.world_size > BARS_UP_TO:
+        return ["step", "compute min", "median", "max", "step time", "slowest"]
     return ["step"] + [f"rank {i} compute" for i in range(d.world_size)] + ["step time", "slowest"]
 
 
@@ -181,12 +191,41 @@ def html(d: StragglerView) -> str:
     return out
 
 
+def _spread_panel(ax, d: StragglerView) -> None:
+    """Many ranks: per step the range of compute times over all ranks, the
+    median, the slowest rank (named) and the step time everyone waited for."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    for i, r in enumerate(d.steps):
+        cs = [c * 1e3 for c in r.compute_s]
+        lo, hi = min(cs), max(cs)
+        ax.bar(i, hi - lo, 0.5, bottom=lo, color="#A7BBDD", edgecolor="none")
+        ax.plot([i - 0.25, i + 0.25], [statistics.median(cs)] * 2, color="#4C72B0", lw=2)
+        ax.plot([i], [cs[r.slowest]], "o", color="#b00020", ms=5)
+        ax.annotate(f"rank {r.slowest}", (i, r.step_s * 1e3), textcoords="offset points", xytext=(0, 4),
+                    fontsize=7, ha="center", va="bottom", color="#b00020")
+        ax.plot([i - 0.45, i + 0.45], [r.step_s * 1e3] * 2, color="black", lw=2)
+    ax.set_xticks(range(len(d.steps)))
+    ax.set_xticklabels([str(r.step) for r in d.steps], fontsize=8)
+    top = max(max(max(r.compute_s), r.step_s) for r in d.steps) * 1e3
+    ax.set_ylim(0, top * 1.35)
+    handles = [Patch(color="#A7BBDD", label=f"compute, min-max over {d.world_size} ranks"),
+               Line2D([], [], color="#4C72B0", lw=2, label="median rank"),
+               Line2D([], [], marker="o", color="#b00020", lw=0, label="slowest rank"),
+               Line2D([], [], color="black", lw=2, label="step time (all ranks)")]
+    ax.legend(handles=handles, fontsize=7.5, ncol=2, loc="upper left")
+    ax.set_title("Each step waits for the slowest rank (named)", fontsize=10)
+
+
 def figure(d: StragglerView):
     """Left: per step, each rank's compute time (bars) and the step time (black
     line), slowest rank outlined; right: 1 − (1 − p)^N vs N."""
     fig = C.new_figure(4.2)
     ax, ax2 = fig.subplots(1, 2, width_ratios=[1.3, 1])
-    if d.steps:
+    if d.steps and d.world_size > BARS_UP_TO:
+        _spread_panel(ax, d)
+    elif d.steps:
         ws = d.world_size
         width = 0.8 / ws
         cmap = ["#4C72B0", "#55A868", "#8172B3", "#64B5CD", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974"]

@@ -115,3 +115,26 @@ def test_local_cluster_listens_on_loopback_only():
         assert {conn.laddr.ip for conn in listening} == {"127.0.0.1"}
     finally:
         c.stop()
+
+
+def test_sigterm_ends_an_engine_at_once_after_its_atexit_hooks(tmp_path):
+    """Every stop sends SIGTERM: the engine runs the user's atexit hooks, then
+    dies of the signal (so a death report still names it), without waiting
+    for Python's slow teardown of torch; the whole stop leaves nothing."""
+    mark = tmp_path / "hook-ran"
+    c = dpnb.start(2, timeout=6)
+    try:
+        c.run(f"import atexit\nif rank == 1:\n    atexit.register(lambda: open({str(mark)!r}, 'w').write('ok'))",
+              display=False)
+        pid = c.ranks[1].pid
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        with pytest.raises(dpnb.RemoteCellError) as ei:
+            c.run("dist.barrier()", display=False)
+        assert "signal 15" in ei.value.died[1], ei.value.died
+        assert mark.read_text() == "ok"
+        assert time.monotonic() - t0 < 20  # not a timeout
+        owned = c._owned_pids()
+    finally:
+        c.stop()
+    assert _gone(owned, 5) == []

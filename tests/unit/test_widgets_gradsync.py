@@ -161,3 +161,28 @@ def test_first_iteration_is_compared_with_construction_time_buckets():
     assert "buckets: measured 1, model 1 (same sizes)" in d.comparison
     later = gradsync.data(records())  # the rebuilt buckets of a later step
     assert later.predicted.bucket_bytes == (10100, 4040)
+
+
+def records32(slow=17):
+    out = []
+    for r in range(32):
+        rec = ddp_record(r, shift=0.00001 * r)
+        rec["world_size"] = 32
+        rec["compute_s_all"] = [0.004] * 32
+        if r == slow:  # a straggler: its step and its last bucket end later
+            rec["step_time_s"] = 0.02
+            rec["buckets"][1]["end"] += 0.004
+        out.append(rec)
+    return out
+
+
+def test_32_ranks_draw_a_few_lanes_and_summarise_the_rest():
+    d = gradsync.data(records32())
+    shown = gradsync.shown_ranks(d)
+    assert 0 in shown and "slowest" in shown[17] and len(shown) <= 4
+    fig = gradsync.figure(d)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(labels) <= 4 * 5 and any("rank 17 (slowest" in x for x in labels)
+    out = gradsync.text(d)
+    assert "all 32 ranks, min / median / max" in out and "slowest rank 17" in out
+    assert sum(line.strip().startswith("rank ") for line in out.splitlines()) == len(shown)

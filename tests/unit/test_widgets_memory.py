@@ -3,6 +3,7 @@
 import pytest
 
 from dpnb.core import GB, ParamSpec, exact_rank_bytes, max_params_that_fit, zero_memory
+from dpnb.ranks import parse_ranks
 from dpnb.widgets import memory
 
 SPECS = [["0.weight", [7, 5], "float32", True], ["0.bias", [7], "float32", True],
@@ -92,3 +93,28 @@ def test_widget_controls_and_errors():
         memory.data(1e9, 2, "fp8", "adam")
     with pytest.raises(memory.C.ViewError, match="no memory snapshots"):
         memory.live_data([])
+
+
+def _snapshots32(strategy, leak_rank=None):
+    specs = [ParamSpec(n, tuple(s), d, r) for n, s, d, r in SPECS]
+    pred = exact_rank_bytes(specs, 32, strategy, "adamw", gradient_as_bucket_view=True)
+    return [{"rank": p.rank, "world_size": 32, "strategy": strategy, "optimizer": "adamw", "mixed_precision": "none",
+             "gradient_as_bucket_view": True, "specs": SPECS, "n_params": 66, "phase": "after_step", "step": 3,
+             "measured": {"params": p.params, "grads": p.grad_storage + (64 if p.rank == leak_rank else 0),
+                          "optimizer": p.optimizer_state}} for p in pred]
+
+
+def test_32_ranks_share_bars_and_name_the_outliers():
+    lm = memory.live_data(_snapshots32("zero3", leak_rank=7))
+    groups = memory.bar_groups(lm)
+    labels = [label for label, _ in groups]
+    # FSDP pads the 66 parameters' shards: ranks past the data hold padding only
+    # (different predicted bytes); the leaking rank 7 gets a pair of its own
+    assert "rank 7" in labels and len(groups) < 8, labels
+    assert sum(len(parse_ranks(label.split(" ", 1)[1], 32)) for label in labels) == 32
+    rows = memory.live_rows(lm)
+    assert len(rows) == 4 * len(groups)
+    d = memory.data(7e9, 32, live=lm)
+    assert "rank 7 +64 B" in memory.text(d)
+    fig = memory.figure(d)
+    assert len(fig.axes[-1].get_xticklabels()) == len(groups)

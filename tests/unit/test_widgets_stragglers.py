@@ -105,3 +105,22 @@ def test_estimated_delay_without_injection_on_two_ranks():
     recs = [{"step": i, "compute_s_all": [0.010, 0.110], "step_time_s": 0.12} for i in range(4)]
     d = stragglers.data(recs, p=0.01)
     assert d.delay_s == pytest.approx(0.100)
+
+
+def test_32_ranks_draw_the_spread_and_name_the_slowest():
+    out = []
+    for s in range(5):
+        comp = [0.02 + 0.0001 * r for r in range(32)]
+        comp[23] += 0.03
+        out.append({"step": s, "rank": 0, "compute_s_all": comp, "step_time_s": max(comp) + 0.003})
+    d = stragglers.data(out, p=0.01)
+    fig = stragglers.figure(d)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 5  # one min-max bar per step, not 32 per step
+    assert len(ax.get_legend().get_texts()) == 4
+    names = [t.get_text() for t in ax.texts]
+    assert names == ["rank 23"] * 5
+    bar = ax.patches[0]
+    assert bar.get_y() == pytest.approx(20.0) and bar.get_y() + bar.get_height() == pytest.approx(52.3)
+    text = stragglers.text(d)
+    assert "rank 23" in text

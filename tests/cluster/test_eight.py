@@ -1,0 +1,50 @@
+"""The spine at 8 ranks on this machine: cell, output folding, all_reduce, a
+raising rank released at once, status grouped, stop with nothing left."""
+
+import time
+
+import psutil
+import pytest
+
+import dpnb
+from dpnb import display
+
+
+def _alive(pids):
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_eight_ranks_spine(capsys):
+    c = dpnb.start(8, timeout=20, threads=1)
+    try:
+        assert c.world_size == 8
+        r = c.run("print('same')\nif rank == 5:\n    print('odd one')")
+        assert r.ok
+        out = capsys.readouterr().out
+        assert "[ranks 0-4,6-7]\nsame\n" in out and "[rank 5]\nsame\nodd one" in out
+        c.run("print('same')")
+        assert "[all 8 ranks]\nsame" in capsys.readouterr().out
+        assert c.run("t = torch.ones(1)\ndist.all_reduce(t)\nout = t.item()", display=False).ok
+        assert c.pull("out") == [8.0] * 8
+        t0 = time.monotonic()
+        with pytest.raises(dpnb.RemoteCellError) as ei:
+            c.run("t = torch.ones(1)\nif rank == 3:\n    raise KeyError('only 3')\ndist.all_reduce(t)",
+                  display=False)
+        assert time.monotonic() - t0 < 15  # released, not the 20 s group timeout
+        assert ei.value.failures[3][0] == "KeyError"
+        assert ei.value.waiting == [0, 1, 2, 4, 5, 6, 7]
+        assert "ranks 0-2,4-7 were waiting on rank 3" in ei.value.report
+        assert c.run("t = torch.ones(1)\ndist.all_reduce(t)\nassert t.item() == 8", display=False).ok
+        text = display.status_text(c.status())
+        assert text.splitlines()[0].startswith("rank ")  # 8 ranks: still one row each
+        owned = c._owned_pids()
+    finally:
+        c.stop()
+    assert _alive(owned) == []
