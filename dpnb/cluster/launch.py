@@ -314,6 +314,9 @@ def _start_overlapped(icluster, n: int, timeout: float):
         "DPNB_CONNECTION_FILE": os.path.join(
             icluster.profile_dir, "security", f"ipcontroller-{icluster.cluster_id}-engine.json"),
         "DPNB_CONNECTION_WAIT": str(timeout),
+        # more engines than cores: the background preload of DDP/FSDP/dynamo
+        # would compete with the start itself (dpnb.engine.setup.PRELOAD_ENV)
+        "DPNB_PRELOAD": "all" if n <= (os.cpu_count() or 1) else "torch",
     }
     icluster.send_engines_connection_env = False
     icluster.start_engines_sync(n)

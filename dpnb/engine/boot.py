@@ -23,9 +23,9 @@ import time
 
 
 def _preload() -> None:
-    from .setup import PRELOAD_MODULES, import_quietly
+    from .setup import import_quietly, preload_modules
 
-    import_quietly(("torch", "torch.distributed", *PRELOAD_MODULES))
+    import_quietly(("torch", "torch.distributed", *preload_modules()))
 
 
 def wait_for_connection(path: str, timeout: float, poll: float = 0.02) -> str | None:

@@ -353,6 +353,18 @@ PRELOAD_MODULES = ("torch.nn.parallel", "torch.distributed.optim", "torch.distri
             "torch._dynamo", "dpnb.engine.training")
 
 
+#: ``DPNB_PRELOAD=torch`` (set by the local launcher when the engines
+#: outnumber the cores): import torch only.  The preload is free while the
+#: CPU waits for the cluster to start; with 16 engines on 2 cores it is not --
+#: it made the start 1.4x raw ipyparallel's at N=16 and 1.7x at N=32 -- and
+#: only the first %dp wrap needs those modules.
+PRELOAD_ENV = "DPNB_PRELOAD"
+
+
+def preload_modules() -> tuple[str, ...]:
+    return () if os.environ.get(PRELOAD_ENV) == "torch" else PRELOAD_MODULES
+
+
 def import_quietly(names) -> None:
     """Import ``names`` in order.  A failure is logged, not raised: the real
     import, in the cell or call that needs the module, reports it."""
@@ -391,9 +403,9 @@ def wait_preload(*_ignored) -> None:
 
 def _start_preload() -> None:
     """Import what the first ``%dp wrap`` needs in the background, once per process."""
-    if _preloading() or all(m in sys.modules for m in PRELOAD_MODULES):
+    if _preloading() or all(m in sys.modules for m in preload_modules()):
         return
-    threading.Thread(target=import_quietly, args=(PRELOAD_MODULES,), name=PRELOAD_THREAD,
+    threading.Thread(target=import_quietly, args=(preload_modules(),), name=PRELOAD_THREAD,
                      daemon=True).start()
     from IPython import get_ipython
 

@@ -171,3 +171,12 @@ def test_a_release_always_means_re_forming():
     assert not classify(res).needs_reform
     res.released = True
     assert classify(res).needs_reform
+
+
+def test_preload_is_skipped_when_engines_outnumber_cores(monkeypatch):
+    from dpnb.engine import setup
+
+    monkeypatch.setenv(setup.PRELOAD_ENV, "torch")
+    assert setup.preload_modules() == ()
+    monkeypatch.setenv(setup.PRELOAD_ENV, "all")
+    assert "torch._dynamo" in setup.preload_modules()
