@@ -56,6 +56,9 @@ def sub(name: str, prog: str | None = None):
           help="the Python to run on other hosts (ssh), one that has dpnb installed "
                "(default: python3 on the remote PATH)")
 @argument("--ssh-config", default=None, metavar="FILE", help="ssh config file for --engines ssh")
+@argument("--no-zygote", action="store_true",
+          help="local engines: start each as its own Python (each imports torch) instead of "
+               "forking them from one process that imported torch once")
 @argument("--master-addr", default=None,
           help="address of rank 0 the other ranks reach the process group's store on "
                "(default: rank 0's address on its route to the controller)")

@@ -119,7 +119,8 @@ class DPMagics(Magics):
                              timeout=a.timeout, threads=a.threads,
                              launcher_args=a.launcher_args, controller_ip=a.controller_ip,
                              env=a.env, remote_python=a.remote_python,
-                             ssh_config=a.ssh_config, master_addr=a.master_addr)
+                             ssh_config=a.ssh_config, master_addr=a.master_addr,
+                             zygote=False if a.no_zygote else None)
         self.cluster = c
         devs = sorted({r.device for r in c.ranks})
         hosts = sorted({r.host for r in c.ranks})

@@ -93,7 +93,7 @@ class Cluster:
         self.transport = Transport(client, ranks, self.health, self.procs, timeout_s)
         self.group = Group(self.transport, ranks, self.health, backend=backend,
                            master_addr=master_addr, timeout_s=timeout_s, threads=threads,
-                           local=local, env=self.spec.env_dict)
+                           local=local, env=self.spec.env_dict, watch_kernel=agents is None)
         self.last_train: dict | None = None  # filled by dpnb.train
         self.last_wrap: dict | None = None
         self.setup_log = SetupLog()
@@ -111,7 +111,8 @@ class Cluster:
               threads: int | None = None, start_timeout: float = 120.0,
               launcher_args: Sequence[str] | None = None,
               controller_ip: str | None = None, env=None, remote_python: str | None = None,
-              ssh_config: str | None = None, master_addr: str | None = None) -> Cluster:
+              ssh_config: str | None = None, master_addr: str | None = None,
+              zygote: bool | None = None) -> Cluster:
         """Start ``n`` engines and join them in a torch.distributed group.
 
         ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
@@ -124,12 +125,14 @@ class Cluster:
         ``["K=V", ...]`` for every engine; ``remote_python``: the Python on
         other hosts (default ``python3``); ``ssh_config``: an ssh config file;
         ``master_addr``: the group's store address instead of rank 0's route
-        to the controller.
+        to the controller.  ``zygote``: local engines forked from one process
+        that imported torch once (:mod:`dpnb.engine.hostagent`); default: on
+        hosts without an NVIDIA driver (see :func:`launch.zygote_default`).
         """
         spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
                           controller_ip=controller_ip, env=launch.parse_env(env),
                           remote_python=remote_python, ssh_config=ssh_config,
-                          master_addr=master_addr)
+                          master_addr=master_addr, zygote=engines == "local" and launch.zygote_default(zygote))
         gpu_list = launch.check_start_args(n, backend, engines, timeout, threads, gpus)
         if engines == "ssh":
             from .agents import parse_hosts

@@ -27,6 +27,7 @@ import os
 import queue
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -199,11 +200,12 @@ class Agents:
     """The cluster's host agents, keyed by the host name given to ``--launcher-arg``."""
 
     def __init__(self, hosts: dict[str, int], *, remote_python: str,
-                 ssh_config: str | None, env: dict[str, str]):
+                 ssh_config: str | None, env: dict[str, str], local_zygote: bool = False):
         self.counts = dict(hosts)
         self.remote_python = remote_python
         self.ssh_config = ssh_config
         self.env = dict(env)
+        self.local_zygote = local_zygote  # one agent on this host, forking its engines
         self.agents: dict[str, HostAgent] = {}
 
     def _parallel(self, fn, hosts: Iterable[str]) -> dict:
@@ -224,7 +226,10 @@ class Agents:
     def open(self) -> None:
         """Start one agent per host over ssh, in parallel."""
         for h in self.counts:
-            cmd = [*ssh_command(self.ssh_config), h, self.remote_python, "-m", AGENT_MODULE]
+            if self.local_zygote:
+                cmd = [self.remote_python, "-m", AGENT_MODULE, "--zygote"]
+            else:
+                cmd = [*ssh_command(self.ssh_config), h, self.remote_python, "-m", AGENT_MODULE]
             self.agents[h] = HostAgent(h, cmd)
 
     def hello(self, connection: str) -> dict[str, dict]:
@@ -266,9 +271,10 @@ class Agents:
         if e is not None:
             from .processes import describe_exit
 
-            return f"{describe_exit(e.get('code'))} on {host}"
+            return describe_exit(e.get("code")) + ("" if self.local_zygote else f" on {host}")
         if a.proc.poll() is not None:
-            return f"the ssh connection to {host} ended"
+            return ("the zygote agent on this host ended" if self.local_zygote
+                    else f"the ssh connection to {host} ended")
         return None
 
     def signal(self, host: str, pid: int, sig: int) -> bool:
@@ -286,9 +292,16 @@ class Agents:
         return [a.proc.pid for a in self.agents.values() if a.proc.poll() is None]
 
     def close(self) -> None:
-        """Stop every host's engines and agent, all hosts at once."""
-        with ThreadPoolExecutor(max(1, len(self.agents))) as pool:
-            list(pool.map(lambda a: a.close(), self.agents.values()))
+        """Stop every host's engines and agent, all hosts at once.
+
+        Plain threads, not an executor: this also runs from ``atexit`` (a
+        kernel exiting), when executors refuse new work."""
+        threads = [threading.Thread(target=a.close, name=f"dpnb-close-{h}", daemon=True)
+                   for h, a in self.agents.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
 
 def _check_versions(info: dict[str, dict]) -> None:
@@ -331,6 +344,11 @@ def start_over_ssh(icluster, n: int, spec, timeout: float):
     """
     agents = Agents(parse_hosts(n, spec.launcher_args), remote_python=spec.remote_python or "python3",
                     ssh_config=spec.ssh_config, env=spec.env_dict)
+    return _start_with(agents, icluster, n, timeout)
+
+
+def _start_with(agents: Agents, icluster, n: int, timeout: float):
+    """Agents and controller at once, then every agent's engines, registered."""
     try:
         agents.open()
         icluster.start_controller_sync()
@@ -342,6 +360,23 @@ def start_over_ssh(icluster, n: int, spec, timeout: float):
     except BaseException:
         agents.close()
         raise
+
+
+#: the host name a zygote cluster's one agent is known by (ranks' ``location``)
+ZYGOTE_HOST = "localhost"
+
+
+def start_zygote(icluster, n: int, spec, timeout: float):
+    """The local start with one zygote: an agent on this host imports torch
+    once, while the controller starts, then forks the ``n`` engines.
+
+    Same protocol and bookkeeping as the ssh agents (exits reported at once,
+    signals and stops only for its own engines, engines exit if it dies);
+    the engines are local processes, children of the agent.
+    """
+    agents = Agents({ZYGOTE_HOST: n}, remote_python=sys.executable, ssh_config=None,
+                    env={**spec.env_dict, "DPNB_PRELOAD": "all"}, local_zygote=True)
+    return _start_with(agents, icluster, n, timeout)
 
 
 def _wait_registered(client, n: int, agents: Agents, started: dict[str, list[int]],

@@ -33,8 +33,11 @@ class Group:
 
     def __init__(self, transport: Transport, ranks: list[RankInfo], health: Health, *,
                  backend: str, master_addr: str, timeout_s: float, threads: int, local: bool,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, watch_kernel: bool = True):
         self.t = transport
+        # engines that are this kernel's grandchildren (forked by a local
+        # zygote agent) watch the agent instead, which watches this kernel
+        self.watch_kernel = watch_kernel
         self.ranks = ranks
         self.health = health
         self.backend = backend
@@ -60,7 +63,7 @@ class Group:
                 ri, world_size=len(self.ranks), backend=self.backend,
                 master_addr=self.master_addr, master_port=self.master_port,
                 timeout_s=self.timeout_s, threads=self.threads, local=self.local,
-                watch_ppid=kernel if (self.local and fresh) else None, token=self.t.token,
+                watch_ppid=kernel if (self.local and fresh and self.watch_kernel) else None, token=self.t.token,
                 env=self.env),)
         res = self.t.setup_all("init_rank", per_rank=infos, timeout=60)
         if not res.ok:

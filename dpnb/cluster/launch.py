@@ -248,6 +248,17 @@ def controller_address(icluster) -> str:
     return iface if iface not in ("", "*", "0.0.0.0") else str(info.get("location") or "127.0.0.1")
 
 
+def zygote_default(asked: bool | None) -> bool:
+    """Whether local engines are forked from one zygote: as asked, else on
+    hosts without an NVIDIA driver.  A CUDA context made before a fork is
+    unusable in the children; the zygote never makes one on purpose, but
+    that is untested on GPU hosts (no GPU here), so they keep one Python per
+    engine unless ``zygote=True``."""
+    if asked is not None:
+        return bool(asked)
+    return not os.path.exists("/dev/nvidiactl")
+
+
 def start_engines(icluster, n: int, spec: LaunchSpec, timeout: float):
     """Start the controller and ``n`` engines; return ``(client, agents or None)``."""
     if spec.engines == "ssh":
@@ -256,6 +267,10 @@ def start_engines(icluster, n: int, spec: LaunchSpec, timeout: float):
         return start_over_ssh(icluster, n, spec, timeout)
     if spec.engines != "local":
         return icluster.start_and_connect_sync(n=n), None
+    if spec.zygote:
+        from .agents import start_zygote
+
+        return start_zygote(icluster, n, spec, timeout)
     return _start_overlapped(icluster, n, timeout), None
 
 

@@ -55,6 +55,9 @@ class LaunchSpec:
     remote_python: str | None = None  # ssh: python3; slurm/mpi: this Python's path
     ssh_config: str | None = None
     master_addr: str | None = None
+    # local: fork the engines from one process that imported torch once
+    # (dpnb.engine.hostagent --zygote) instead of starting N interpreters
+    zygote: bool = False
 
     @property
     def env_dict(self) -> dict[str, str]:

@@ -23,7 +23,12 @@ killed kernel leaves nothing running on the remote hosts.  Engines watch the
 agent in turn (``DPNB_WATCH_PARENT``) and exit if it is SIGKILLed.
 
 Only the standard library is imported here: the agent must start in well
-under a second, and it never touches torch.
+under a second, and it never touches torch -- except as a *zygote*
+(``--zygote``, dpnb's local launcher): then it imports torch, ipyparallel's
+engine and what the first ``%dp wrap`` needs once, and *forks* each engine
+from itself, so N engines on one host import torch once instead of N times
+(pages are shared copy-on-write).  Nothing touches CUDA before the fork;
+each engine picks its GPU after, in ``init_rank``.
 """
 
 from __future__ import annotations
@@ -42,9 +47,49 @@ import time
 GRACE_S = 3.0  # SIGTERM -> SIGKILL
 
 
+class _Forked:
+    """The part of ``subprocess.Popen`` the agent uses, for an engine forked
+    from this (zygote) agent: the watcher thread reaps it with ``waitpid``."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+        self._done = threading.Event()
+
+    def reap(self) -> int:
+        _, status = os.waitpid(self.pid, 0)
+        self.returncode = os.waitstatus_to_exitcode(status)  # -N: killed by signal N, as Popen
+        self._done.set()
+        return self.returncode
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(str(self.pid), timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+
+def _zygote_imports() -> None:
+    """What every engine would import by itself, imported once before forking."""
+    import importlib
+
+    for name in ("torch", "torch.distributed", "ipyparallel.engine.app", "dpnb.engine.boot",
+                 "dpnb.engine.setup", "torch.nn.parallel", "torch.distributed.optim",
+                 "torch.distributed.fsdp", "torch._dynamo", "dpnb.engine.training"):
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # the engine's own import reports it, loudly
+            print(f"dpnb zygote: import of {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+
 class Agent:
-    def __init__(self, out=sys.stdout):
+    def __init__(self, out=sys.stdout, zygote: bool = False):
         self.out = out
+        self.zygote = zygote
         self.lock = threading.Lock()
         self.dir = tempfile.mkdtemp(prefix="dpnb-host-")
         self.conn_file = os.path.join(self.dir, "engine.json")
@@ -76,15 +121,67 @@ class Agent:
             log = os.path.join(self.dir, f"engine-{self.serial}.log")
             env = {**os.environ, **self.env, "DPNB_CONNECTION_FILE": self.conn_file,
                    "DPNB_CONNECTION_WAIT": "60", "DPNB_WATCH_PARENT": "1"}
-            with open(log, "wb") as f:
-                p = subprocess.Popen([sys.executable, "-m", "dpnb.engine.boot"], env=env,
-                                     stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=os.path.expanduser("~"))
+            if self.zygote:
+                self._check_fork_safe()
+                p = self._fork(env, log)
+            else:
+                with open(log, "wb") as f:
+                    p = subprocess.Popen([sys.executable, "-m", "dpnb.engine.boot"], env=env,
+                                         stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                         start_new_session=True, cwd=os.path.expanduser("~"))
             self.procs[p.pid] = p
             self.logs[p.pid] = log
             threading.Thread(target=self._watch, args=(p,), daemon=True).start()
             pids.append(p.pid)
         return {"pids": pids}
+
+    def _check_fork_safe(self) -> None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            raise RuntimeError("CUDA was initialised in the zygote before forking; its engines "
+                               "could not use the GPU: start with --no-zygote")
+
+    def _fork(self, env: dict, log: str) -> _Forked:
+        """One engine, forked from this process (torch already imported).
+
+        The child leaves the agent's session and pipes (stdin from /dev/null,
+        output to its log, the protocol's descriptor closed), takes the
+        engine environment and runs what ``python -m dpnb.engine.boot`` runs;
+        it never returns into the agent's code.
+        """
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        pid = os.fork()
+        if pid:
+            os.close(fd)
+            return _Forked(pid)
+        code = 1
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(self.out.fileno())
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = [sys.argv[0]]
+            from dpnb.engine import boot
+
+            boot.main()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0
+        except BaseException as e:  # the log is all the notebook will see: say why
+            print(f"dpnb engine (forked) failed: {type(e).__name__}: {e}", file=sys.stderr)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # the engine is ending; its log is what it is
+                    pass
+            os._exit(code)
 
     def signal(self, msg: dict) -> dict:
         pid, sig = int(msg["pid"]), int(msg["sig"])
@@ -108,8 +205,8 @@ class Agent:
         return {"stopped": sorted(p.pid for p in live)}
 
     # ---------------------------------------------------------------- loop
-    def _watch(self, p: subprocess.Popen) -> None:
-        code = p.wait()
+    def _watch(self, p) -> None:
+        code = p.reap() if isinstance(p, _Forked) else p.wait()
         self.send({"event": "exit", "pid": p.pid, "code": code, "tail": _tail(self.logs[p.pid])})
 
     def serve(self, inp=sys.stdin) -> None:
@@ -163,7 +260,13 @@ def main() -> None:
     # stdout carries the protocol; anything else a library prints goes to stderr
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    Agent(out).serve()
+    zygote = "--zygote" in sys.argv[1:]
+    if zygote:
+        _zygote_imports()
+    Agent(out, zygote=zygote).serve()
+    out.flush()
+    # a zygote holds torch: Python's teardown of it took 1-2 s, for nothing
+    os._exit(0)
 
 
 if __name__ == "__main__":

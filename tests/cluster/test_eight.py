@@ -3,22 +3,11 @@ raising rank released at once, status grouped, stop with nothing left."""
 
 import time
 
-import psutil
 import pytest
 
 import dpnb
 from dpnb import display
-
-
-def _alive(pids):
-    out = []
-    for p in pids:
-        try:
-            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+from helpers.nbutil import alive
 
 
 def test_eight_ranks_spine(capsys):
@@ -44,7 +33,7 @@ def test_eight_ranks_spine(capsys):
         assert c.run("t = torch.ones(1)\ndist.all_reduce(t)\nassert t.item() == 8", display=False).ok
         text = display.status_text(c.status())
         assert text.splitlines()[0].startswith("rank ")  # 8 ranks: still one row each
-        owned = c._owned_pids()
+        owned = c.procs.owned(c.ranks)
     finally:
         c.stop()
-    assert _alive(owned) == []
+    assert alive(owned, wait_s=5) == {}
