@@ -480,9 +480,9 @@ class Cluster:
             self.client.close()
         except Exception as e:  # the sockets go with the process anyway
             log.info("closing the ipyparallel client: %s: %s", type(e).__name__, e)
+        self.procs.terminate_engines(owned)  # this host's engines and nannies, all at once
         if self.agents is not None:  # every host at once: SIGTERM, then SIGKILL
             self.agents.close()
-        self.procs.terminate_engines(owned)
         stop_ipp(self._ipp)
         wait_pids_gone(owned, 10.0)
         self.procs.stop_reaper()

@@ -215,16 +215,18 @@ class Processes:
                 pass
 
     def terminate_engines(self, owned: dict[int, float]) -> None:
-        """SIGTERM every process of ``owned`` but the controller, all at once.
+        """SIGTERM every process of ``owned`` but the controller and the host agents, all at once.
 
         The engines end at once (``dpnb.engine.setup`` makes SIGTERM exit
         fast); their ipyparallel nannies, which would otherwise outlive them
         by 1-2 s reporting the exit to a controller that is stopping anyway,
         end with them.  Checked by PID and start time; this host only.
         """
-        ctl = getattr(getattr(self.ipp, "controller", None), "pid", None)
+        keep = {getattr(getattr(self.ipp, "controller", None), "pid", None)}
+        if self.agents is not None:  # agents answer their own "stop" (and reap what they forked)
+            keep |= set(self.agents.local_pids())
         for pid, started in owned.items():
-            if pid == ctl or not same_process(pid, started):
+            if pid in keep or not same_process(pid, started):
                 continue
             try:
                 os.kill(pid, signal.SIGTERM)
