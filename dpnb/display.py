@@ -47,6 +47,16 @@ def byte_span(vals, **kw) -> str:
     return fmt_bytes(lo, **kw) if lo == hi else f"{fmt_bytes(lo, **kw)} - {fmt_bytes(hi, **kw)}"
 
 
+def group_cells(rs: list[dict]) -> list[str]:
+    """The cells a group of status rows shares: ranks, host, engines, devices,
+    backend, alive, state (the key of :func:`group_status` and its spans)."""
+    r0 = rs[0]
+    return [rank_label(r["rank"] for r in rs), str(r0.get("host", "")),
+            f"{len(rs)} engine{'s' if len(rs) > 1 else ''}",
+            devices_label([str(r.get("device", "")) for r in rs]), str(r0.get("backend", "")),
+            "yes" if r0.get("alive", True) else "NO", str(r0.get("state", ""))]
+
+
 def _grouped_rows(rows: list[dict]) -> list[list[str]]:
     out = []
     for rs in group_status(rows):
@@ -54,10 +64,7 @@ def _grouped_rows(rows: list[dict]) -> list[list[str]]:
         gpu = [r.get("cuda_allocated") for r in rs if r.get("cuda_allocated") is not None]
         if gpu:
             mem += f" (GPU {byte_span(gpu, binary=True)})"
-        out.append([rank_label(r["rank"] for r in rs), rs[0]["host"],
-                    f"{len(rs)} engine{'s' if len(rs) > 1 else ''}",
-                    devices_label([str(r["device"]) for r in rs]), rs[0]["backend"],
-                    "yes" if rs[0]["alive"] else "NO", str(rs[0]["state"]), mem])
+        out.append(group_cells(rs) + [mem])
     return out
 
 

@@ -375,7 +375,7 @@ def start_zygote(icluster, n: int, spec, timeout: float):
     the engines are local processes, children of the agent.
     """
     agents = Agents({ZYGOTE_HOST: n}, remote_python=sys.executable, ssh_config=None,
-                    env={**spec.env_dict, "DPNB_PRELOAD": "all"}, local_zygote=True)
+                    env=spec.env_dict, local_zygote=True)
     return _start_with(agents, icluster, n, timeout)
 
 

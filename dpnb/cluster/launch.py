@@ -322,16 +322,18 @@ def _start_overlapped(icluster, n: int, timeout: float):
     import torch and ipyparallel while the controller starts, then read the
     connection file themselves.
     """
+    from ..engine.setup import PRELOAD_ENV
+    from .agents import engine_connection_file
+
     launcher = icluster.config.LocalEngineSetLauncher
     launcher.engine_cmd = [sys.executable, "-m", "dpnb.engine.boot"]
     launcher.environment = {
         **dict(launcher.get("environment", {}) or {}),
-        "DPNB_CONNECTION_FILE": os.path.join(
-            icluster.profile_dir, "security", f"ipcontroller-{icluster.cluster_id}-engine.json"),
+        "DPNB_CONNECTION_FILE": engine_connection_file(icluster),
         "DPNB_CONNECTION_WAIT": str(timeout),
         # more engines than cores: the background preload of DDP/FSDP/dynamo
-        # would compete with the start itself (dpnb.engine.setup.PRELOAD_ENV)
-        "DPNB_PRELOAD": "all" if n <= (os.cpu_count() or 1) else "torch",
+        # would compete with the start itself
+        PRELOAD_ENV: "all" if n <= (os.cpu_count() or 1) else "torch",
     }
     icluster.send_engines_connection_env = False
     icluster.start_engines_sync(n)

@@ -77,9 +77,10 @@ def _zygote_imports() -> None:
     """What every engine would import by itself, imported once before forking."""
     import importlib
 
+    from dpnb.engine.setup import PRELOAD_MODULES  # torch-free itself
+
     for name in ("torch", "torch.distributed", "ipyparallel.engine.app", "dpnb.engine.boot",
-                 "dpnb.engine.setup", "torch.nn.parallel", "torch.distributed.optim",
-                 "torch.distributed.fsdp", "torch._dynamo", "dpnb.engine.training"):
+                 *PRELOAD_MODULES):
         try:
             importlib.import_module(name)
         except Exception as e:  # the engine's own import reports it, loudly

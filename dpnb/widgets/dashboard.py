@@ -19,8 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..display import GROUP_ABOVE, byte_span, devices_label, group_status
-from ..ranks import rank_label
+from ..display import GROUP_ABOVE, byte_span, group_cells, group_status
 from . import _common as C
 
 log = logging.getLogger("dpnb.dashboard")
@@ -119,10 +118,7 @@ def _grouped_status_rows(d: DashboardView) -> list[list[str]]:
     mem = {m["rank"]: m for m in d.memory}
     rows = []
     for rs in group_status(list(d.status)):
-        rows.append([rank_label(r["rank"] for r in rs), str(rs[0].get("host", "")),
-                     f"{len(rs)} engine{'s' if len(rs) > 1 else ''}",
-                     devices_label([str(r.get("device", "")) for r in rs]), str(rs[0].get("backend", "")),
-                     "yes" if rs[0].get("alive", True) else "NO", str(rs[0].get("state", "")),
+        rows.append(group_cells(rs) + [
                      byte_span([r.get("rss_bytes") for r in rs], binary=True),
                      byte_span([r.get("cuda_allocated") for r in rs], binary=True),
                      byte_span([mem.get(r["rank"], {}).get("state_bytes") for r in rs])])

@@ -99,8 +99,24 @@ class Host:
         return _sh("ip", "netns", "exec", self.ns, *cmd, check=False, timeout=timeout)
 
 
+class TornDownOnFailure:
+    """``with X(...) as x``: ``_up()`` on entry, ``close()`` on exit -- and on an
+    entry that fails part-way, so a half-built harness leaves nothing behind."""
+
+    def __enter__(self):
+        try:
+            self._up()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @dataclass
-class Hosts:
+class Hosts(TornDownOnFailure):
     """A bridge with ``n`` hosts; ``ssh_config`` reaches each by its hostname."""
 
     n: int = 2
@@ -115,17 +131,6 @@ class Hosts:
         self.ssh_config = os.path.join(self.dir, "ssh_config")
 
     # ------------------------------------------------------------- bring-up
-    def __enter__(self) -> Hosts:
-        try:
-            self._up()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def _up(self) -> None:
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
         _sh("ip", "addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 
-from .hosts import Hosts
+from .hosts import Hosts, TornDownOnFailure
 
 
 _CGROUP_V1 = ("mount -t tmpfs none /sys/fs/cgroup && for c in freezer cpuset memory devices "
@@ -33,7 +33,7 @@ def missing() -> str | None:
     return None
 
 
-class SlurmCluster:
+class SlurmCluster(TornDownOnFailure):
     def __init__(self, hs: Hosts, port: int = 16817):
         self.hs = hs
         self.dir = os.path.join(hs.dir, "slurm")
@@ -42,17 +42,6 @@ class SlurmCluster:
         self.env = {**os.environ, "SLURM_CONF": self.conf}
         self.procs: list[subprocess.Popen] = []
         self.port = port
-
-    def __enter__(self) -> "SlurmCluster":
-        try:
-            self._up()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _daemon(self, cmd: list[str], log: str) -> subprocess.Popen:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from dpnb import display
 from dpnb.widgets import dashboard
 
 STATUS = [{"rank": r, "host": "node0", "pid": 100 + r, "engine_id": r, "device": "cpu", "backend": "gloo",
@@ -106,13 +107,11 @@ def test_32_ranks_status_groups_agreeing_ranks_and_spells_out_the_odd_one():
 
 
 def test_device_ranges():
-    assert dashboard.devices_label([f"cuda:{i}" for i in range(8)]) == "cuda:0-7"
-    assert dashboard.devices_label(["cpu", "cpu"]) == "cpu"
+    assert display.devices_label([f"cuda:{i}" for i in range(8)]) == "cuda:0-7"
+    assert display.devices_label(["cpu", "cpu"]) == "cpu"
 
 
 def test_status_text_at_32_ranks_is_three_lines_of_groups():
-    from dpnb import display
-
     lines = display.status_text(_status32()).splitlines()
     assert lines[0].split()[:3] == ["ranks", "host", "engines"]
     assert len(lines) == 4 and "rank 13" in lines[2] and "NO" in lines[2]
