@@ -6,8 +6,10 @@ import statistics
 import time
 
 
-def median_call(fn, k: int) -> float:
-    """Median wall time (seconds) of ``k`` calls of ``fn``."""
+def median_call(fn, k: int, warmup: int = 0) -> float:
+    """Median wall time (seconds) of ``k`` calls of ``fn``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
     ts = []
     for _ in range(k):
         t0 = time.perf_counter()

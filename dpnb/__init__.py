@@ -30,8 +30,10 @@ def unload_ipython_extension(ip) -> None:
     from .magics import get_magics
 
     m = get_magics(ip)
-    if m is not None and m.cluster is not None:
-        m.cluster.stop()
+    if m is not None:
+        m.drop_warm()
+        if m.cluster is not None:
+            m.cluster.stop()
 
 
 def get_cluster(ip=None) -> Cluster | None:

@@ -7,6 +7,7 @@ magic does can be done from a script with ``dpnb.start(...)``.
 
 from __future__ import annotations
 
+import logging
 import shlex
 import textwrap
 
@@ -19,6 +20,7 @@ from .errors import DpnbError, RemoteCellError
 from .magic_args import SUBCOMMANDS as _SUBCOMMANDS
 from .magic_args import _cell
 
+log = logging.getLogger("dpnb.magics")
 
 def _is_dpnb_error(e: Exception) -> bool:
     return type(e).__module__.startswith("dpnb.")
@@ -62,6 +64,22 @@ class DPMagics(Magics):
         super().__init__(shell)
         self.cluster: cl.Cluster | None = None
         self.dashboard = None  # the live dashboard widget, if one is shown
+        self.warm = None  # a zygote importing torch ahead of %dp start (agents.WarmZygote)
+
+    def prewarm(self) -> None:
+        """Start a zygote now, so the next local ``%dp start`` skips torch's import."""
+        from .cluster import agents, launch
+
+        if self.warm is None and launch.prewarm_wanted():
+            try:
+                self.warm = agents.WarmZygote()
+            except OSError as e:  # the start then imports torch itself, as without
+                log.warning("could not start a warm zygote: %s", e)
+
+    def drop_warm(self) -> None:
+        if self.warm is not None:
+            self.warm.close()
+            self.warm = None
 
     # -------------------------------------------------------- entry point
     @line_cell_magic
@@ -120,7 +138,9 @@ class DPMagics(Magics):
                              launcher_args=a.launcher_args, controller_ip=a.controller_ip,
                              env=a.env, remote_python=a.remote_python,
                              ssh_config=a.ssh_config, master_addr=a.master_addr,
-                             zygote=False if a.no_zygote else None)
+                             zygote=False if a.no_zygote else None,
+                             warm=None if a.no_zygote else self.warm)
+        self.warm = None  # taken by the start, or closed by it if unusable
         self.cluster = c
         devs = sorted({r.device for r in c.ranks})
         hosts = sorted({r.host for r in c.ranks})
@@ -132,6 +152,8 @@ class DPMagics(Magics):
         c = self._need()
         pids = c.stop()
         print(f"dpnb: cluster stopped ({len(pids)} processes).")
+        if c.spec.zygote:  # a local cluster is usually followed by another
+            self.prewarm()
 
     def _do_status(self, a):
         from .display import show_status
@@ -372,6 +394,7 @@ class DPMagics(Magics):
 def load(ip) -> DPMagics:
     m = DPMagics(ip)
     ip.register_magics(m)
+    m.prewarm()
     return m
 
 

@@ -112,7 +112,7 @@ class Cluster:
               launcher_args: Sequence[str] | None = None,
               controller_ip: str | None = None, env=None, remote_python: str | None = None,
               ssh_config: str | None = None, master_addr: str | None = None,
-              zygote: bool | None = None) -> Cluster:
+              zygote: bool | None = None, warm=None) -> Cluster:
         """Start ``n`` engines and join them in a torch.distributed group.
 
         ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
@@ -127,7 +127,8 @@ class Cluster:
         ``master_addr``: the group's store address instead of rank 0's route
         to the controller.  ``zygote``: local engines forked from one process
         that imported torch once (:mod:`dpnb.engine.hostagent`); default: on
-        hosts without an NVIDIA driver (see :func:`launch.zygote_default`).
+        hosts without an NVIDIA driver (see :func:`launch.zygote_default`);
+        ``warm``: a :class:`agents.WarmZygote` started earlier, taken if usable.
         """
         spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
                           controller_ip=controller_ip, env=launch.parse_env(env),
@@ -139,7 +140,7 @@ class Cluster:
 
             parse_hosts(n, spec.launcher_args)  # bad hosts fail before anything starts
         _log.install()
-        icluster, client, agents, profile_dir = launch.bring_up(n, spec, start_timeout)
+        icluster, client, agents, profile_dir = launch.bring_up(n, spec, start_timeout, warm)
         try:
             return cls._form(icluster, client, n=n, backend=backend, spec=spec,
                              gpus=gpu_list, timeout=timeout, threads=threads,
@@ -322,23 +323,7 @@ class Cluster:
         sel = parse_ranks(ranks, self.world_size)
         self.transport.refresh_busy()
         answers = self.transport.where(sel)
-        res = CellResult(ranks=sel, outcomes={r: RankOutcome(rank=r) for r in sel}, elapsed_s=0.0,
-                         where={r: dict(a, running=r in self.busy)
-                                for r, a in answers.items() if a})
-        lines = []
-        verdict = diagnose.where_verdict(res)
-        if verdict:
-            lines.append(verdict)
-        for r in sel:
-            a = answers.get(r)
-            if r in self.dead:
-                lines.append(f"rank {r}: dead ({self.dead[r]})")
-            elif a is None:
-                lines.append(f"rank {r}: no answer from its side door")
-            elif r not in self.busy:
-                lines.append(f"rank {r}: idle" + (f" (last cell ran {a['cell_calls']})"
-                                                  if a.get("cell_calls") else ""))
-        return "\n".join(lines) or "every selected rank is idle"
+        return diagnose.where_report(sel, answers, busy=self.busy, dead=self.dead)
 
     def debug(self, rank: int | None = None) -> str:
         """The failing rank's frames of the last failed cell, with their locals."""

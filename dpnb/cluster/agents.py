@@ -223,9 +223,13 @@ class Agents:
             raise StartError("\n".join(errors))
         return out
 
-    def open(self) -> None:
-        """Start one agent per host over ssh, in parallel."""
+    def open(self, warm: WarmZygote | None = None) -> None:
+        """Start one agent per host over ssh, in parallel (or take the warm zygote)."""
         for h in self.counts:
+            taken = warm.take() if warm is not None and self.local_zygote else None
+            if taken is not None:
+                self.agents[h] = taken
+                continue
             if self.local_zygote:
                 cmd = [self.remote_python, "-m", AGENT_MODULE, "--zygote"]
             else:
@@ -236,7 +240,9 @@ class Agents:
         """Hand every agent the controller's connection info; check versions agree."""
         def one(h):
             env = {**self.env, "DPNB_LOCATION": h}
-            return self.agents[h].request("hello", connection=connection, env=env)
+            # a zygote's engines take this kernel's environment as it is now
+            base = dict(os.environ) if self.local_zygote else None
+            return self.agents[h].request("hello", connection=connection, env=env, environ=base)
 
         info = self._parallel(one, self.agents)
         _check_versions(info)
@@ -347,10 +353,10 @@ def start_over_ssh(icluster, n: int, spec, timeout: float):
     return _start_with(agents, icluster, n, timeout)
 
 
-def _start_with(agents: Agents, icluster, n: int, timeout: float):
+def _start_with(agents: Agents, icluster, n: int, timeout: float, warm=None):
     """Agents and controller at once, then every agent's engines, registered."""
     try:
-        agents.open()
+        agents.open(warm)
         icluster.start_controller_sync()
         agents.hello(wait_file(engine_connection_file(icluster), timeout))
         started = agents.start(agents.counts)
@@ -366,7 +372,7 @@ def _start_with(agents: Agents, icluster, n: int, timeout: float):
 ZYGOTE_HOST = "localhost"
 
 
-def start_zygote(icluster, n: int, spec, timeout: float):
+def start_zygote(icluster, n: int, spec, timeout: float, warm: WarmZygote | None = None):
     """The local start with one zygote: an agent on this host imports torch
     once, while the controller starts, then forks the ``n`` engines.
 
@@ -376,7 +382,85 @@ def start_zygote(icluster, n: int, spec, timeout: float):
     """
     agents = Agents({ZYGOTE_HOST: n}, remote_python=sys.executable, ssh_config=None,
                     env=spec.env_dict, local_zygote=True)
-    return _start_with(agents, icluster, n, timeout)
+    return _start_with(agents, icluster, n, timeout, warm)
+
+
+class WarmZygote:
+    """A zygote agent started ahead of the cluster, so that ``%dp start``
+    finds torch already imported.
+
+    ``%load_ext dpnb`` starts one (on hosts where the zygote is the default):
+    a fresh Python spends about 2 s importing torch (3.7 s with DDP, FSDP and
+    dynamo) here, which is most of a two-rank start.  It imports while the
+    user writes the next cell, and the first local start takes it.  Until
+    then it is one idle process of this kernel: it ends with the kernel (its
+    stdin is the kernel's pipe) or at :meth:`close`.  Its engines get the
+    kernel's environment of start time (sent with ``hello``); it is not used
+    if a variable read while importing torch changed since it started."""
+
+    def __init__(self):
+        self.env = _import_time_env()
+        self.agent: HostAgent | None = HostAgent(
+            ZYGOTE_HOST, [sys.executable, "-m", AGENT_MODULE, "--zygote"])
+
+    @property
+    def pid(self) -> int | None:
+        return self.agent.proc.pid if self.agent is not None else None
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Block until the zygote has imported everything (it answers only then)."""
+        if self.agent is None:
+            return False
+        try:
+            return bool(self.agent.request("ping", timeout=timeout).get("pong"))
+        except (DpnbError, StartError) as e:
+            log.info("warm zygote not ready: %s", e)
+            return False
+
+    def take(self) -> HostAgent | None:
+        """The agent, once, if still usable; else None (and it is closed)."""
+        a, self.agent = self.agent, None
+        if a is None:
+            return None
+        if a.proc.poll() is None and _import_time_env() == self.env:
+            return a
+        log.info("warm zygote not used (%s)", "it ended" if a.proc.poll() is not None
+                 else "the environment changed since it started")
+        _end(a)
+        return None
+
+    def close(self) -> None:
+        a, self.agent = self.agent, None
+        if a is not None:
+            _end(a)
+
+
+#: environment variables read while torch (and its libraries) load: a zygote
+#: started with other values imported a different torch set-up
+_IMPORT_TIME = ("TORCH", "PYTORCH", "CUDA", "NCCL", "GLOO", "OMP_", "MKL", "KMP_", "LD_",
+                "PYTHON", "NVIDIA", "CUBLAS", "CUDNN")
+
+
+def _import_time_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_TIME)}
+
+
+def _end(a: HostAgent) -> None:
+    """End an agent that forked nothing: EOF on its stdin, then SIGTERM (our
+    own child, by its Popen handle) if it is still importing."""
+    try:
+        a.proc.stdin.close()
+    except OSError as e:
+        log.debug("warm zygote stdin: %s", e)
+    try:
+        a.proc.wait(0.5)
+    except subprocess.TimeoutExpired:
+        a.proc.terminate()
+        try:
+            a.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            a.proc.kill()
+            a.proc.wait(5)
 
 
 def _wait_registered(client, n: int, agents: Agents, started: dict[str, list[int]],

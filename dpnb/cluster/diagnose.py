@@ -16,7 +16,7 @@ from typing import Iterable
 
 from ..errors import DpnbError, RemoteCellError
 from ..ranks import rank_label
-from .types import USER_ENAMES, CellResult
+from .types import USER_ENAMES, CellResult, RankOutcome
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _CELL_NO = re.compile(r"Cell In\[\d+\]")
@@ -173,6 +173,27 @@ class Diagnosis:
     interrupted: list[int]
     needs_reform: bool
     mismatch: list[int]
+
+
+def where_report(sel: list[int], answers: dict, *, busy: set, dead: dict) -> str:
+    """``%dp where``: the verdict over the busy ranks' side-door answers, then
+    one line per dead, silent or idle rank."""
+    res = CellResult(ranks=sel, outcomes={r: RankOutcome(rank=r) for r in sel}, elapsed_s=0.0,
+                     where={r: dict(a, running=r in busy) for r, a in answers.items() if a})
+    lines = []
+    verdict = where_verdict(res)
+    if verdict:
+        lines.append(verdict)
+    for r in sel:
+        a = answers.get(r)
+        if r in dead:
+            lines.append(f"rank {r}: dead ({dead[r]})")
+        elif a is None:
+            lines.append(f"rank {r}: no answer from its side door")
+        elif r not in busy:
+            lines.append(f"rank {r}: idle" + (f" (last cell ran {a['cell_calls']})"
+                                              if a.get("cell_calls") else ""))
+    return "\n".join(lines) or "every selected rank is idle"
 
 
 def classify(res: CellResult) -> Diagnosis:

@@ -109,6 +109,16 @@ def _quiet_ipp_log() -> logging.Logger:
     return ipp_log
 
 
+def heartbeat_ms(n: int) -> int:
+    """The controller's heartbeat period: short for a few engines, where
+    waiting for the next beat is most of a warm start (250 ms: a 2-rank start
+    1.7 s instead of 2.0-3.4 s at 1 s); 1 s from 9 engines on, where the
+    controller -- which also routes every cell -- would beat 32+ engines 4
+    times a second for a start that takes 10 s anyway.  Either way an engine
+    may miss 30 s of beats before it counts as dead."""
+    return 250 if n <= 8 else 1000
+
+
 def make_ipp_cluster(n: int, spec: LaunchSpec, profile_dir: str, start_timeout: float):
     """An unstarted ``ipyparallel.Cluster`` configured for dpnb."""
     import ipyparallel as ipp
@@ -121,9 +131,10 @@ def make_ipp_cluster(n: int, spec: LaunchSpec, profile_dir: str, start_timeout: 
     )
     # An engine counts as registered only once the controller's heart monitor
     # has seen it beat, by default every 3 s: up to 3 s of every start spent
-    # waiting.  Beat every second and allow 30 misses (still 30 s to answer).
-    icluster.controller_args = [*icluster.controller_args, "--HeartMonitor.period=1000",
-                                "--HeartMonitor.max_heartmonitor_misses=30"]
+    # waiting (with a warm zygote, most of a two-rank start).
+    period = heartbeat_ms(n)
+    icluster.controller_args = [*icluster.controller_args, f"--HeartMonitor.period={period}",
+                                f"--HeartMonitor.max_heartmonitor_misses={30_000 // period}"]
     env = spec.env_dict
     if engines in ("mpi", "slurm"):  # started by srun / mpiexec on the nodes
         cls = "MPIEngineSetLauncher" if engines == "mpi" else "SlurmEngineSetLauncher"
@@ -141,6 +152,10 @@ def make_ipp_cluster(n: int, spec: LaunchSpec, profile_dir: str, start_timeout: 
         icluster.config.MPIEngineSetLauncher.environment = env
     elif engines == "slurm":
         icluster.config.SlurmEngineSetLauncher.environment = env  # sbatch --export=ALL
+        # ipyparallel writes the script into its work_dir, the notebook's
+        # folder; an absolute name keeps it in the profile, removed at stop
+        icluster.config.SlurmEngineSetLauncher.batch_file_name = os.path.join(
+            profile_dir, "slurm_engine.sbatch")
         if spec.launcher_args:
             apply_launcher_args(icluster, engines, spec.launcher_args)
     elif engines == "local":
@@ -259,7 +274,17 @@ def zygote_default(asked: bool | None) -> bool:
     return not os.path.exists("/dev/nvidiactl")
 
 
-def start_engines(icluster, n: int, spec: LaunchSpec, timeout: float):
+#: ``DPNB_PREWARM=0`` turns off the zygote ``%load_ext dpnb`` starts ahead
+PREWARM_ENV = "DPNB_PREWARM"
+
+
+def prewarm_wanted() -> bool:
+    """Whether ``%load_ext dpnb`` starts a zygote ahead of ``%dp start``: where
+    the zygote is the default, unless ``DPNB_PREWARM=0``."""
+    return zygote_default(None) and os.environ.get(PREWARM_ENV, "1") != "0"
+
+
+def start_engines(icluster, n: int, spec: LaunchSpec, timeout: float, warm=None):
     """Start the controller and ``n`` engines; return ``(client, agents or None)``."""
     if spec.engines == "ssh":
         from .agents import start_over_ssh
@@ -270,11 +295,11 @@ def start_engines(icluster, n: int, spec: LaunchSpec, timeout: float):
     if spec.zygote:
         from .agents import start_zygote
 
-        return start_zygote(icluster, n, spec, timeout)
+        return start_zygote(icluster, n, spec, timeout, warm)
     return _start_overlapped(icluster, n, timeout), None
 
 
-def bring_up(n: int, spec: LaunchSpec, start_timeout: float):
+def bring_up(n: int, spec: LaunchSpec, start_timeout: float, warm=None):
     """Controller and engines in a fresh 0700 profile: ``(icluster, client, agents,
     profile_dir)``.  A failed start leaves no folder and no process."""
     import tempfile
@@ -287,7 +312,7 @@ def bring_up(n: int, spec: LaunchSpec, start_timeout: float):
     try:
         icluster = make_ipp_cluster(n, spec, profile_dir, start_timeout)
         try:
-            client, agents = start_engines(icluster, n, spec, start_timeout)
+            client, agents = start_engines(icluster, n, spec, start_timeout, warm)
         except (DpnbError, StartError):
             raise
         except Exception as e:

@@ -87,12 +87,15 @@ def latest_autosave(c: Cluster) -> str:
 
 
 # ipyparallel's default engine job, placed on one node (braces doubled for its
-# own formatting, which fills n, cluster_id and the command)
+# own formatting, which fills n, cluster_id, the command and the output file:
+# ipyparallel adds --output only to its own template, and without it Slurm
+# writes slurm-JOBID.out into the notebook's folder)
 SLURM_PINNED = """#!/bin/sh
 #SBATCH --export=ALL
 #SBATCH --job-name=ipengine-{{cluster_id}}
 #SBATCH --ntasks={{n}}
 #SBATCH --nodelist={host}
+#SBATCH --output={{output_file}}
 srun {{program_and_args}}
 """
 

@@ -95,6 +95,7 @@ class Agent:
         self.dir = tempfile.mkdtemp(prefix="dpnb-host-")
         self.conn_file = os.path.join(self.dir, "engine.json")
         self.env: dict[str, str] = {}
+        self.base_env: dict[str, str] | None = None
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, str] = {}
         self.serial = 0
@@ -109,6 +110,10 @@ class Agent:
         with open(os.open(self.conn_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write(msg["connection"])
         self.env = {str(k): str(v) for k, v in (msg.get("env") or {}).items()}
+        # a local zygote may have been started long before its cluster: its
+        # engines take the notebook's environment of now, as spawned ones would
+        if msg.get("environ") is not None:
+            self.base_env = {str(k): str(v) for k, v in msg["environ"].items()}
         versions = {}
         for mod in ("dpnb", "ipyparallel", "torch"):
             versions[mod] = _version(mod)
@@ -120,7 +125,8 @@ class Agent:
         for _ in range(int(msg.get("n", 1))):
             self.serial += 1
             log = os.path.join(self.dir, f"engine-{self.serial}.log")
-            env = {**os.environ, **self.env, "DPNB_CONNECTION_FILE": self.conn_file,
+            base = os.environ if self.base_env is None else self.base_env
+            env = {**base, **self.env, "DPNB_CONNECTION_FILE": self.conn_file,
                    "DPNB_CONNECTION_WAIT": "60", "DPNB_WATCH_PARENT": "1"}
             if self.zygote:
                 self._check_fork_safe()
@@ -218,7 +224,7 @@ class Agent:
                 msg = json.loads(line)
                 cmd = msg.get("cmd")
                 handler = {"hello": self.hello, "start": self.start, "signal": self.signal,
-                           "stop": self.stop}.get(cmd)
+                           "stop": self.stop, "ping": lambda m: {"pong": True}}.get(cmd)
                 try:
                     if handler is None:
                         raise ValueError(f"unknown command {cmd!r}")

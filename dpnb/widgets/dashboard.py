@@ -224,6 +224,13 @@ def figure(d: DashboardView):
                 if v and (not many or i == top_i):
                     ax3.text(x, v / div, C.fmt_bytes(v, binary=True, digits=3)
                              + (f"\n(rank {ranks[i]})" if many else ""), ha="center", va="bottom", fontsize=6.5)
+        # a dead rank's last memory is history: mark it where its bar stands
+        dead = [i for i, r in enumerate(ranks)
+                if any(st.get("rank") == r and not st.get("alive", True) for st in d.status)]
+        for i in dead:
+            ax3.plot([i], [0], marker="x", color="#C0392B", markersize=9, clip_on=False)
+            ax3.text(i, top / div * 1.08 if not wide else top * 2, f"rank {ranks[i]} dead",
+                     ha="center", va="bottom", fontsize=6.5, color="#C0392B")
         if many:
             step = -(-len(ranks) // 8)
             ax3.set_xticks(range(0, len(ranks), step))

@@ -84,6 +84,7 @@ class LiveMemory:
     step: int | None
     n_params: int
     ranks: tuple[RankMemory, ...]
+    precision: str = "fp32"  # the wrapped model's, as the memory view's menu names it
 
     @property
     def agrees(self) -> bool:
@@ -167,7 +168,8 @@ def live_data(snapshots: list[dict]) -> LiveMemory:
         diff["total"] = sum(diff.values())
         ranks.append(RankMemory(snap["rank"], measured, predicted, diff))
     return LiveMemory(s0["strategy"], s0["optimizer"], ws, s0.get("phase", "now"), s0.get("step"),
-                      int(s0.get("n_params", sum(sp.numel for sp in specs))), tuple(ranks))
+                      int(s0.get("n_params", sum(sp.numel for sp in specs))), tuple(ranks),
+                      PRECISION_OF.get(s0.get("mixed_precision", "none"), "fp32"))
 
 
 def fetch(cluster) -> LiveMemory:
@@ -339,14 +341,11 @@ def _live_panel(ax, lm: LiveMemory) -> None:
 
 
 # ----------------------------------------------------------------- widget
-def _live_defaults(lm: LiveMemory | None, snapshots: list | None) -> dict:
+def _live_defaults(lm: LiveMemory | None) -> dict:
     if lm is None:
         return {}
-    out: dict = {"n_params": float(lm.n_params), "dp": lm.world_size, "optimizer": lm.optimizer,
-                 "strategy": lm.strategy}
-    if snapshots:
-        out["precision"] = PRECISION_OF.get(snapshots[0].get("mixed_precision", "none"), "fp32")
-    return out
+    return {"n_params": float(lm.n_params), "dp": lm.world_size, "optimizer": lm.optimizer,
+            "strategy": lm.strategy, "precision": lm.precision}
 
 
 def view(cluster=None, *, n_params: float = 7e9, dp: int = 8, precision: str = "bf16-mixed",
@@ -358,7 +357,7 @@ def view(cluster=None, *, n_params: float = 7e9, dp: int = 8, precision: str = "
     if cluster is not None and live is None:
         snaps = C.call_ok(cluster, "dpnb.engine.views.memory_snapshot")
         live = live_data(snaps)
-    dflt = _live_defaults(live, snaps)
+    dflt = _live_defaults(live)
     n_params = dflt.get("n_params", n_params)
     dp = dflt.get("dp", dp)
     precision = dflt.get("precision", precision)
@@ -395,7 +394,7 @@ def _live_kw(cluster, kw: dict) -> dict:
         return kw
     snaps = C.call_ok(cluster, "dpnb.engine.views.memory_snapshot")
     lm = live_data(snaps)
-    return {**kw, **_live_defaults(lm, snaps), "live": lm}
+    return {**kw, **_live_defaults(lm), "live": lm}
 
 
 def show(cluster=None, **kw: Any) -> None:

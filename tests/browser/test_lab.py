@@ -1,8 +1,9 @@
 """The quick start, run the way a learner runs it: JupyterLab in Chromium.
 
 Starts ``jupyter lab`` on a free local port with a random token, temporary
-Jupyter/JupyterLab state dirs and the "Python 3 (dpnb)" kernelspec in a temp
-prefix; drives Debian's Chromium headless with Playwright's Python API (the
+Jupyter/JupyterLab state dirs (the notebooks run on the default "Python 3
+(ipykernel)" kernel, as right after the README's install, and load dpnb in
+their first cell); drives Debian's Chromium headless with Playwright's Python API (the
 package only: no ``playwright install``, the browser is /usr/bin/chromium);
 opens notebooks/00_quickstart.ipynb, does Run -> Run All Cells, and checks the
 rendered page: no error output, the live progress widget, the quiz widgets.
@@ -51,8 +52,8 @@ def _write_json(path: Path, data: dict) -> None:
 @pytest.fixture
 def lab(tmp_path):
     """A JupyterLab server on 127.0.0.1: yields (base_url, token)."""
+    # no dpnb kernelspec: the notebooks must run on what the install gives
     env = {**os.environ, **nbu.jupyter_env(tmp_path / "home")}
-    env["JUPYTER_PATH"] = nbu.install_kernelspec(tmp_path / "kernelspec")
     settings = Path(env["JUPYTERLAB_SETTINGS_DIR"])
     # never write the repository's notebook (Lab autosaves every 2 minutes)
     _write_json(settings / "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings",
@@ -112,10 +113,14 @@ def browser():
             b.close()
 
 
-def _select_dpnb_kernel_if_asked(page) -> None:
+#: the kernel the course's notebooks name: the default one, no dpnb kernelspec needed
+KERNEL = "Python 3 (ipykernel)"
+
+
+def _select_kernel_if_asked(page) -> None:
     dialog = page.locator(".jp-Dialog")
     if dialog.count() and dialog.locator("select").count():
-        dialog.locator("select").select_option(label="Python 3 (dpnb)")
+        dialog.locator("select").select_option(label=KERNEL)
         dialog.locator(".jp-mod-accept").click()
 
 
@@ -127,6 +132,53 @@ def _all_ran(page) -> dict:
         const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
         return {prompts, status: ind ? ind.getAttribute('data-status') : null};
     }""")
+
+
+def _run_all(page, base: str, token: str, notebook: str) -> None:
+    """Open ``notebook`` (a path under the server's root) in Lab, wait for its
+    kernel, Run -> Run All Cells, and wait until every cell ran (or one failed)."""
+    page.goto(f"{base}/lab/tree/{notebook}?token={token}", timeout=90_000)
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
+    # the notebook's kernel is up (it names it; pick it if Lab asks)
+    kname = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName").first
+    deadline = time.monotonic() + 90
+    while True:
+        _select_kernel_if_asked(page)
+        name = kname.inner_text().strip() if kname.count() else ""
+        idle = page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').count()
+        if name == KERNEL and idle:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"the {KERNEL} kernel did not start in 90 s (toolbar says {name!r})")
+        page.wait_for_timeout(500)
+
+    # more room for the notebook in the screenshot: fold the file browser
+    left = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
+    if left.count():
+        left.first.click()
+
+    # Run -> Run All Cells
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-item:not(.lm-mod-disabled)", has=page.locator(
+        ".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$"))).click()
+
+    n_code = page.locator(".jp-Notebook .jp-CodeCell").count()
+    deadline = time.monotonic() + RUN_ALL_TIMEOUT_S
+    state = _all_ran(page)
+    while time.monotonic() < deadline:
+        state = _all_ran(page)
+        done = [p for p in state["prompts"] if re.fullmatch(r"\[\d+\]:", p)]
+        if state["status"] == "idle" and len(done) == n_code:
+            break
+        # a failing cell ends Run All early (the cells after it never run)
+        if state["status"] == "idle" and done and not any("*" in p for p in state["prompts"]) \
+                and page.locator(f"{STDERR} >> text=/Traceback|Error/").count():
+            break
+        if state["status"] == "dead":
+            pytest.fail(f"the kernel died during Run All: {state}")
+        page.wait_for_timeout(1000)
+    else:
+        pytest.fail(f"Run All did not finish in {RUN_ALL_TIMEOUT_S} s: {state}")
 
 
 def test_run_all_in_jupyterlab(browser, lab, tmp_path):  # browser first: skip before starting Lab
@@ -143,48 +195,7 @@ def test_run_all_in_jupyterlab(browser, lab, tmp_path):  # browser first: skip b
     console_errors: list[str] = []
     page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
     try:
-        page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}", timeout=90_000)
-        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
-        # the dpnb kernel is up (the notebook names it; pick it if Lab asks)
-        kname = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName").first
-        deadline = time.monotonic() + 90
-        while True:
-            _select_dpnb_kernel_if_asked(page)
-            name = kname.inner_text().strip() if kname.count() else ""
-            idle = page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').count()
-            if name == "Python 3 (dpnb)" and idle:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"the dpnb kernel did not start in 90 s (toolbar says {name!r})")
-            page.wait_for_timeout(500)
-
-        # more room for the notebook in the screenshot: fold the file browser
-        left = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
-        if left.count():
-            left.first.click()
-
-        # Run -> Run All Cells
-        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        page.locator(".lm-Menu-item:not(.lm-mod-disabled)", has=page.locator(
-            ".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$"))).click()
-
-        n_code = page.locator(".jp-Notebook .jp-CodeCell").count()
-        deadline = time.monotonic() + RUN_ALL_TIMEOUT_S
-        state = _all_ran(page)
-        while time.monotonic() < deadline:
-            state = _all_ran(page)
-            done = [p for p in state["prompts"] if re.fullmatch(r"\[\d+\]:", p)]
-            if state["status"] == "idle" and len(done) == n_code:
-                break
-            # a failing cell ends Run All early (the cells after it never run)
-            if state["status"] == "idle" and done and not any("*" in p for p in state["prompts"]) \
-                    and page.locator(f"{STDERR} >> text=/Traceback|Error/").count():
-                break
-            if state["status"] == "dead":
-                pytest.fail(f"the kernel died during Run All: {state}")
-            page.wait_for_timeout(1000)
-        else:
-            pytest.fail(f"Run All did not finish in {RUN_ALL_TIMEOUT_S} s: {state}")
+        _run_all(page, base, token, NOTEBOOK)
         page.wait_for_timeout(1500)  # last widget/image updates
         (tmp_path / "00_quickstart.html").write_text(page.content())
         _screenshot(page, shot)
@@ -260,3 +271,53 @@ def _screenshot(page, path: Path) -> None:
                          .forEach(o => { o.scrollTop = 0; })""")
     page.wait_for_timeout(500)
     page.screenshot(path=str(path), full_page=True)
+
+
+VIEWS32_CELLS = [
+    "import sys\nsys.path.insert(0, {tests!r})\n"
+    "from helpers import recorded as R\n"
+    "from dpnb import display\n"
+    "from dpnb.widgets import dashboard, gradsync, memory, stragglers",
+    "gradsync.show(records=R.records32(slow=17))",
+    "memory.show(live=memory.live_data(R.snapshots32('zero3', leak_rank=7)))",
+    "stragglers.show(records=R.stragglers32(slow=23))",
+    "box = dashboard.show(status=R.status32(dead=(13,)), live=False)",
+    "print(display.status_text(R.status32(dead=(13,))))",
+]
+
+
+def test_views_at_32_ranks_in_jupyterlab(browser, lab, tmp_path):
+    """Every many-rank view, from recorded 32-rank data, rendered by Lab:
+    the widgets draw, nothing errs, and the odd rank of each set is named."""
+    base, token = lab
+    artifacts = nbu.ARTIFACTS / "browser"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    meta = json.loads((nbu.REPO / NOTEBOOK).read_text())["metadata"]
+    cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+              "source": c.format(tests=str(nbu.REPO / "tests"))} for c in VIEWS32_CELLS]
+    nb_file = artifacts / "views32.ipynb"  # under Lab's root; git-ignored
+    nb_file.write_text(json.dumps({"cells": cells, "metadata": meta, "nbformat": 4,
+                                   "nbformat_minor": 5}))
+    shot = artifacts / "views32.png"
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _run_all(page, base, token, str(nb_file.relative_to(nbu.REPO)))
+        page.wait_for_timeout(2000)
+        _screenshot(page, shot)
+        stderr = page.locator(STDERR).all_inner_texts()
+        bad = [t for t in stderr if re.search(r"Traceback|Error", t)]
+        assert not bad, "error output:\n" + "\n---\n".join(t[-1500:] for t in bad)
+        outs = page.locator(".jp-Notebook .jp-CodeCell .jp-OutputArea")
+        texts = [outs.nth(i).inner_text() for i in range(outs.count())]
+        charts = [outs.nth(i).locator("img, svg, canvas").count() for i in range(outs.count())]
+        # cells 1-4: a widget with its chart each
+        assert all(n >= 1 for n in charts[1:5]), charts
+        assert "slowest rank 17" in texts[1] and "all 32 ranks" in texts[1]
+        assert "rank 7" in texts[2]
+        assert "rank 23" in texts[3]
+        assert "rank 13" in texts[4] and "dead" in texts[4]
+        status = texts[5].splitlines()
+        assert len(status) <= 6 and any("rank 13" in line for line in status), status
+    finally:
+        page.close()
+    print(f"screenshot: {shot}")

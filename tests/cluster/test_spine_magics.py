@@ -1,10 +1,17 @@
 """``%dp`` / ``%%dp`` driven through a real IPython InteractiveShell."""
 
+import psutil
 import pytest
 from IPython.core.error import UsageError
 
 import dpnb
 
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _usage(ip, line, cell=None):
@@ -40,9 +47,16 @@ def test_wrong_state_and_bad_input_before_start(ip):
 
 
 def test_start_cells_push_pull_stop(ip, capsys):
+    from dpnb.magics import get_magics
+
+    m = get_magics(ip)
+    m.prewarm()  # as %load_ext did (or an earlier %dp stop, in this shared shell)
+    warm_pid = m.warm.pid
     ip.run_line_magic("dp", "start -n 2 --timeout 6")
     c = dpnb.get_cluster(ip)
     assert c is not None and c.world_size == 2
+    # the engines were forked from the zygote started ahead
+    assert {psutil.Process(r.pid).ppid() for r in c.ranks} == {warm_pid} and m.warm is None
     assert "2 ranks up (gloo" in capsys.readouterr().out
 
     ip.run_cell_magic("dp", "", "print(rank, world_size)")
@@ -76,4 +90,9 @@ def test_start_cells_push_pull_stop(ip, capsys):
     ip.run_line_magic("dp", "stop")
     assert "cluster stopped" in capsys.readouterr().out
     assert not c.running
+    # a local cluster's stop warms the next start's zygote; unloading ends it
+    again = m.warm.pid
+    assert again != warm_pid and psutil.pid_exists(again)
+    dpnb.unload_ipython_extension(ip)
+    assert m.warm is None and not _running(again)
     assert "start one with %dp start" in _usage(ip, "", "print(1)")

@@ -28,8 +28,9 @@ def slurm(two_hosts):
                 os.environ["SLURM_CONF"] = old
 
 
-def test_slurm_start_train_restart_stop(two_hosts, slurm):
+def test_slurm_start_train_restart_stop(two_hosts, slurm, tmp_path, monkeypatch):
     hs = two_hosts
+    monkeypatch.chdir(tmp_path)  # the notebook's folder: nothing may land there
     t0 = time.monotonic()
     c = dpnb.start(4, engines="slurm", timeout=20, start_timeout=90)
     try:
@@ -64,4 +65,5 @@ def test_slurm_start_train_restart_stop(two_hosts, slurm):
     while slurm.jobs() and time.monotonic() < deadline:
         time.sleep(0.3)
     assert slurm.jobs() == []
+    assert sorted(os.listdir(tmp_path)) == [], "batch scripts and job output stay in the profile"
     print(f"slurm start {start_s:.1f} s", file=sys.stderr)

@@ -82,3 +82,45 @@ def test_reporting_is_read_from_ipython_frames_only():
     assert sidedoor._reporting(_frame_in("/x/IPython/core/interactiveshell.py", "showtraceback"))
     assert not sidedoor._reporting(_frame_in("/x/mycode.py", "showtraceback"))
     assert not sidedoor._reporting(sys._getframe())
+
+
+FINISHING = {
+    0: {"collective": None, "reporting": True, "in_cell": False, "top": "render"},
+    1: {"collective": None, "reporting": False, "in_cell": False, "top": "flush"},
+}
+
+
+def _failed_elsewhere(t, kind="execute"):
+    w = T._Waiting(t, [0, 1, 2], kind, timeout=None)
+    w.outcomes[2].status = "error"
+    w.pending.discard(2)
+    return w
+
+
+def test_ranks_finishing_their_own_error_are_not_released_until_one_enters_the_cell():
+    t = FakeTransport(dict(FINISHING))
+    w = _failed_elsewhere(t)
+    w.step(w.t0 + 1.0)
+    w.step(w.t0 + 1.2)
+    w.step(w.t0 + 1.25)  # within the poll interval: the last answer stands
+    assert t.released == [] and t.interrupted == []
+    # rank 1 had not started the cell: now it waits in a collective for rank 2
+    t.answers[1] = {"collective": {"op": "all_reduce"}, "reporting": False, "in_cell": True,
+                    "top": "wait"}
+    w.step(w.t0 + 1.2 + T.FINISHING_POLL_S + 0.01)
+    assert t.released and w.outcomes[0].status == "pending"
+
+
+def test_finishing_ranks_are_released_after_the_bound_and_calls_release_at_once():
+    t = FakeTransport(dict(FINISHING))
+    w = _failed_elsewhere(t)
+    w.step(w.t0 + 1.0)
+    w.step(w.t0 + 1.2)
+    assert not t.released
+    w.step(w.t0 + 1.0 + T.FINISHING_MAX_S + 0.1)
+    assert t.released
+    t2 = FakeTransport(dict(FINISHING))
+    w2 = _failed_elsewhere(t2, kind="apply")
+    w2.step(w2.t0 + 1.0)
+    w2.step(w2.t0 + 1.2)
+    assert t2.released

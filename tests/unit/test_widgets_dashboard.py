@@ -6,6 +6,7 @@ import pytest
 
 from dpnb import display
 from dpnb.widgets import dashboard
+from helpers.recorded import status32
 
 STATUS = [{"rank": r, "host": "node0", "pid": 100 + r, "engine_id": r, "device": "cpu", "backend": "gloo",
            "alive": r == 0, "state": "ok" if r == 0 else "dead: killed by signal 9", "group": True,
@@ -88,22 +89,16 @@ def test_each_step_keeps_its_own_throughput():
     assert [h[2] for h in d.history] == [100.0, 200.0, 300.0]
 
 
-def _status32(dead=(13,)):
-    return [{"rank": r, "host": f"node{r // 16}", "pid": 100 + r, "engine_id": r, "device": "cpu",
-             "backend": "gloo", "alive": r not in dead,
-             "state": "dead: killed by signal 9" if r in dead else "ok", "group": True,
-             "rss_bytes": (400 + r) * 2**20, "cuda_allocated": None} for r in range(32)]
-
-
 def test_32_ranks_status_groups_agreeing_ranks_and_spells_out_the_odd_one():
-    d = dashboard.data(_status32(), [], {})
+    d = dashboard.data(status32(), [], {})
     rows = dashboard.status_rows(d)
     assert [r[0] for r in rows] == ["ranks 0-12,14-15", "rank 13", "ranks 16-31"]
     assert rows[1][5] == "NO" and rows[0][2] == "15 engines"
     assert rows[2][7] == "416 MiB - 431 MiB"
     fig = dashboard.figure(d)
     ax3 = fig.axes[2]
-    assert len(ax3.get_xticklabels()) == 8 and len(ax3.texts) == 1  # the largest bar only
+    # the largest bar only, and the dead rank 13 marked
+    assert len(ax3.get_xticklabels()) == 8 and len(ax3.texts) == 2
 
 
 def test_device_ranges():
@@ -112,7 +107,14 @@ def test_device_ranges():
 
 
 def test_status_text_at_32_ranks_is_three_lines_of_groups():
-    lines = display.status_text(_status32()).splitlines()
+    lines = display.status_text(status32()).splitlines()
     assert lines[0].split()[:3] == ["ranks", "host", "engines"]
     assert len(lines) == 4 and "rank 13" in lines[2] and "NO" in lines[2]
-    assert display.status_text(_status32()[:2]).splitlines()[2].startswith("1 ")  # few ranks: one row each
+    assert display.status_text(status32()[:2]).splitlines()[2].startswith("1 ")  # few ranks: one row each
+
+
+def test_memory_panel_marks_a_dead_rank():
+    fig = dashboard.figure(dashboard.data(status32(dead=(13,)), [], {}))
+    marks = [t.get_text() for t in fig.axes[2].texts]
+    assert "rank 13 dead" in marks
+    assert not any("rank 12 dead" in m for m in marks)

@@ -4,32 +4,7 @@ import pytest
 
 from dpnb.core import LINKS, collective_bytes, ddp_bucket_caps, ddp_buckets, overlap_timeline
 from dpnb.widgets import gradsync
-
-PARAMS = {"0.weight": 4000, "0.bias": 40, "1.weight": 8000, "1.bias": 80, "2.weight": 2000, "2.bias": 20}
-CAP_MB = 0.005  # 5,242 bytes: buckets [2.*, 1.*] = 10,100 B and [0.*] = 4,040 B
-
-
-def ddp_record(rank, shift=0.0, b0_start=0.0045):
-    t = lambda x: x + shift  # noqa: E731
-    return {
-        "rank": rank, "world_size": 2, "step": 5, "strategy": "ddp", "bucket_cap_mb": CAP_MB, "device": "cpu",
-        "step_time_s": 0.009, "compute_s": 0.004, "compute_s_all": [0.004, 0.004], "straggle_delay_s": 0.0,
-        "grad_accum": 1,
-        "forward": [{"start": t(0.0), "end": t(0.0008)}],
-        "backward": {"start": t(0.001), "compute_end": t(0.005), "returned": t(0.0072), "intervals": [
-            {"module": "2", "start": t(0.001), "end": t(0.002), "params": ["2.bias", "2.weight"]},
-            {"module": "1", "start": t(0.002), "end": t(0.004), "params": ["1.bias", "1.weight"]},
-            {"module": "0", "start": t(0.004), "end": t(0.005), "params": ["0.bias", "0.weight"]}]},
-        "buckets": [
-            {"index": 0, "numel": 2525, "bytes": 10100, "params": ["2.bias", "2.weight", "1.bias", "1.weight"],
-             "start": t(b0_start), "end": t(0.0061)},
-            {"index": 1, "numel": 1010, "bytes": 4040, "params": ["0.bias", "0.weight"],
-             "start": t(0.0051), "end": t(0.0071)}],
-        "optimizer": {"start": t(0.0075), "end": t(0.0085)},
-        "collectives": [], "watched": True,
-        "param_bytes": dict(PARAMS), "param_order": list(PARAMS),
-    }
-
+from helpers.recorded import CAP_MB, PARAMS, ddp_record, records32
 
 def records():
     return [ddp_record(0), ddp_record(1, shift=0.0002)]
@@ -161,19 +136,6 @@ def test_first_iteration_is_compared_with_construction_time_buckets():
     assert "buckets: measured 1, model 1 (same sizes)" in d.comparison
     later = gradsync.data(records())  # the rebuilt buckets of a later step
     assert later.predicted.bucket_bytes == (10100, 4040)
-
-
-def records32(slow=17):
-    out = []
-    for r in range(32):
-        rec = ddp_record(r, shift=0.00001 * r)
-        rec["world_size"] = 32
-        rec["compute_s_all"] = [0.004] * 32
-        if r == slow:  # a straggler: its step and its last bucket end later
-            rec["step_time_s"] = 0.02
-            rec["buckets"][1]["end"] += 0.004
-        out.append(rec)
-    return out
 
 
 def test_32_ranks_draw_a_few_lanes_and_summarise_the_rest():

@@ -5,9 +5,8 @@ import pytest
 from dpnb.core import GB, ParamSpec, exact_rank_bytes, max_params_that_fit, zero_memory
 from dpnb.ranks import parse_ranks
 from dpnb.widgets import memory
+from helpers.recorded import SPECS, snapshots32
 
-SPECS = [["0.weight", [7, 5], "float32", True], ["0.bias", [7], "float32", True],
-         ["2.weight", [3, 7], "float32", True], ["2.bias", [3], "float32", True]]
 
 
 def snapshots(strategy, optimizer="adamw", extra_grad_rank1=0, phase="after_step"):
@@ -95,17 +94,8 @@ def test_widget_controls_and_errors():
         memory.live_data([])
 
 
-def _snapshots32(strategy, leak_rank=None):
-    specs = [ParamSpec(n, tuple(s), d, r) for n, s, d, r in SPECS]
-    pred = exact_rank_bytes(specs, 32, strategy, "adamw", gradient_as_bucket_view=True)
-    return [{"rank": p.rank, "world_size": 32, "strategy": strategy, "optimizer": "adamw", "mixed_precision": "none",
-             "gradient_as_bucket_view": True, "specs": SPECS, "n_params": 66, "phase": "after_step", "step": 3,
-             "measured": {"params": p.params, "grads": p.grad_storage + (64 if p.rank == leak_rank else 0),
-                          "optimizer": p.optimizer_state}} for p in pred]
-
-
 def test_32_ranks_share_bars_and_name_the_outliers():
-    lm = memory.live_data(_snapshots32("zero3", leak_rank=7))
+    lm = memory.live_data(snapshots32("zero3", leak_rank=7))
     groups = memory.bar_groups(lm)
     labels = [label for label, _ in groups]
     # FSDP pads the 66 parameters' shards: ranks past the data hold padding only
@@ -118,3 +108,15 @@ def test_32_ranks_share_bars_and_name_the_outliers():
     assert "rank 7 +64 B" in memory.text(d)
     fig = memory.figure(d)
     assert len(fig.axes[-1].get_xticklabels()) == len(groups)
+
+
+def test_live_data_sets_the_model_panel_to_the_wrapped_precision():
+    """Given recorded snapshots (no cluster), the model panel still takes the
+    wrapped model's precision, not the menu's default (bf16-mixed)."""
+    snaps = snapshots32("zero3")
+    assert memory.live_data(snaps).precision == "fp32"
+    snaps = [dict(s, mixed_precision="bf16") for s in snaps]
+    assert memory.live_data(snaps).precision == "bf16-mixed"
+    box = memory.view(live=memory.live_data(snapshots32("zero3")))
+    assert box.controls["precision"].value == "fp32"
+    assert "DP=32, fp32, adamw" in box.text()

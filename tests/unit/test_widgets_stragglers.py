@@ -4,6 +4,7 @@ import pytest
 
 from dpnb.core import straggler_estimate, straggler_probability
 from dpnb.widgets import stragglers
+from helpers.recorded import stragglers32
 
 
 def records(n_steps=6, slow_rank=1, delay=0.05):
@@ -108,12 +109,7 @@ def test_estimated_delay_without_injection_on_two_ranks():
 
 
 def test_32_ranks_draw_the_spread_and_name_the_slowest():
-    out = []
-    for s in range(5):
-        comp = [0.02 + 0.0001 * r for r in range(32)]
-        comp[23] += 0.03
-        out.append({"step": s, "rank": 0, "compute_s_all": comp, "step_time_s": max(comp) + 0.003})
-    d = stragglers.data(out, p=0.01)
+    d = stragglers.data(stragglers32(), p=0.01)
     fig = stragglers.figure(d)
     ax = fig.axes[0]
     assert len(ax.patches) == 5  # one min-max bar per step, not 32 per step
