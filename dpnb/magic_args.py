@@ -131,6 +131,9 @@ def _pull():
                "zero2/zero3: FSDP2 fully_shard without/with resharding after forward")
 @argument("--bucket-cap-mb", type=float, default=None,
           help="DDP gradient bucket size in MiB (default: DDP's 25, first bucket 1)")
+@argument("--comm-hook", default="none",
+          help="ddp/zero1 gradient compression: none, fp16, bf16 (16-bit buckets: half the "
+               "bytes) or powersgd[:R] (rank-R factors of each gradient matrix)")
 @argument("--mixed-precision", default="none", choices=MIXED_PRECISION,
           help="FSDP2 MixedPrecisionPolicy, autocast for DDP")
 @argument("--cpu-offload", action="store_true", help="FSDP2: keep shards on the CPU")

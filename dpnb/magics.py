@@ -187,9 +187,11 @@ class DPMagics(Magics):
                                  mixed_precision=a.mixed_precision, cpu_offload=a.cpu_offload,
                                  wrap_classes=a.wrap_classes, optimizer=a.optimizer, lr=a.lr,
                                  weight_decay=a.weight_decay, momentum=a.momentum,
-                                 model_out=a.out)
+                                 model_out=a.out, comm_hook=a.comm_hook)
         notes = "".join(f"\n  note: {n}" for n in info.get("notes", []))
-        print(f"dpnb: {a.model} wrapped with {a.strategy} on {info['world_size']} ranks "
+        hook = info.get("comm_hook", "none")
+        via = "" if hook == "none" else f", gradients sent as {hook}"
+        print(f"dpnb: {a.model} wrapped with {a.strategy}{via} on {info['world_size']} ranks "
               f"({info['n_params']:,} parameters, {info['local_param_numel']:,} on rank 0); "
               f"`{info['model_out']}` and `{info['optimizer_out']}` are ready.{notes}")
 

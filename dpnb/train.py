@@ -13,7 +13,8 @@ import os
 from typing import Any
 
 from .compat import result_metadata
-from .core.strategies import LR_SCALES, STRATEGIES, is_fsdp
+from .core.errors import ConfigError
+from .core.strategies import LR_SCALES, STRATEGIES, is_fsdp, parse_comm_hook
 from .errors import DpnbError
 from .progress import TrainProgress
 from .ranks import rank_label
@@ -37,6 +38,15 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
     """
     if strategy not in STRATEGIES:
         raise DpnbError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    hook = opts.get("comm_hook")
+    if hook is not None:
+        try:
+            kind, _ = parse_comm_hook(hook)
+        except ConfigError as e:
+            raise DpnbError(str(e)) from None
+        if kind != "none" and is_fsdp(strategy):
+            raise DpnbError(f"--comm-hook {hook} compresses DDP's gradient buckets (ddp, zero1); "
+                            f"{strategy} has none: use --mixed-precision bf16 to halve its bytes")
     if is_fsdp(strategy) and opts.get("mixed_precision") == "fp16" and cluster.backend == "gloo":
         raise DpnbError("fp16 mixed precision with FSDP needs GPUs (NCCL); on a CPU cluster "
                         "use --mixed-precision bf16 or none")

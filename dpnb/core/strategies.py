@@ -48,3 +48,27 @@ def check_strategy(strategy: str) -> str:
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     return strategy
+
+
+#: DDP communication hooks ``%dp wrap --comm-hook`` offers (gradient compression)
+COMM_HOOKS: Final[tuple[str, ...]] = ("none", "fp16", "bf16", "powersgd")
+
+
+def parse_comm_hook(spec: str | None) -> tuple[str, int | None]:
+    """``"fp16"`` -> ``("fp16", None)``; ``"powersgd:2"`` -> ``("powersgd", 2)``
+    (PowerSGD's matrix rank, default 1); ``None`` / ``"none"`` -> ``("none", None)``."""
+    text = (spec or "none").strip().lower()
+    kind, _, arg = text.partition(":")
+    if kind not in COMM_HOOKS:
+        raise ConfigError(f"unknown --comm-hook {spec!r}: choose one of "
+                          f"{', '.join(COMM_HOOKS)} (powersgd:R for rank R)")
+    if kind != "powersgd":
+        if arg:
+            raise ConfigError(f"--comm-hook {kind} takes no ':{arg}'; only powersgd:R has a rank")
+        return kind, None
+    if not arg:
+        return kind, 1
+    if not arg.isdigit() or int(arg) < 1:
+        raise ConfigError(f"--comm-hook powersgd:{arg}: the rank must be a whole number >= 1 "
+                          f"(e.g. powersgd:2)")
+    return kind, int(arg)

@@ -35,7 +35,6 @@ from collections import deque
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from . import device as accel
 
@@ -146,12 +145,11 @@ class _Clock:
 
 
 def _recording_allreduce_hook(rec, bucket):  # no annotations: DDP checks them literally
-    """DDP comm hook: average the bucket with one async all-reduce -- exactly
-    what DDP's default hook does -- and, when recording, note when the
-    all-reduce was launched and when it completed (in the future's callback,
-    which runs when the collective is done)."""
+    """DDP comm hook: average the bucket -- with DDP's own all-reduce, or
+    compressed (:class:`dpnb.engine.commhook.CommHook`) -- and, when
+    recording, note when it was launched, when it completed (in the future's
+    callback, which runs when the collective is done) and the bytes sent."""
     buf = bucket.buffer()
-    group = dist.group.WORLD
     entry = None
     if rec.enabled and rec._step is not None:
         # Recorded whenever a step is being recorded, not only in the synced
@@ -167,13 +165,14 @@ def _recording_allreduce_hook(rec, bucket):  # no annotations: DDP checks them l
             "end": None,
         }
         rec.current_buckets.append(entry)
-    buf.div_(dist.get_world_size(group))
-    fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
+    fut, sent = rec.hook.send(bucket)
+    if entry is not None:
+        entry["sent_bytes"] = sent
 
     def _done(f):
         if entry is not None:
             entry["end"] = rec.clock.now()
-        return f.value()[0]
+        return f.value()
 
     return fut.then(_done)
 
@@ -192,7 +191,10 @@ class BucketRecorder:
     registered only while recording is enabled.
     """
 
-    def __init__(self, module: torch.nn.Module, device: Any, keep: int = 64):
+    def __init__(self, module: torch.nn.Module, device: Any, keep: int = 64, hook=None):
+        from .commhook import CommHook
+
+        self.hook = hook if hook is not None else CommHook("none")
         self.device = torch.device(device)
         self.clock = _Clock(self.device)
         self.names = {id(p): n for n, p in module.named_parameters()}

@@ -260,6 +260,7 @@ def gradsync_records(ns: dict, last: int = 1) -> list:
             "step": s,
             "strategy": st.strategy,
             "bucket_cap_mb": st.config.get("bucket_cap_mb"),
+            "comm_hook": st.config.get("comm_hook", "none"),
             "device": str(st.device),
             "step_time_s": r.get("step_time_s"),
             "compute_s": r.get("compute_s"),

@@ -30,7 +30,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import compat
-from ..core.strategies import MIXED_PRECISION, OPTIMIZERS, STRATEGIES, is_ddp, is_fsdp
+from ..core.strategies import (MIXED_PRECISION, OPTIMIZERS, STRATEGIES, is_ddp, is_fsdp,
+                               parse_comm_hook)
 from . import device
 from .measure import BucketRecorder, local_tensor
 from .state import get_state
@@ -160,6 +161,7 @@ def wrap(
     model_out: str = "model",
     optimizer_out: str = "optimizer",
     record_buckets: bool = True,
+    comm_hook: str = "none",
 ) -> dict:
     """Wrap ``ns[model_name]`` for data-parallel training with ``strategy``.
 
@@ -186,6 +188,12 @@ def wrap(
 
     ``record_buckets`` registers the DDP comm hook that records bucket
     timings (cheap, switched on per ``train(record=...)``).
+
+    ``comm_hook`` (ddp/zero1): how DDP sends each bucket -- ``none`` (its
+    averaging all-reduce), ``fp16`` / ``bf16`` (cast to 16 bits: half the
+    bytes), ``powersgd[:R]`` (rank-R factors of each gradient matrix); see
+    :mod:`dpnb.engine.commhook`.  Every rank sends alike, so the replicas
+    stay identical.
     """
     es = get_state(ns)
     strategy = choice(strategy, STRATEGIES, "strategy")
@@ -193,6 +201,10 @@ def wrap(
     opt_name = choice(optimizer, OPTIMIZERS, "optimizer")
     dev = torch.device(es.device)
     _check_wrap_args(es, dev, strategy, mp, cpu_offload, bucket_cap_mb)
+    hook_kind, _ = parse_comm_hook(comm_hook)
+    if hook_kind != "none" and not is_ddp(strategy):
+        raise TrainError(f"--comm-hook {comm_hook} applies to DDP's gradient buckets (ddp, zero1); "
+                         f"{strategy} reduce-scatters in FSDP's own dtype: use --mixed-precision")
     module = _resolve_model(ns, model_name, es.rank)
     if not dist.is_initialized():
         raise TrainError(
@@ -202,7 +214,8 @@ def wrap(
     device.set_device(dev)
     module.to(dev)
     if is_ddp(strategy):
-        wrapped, recorder, ddp_kwargs = _wrap_ddp(module, dev, bucket_cap_mb, record_buckets)
+        wrapped, recorder, ddp_kwargs = _wrap_ddp(module, dev, bucket_cap_mb, record_buckets,
+                                                  comm_hook)
         mesh, units, notes = None, [], []
     else:
         wrapped, mesh, units, notes = _wrap_fsdp(module, dev, es.world_size, strategy, mp,
@@ -213,7 +226,7 @@ def wrap(
     st = TrainState(
         strategy=strategy,
         config=_wrap_config(strategy, bucket_cap_mb, mp, cpu_offload, wrap_classes, opt_name,
-                            lr, weight_decay, momentum, betas),
+                            lr, weight_decay, momentum, betas, hook_label(comm_hook)),
         model_name=model_name, model_out=model_out, optimizer_out=optimizer_out,
         module=module, wrapped=wrapped, optimizer=opt, world_size=es.world_size,
         generation=es.generation, device=dev, mesh=mesh, recorder=recorder,
@@ -247,6 +260,7 @@ def wrap(
         "local_param_numel": int(sum(local_tensor(p).numel() for p in module.parameters())),
         "mixed_precision": mp,
         "bucket_cap_mb": bucket_cap_mb,
+        "comm_hook": hook_label(comm_hook),
         "fsdp_units": units,
         "notes": notes,
     }
@@ -266,9 +280,11 @@ def _check_wrap_args(es, dev, strategy, mp, cpu_offload, bucket_cap_mb) -> None:
         raise TrainError(f"--bucket-cap-mb must be > 0, got {bucket_cap_mb}")
 
 
-def _wrap_ddp(module: nn.Module, dev, bucket_cap_mb, record_buckets: bool):
+def _wrap_ddp(module: nn.Module, dev, bucket_cap_mb, record_buckets: bool, comm_hook: str):
     """DDP around ``module`` (collective: broadcasts rank 0's parameters)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .commhook import CommHook
 
     ddp_kwargs: dict = {
         "device_ids": device.ddp_device_ids(dev),
@@ -277,10 +293,13 @@ def _wrap_ddp(module: nn.Module, dev, bucket_cap_mb, record_buckets: bool):
     if bucket_cap_mb is not None:
         ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
     wrapped = DDP(module, **ddp_kwargs)
+    hook = CommHook(comm_hook)
     recorder = None
     if record_buckets:
-        recorder = BucketRecorder(module, dev)
+        recorder = BucketRecorder(module, dev, hook=hook)
         recorder.attach(wrapped)
+    elif hook.kind != "none":
+        hook.register(wrapped)
     return wrapped, recorder, ddp_kwargs
 
 
@@ -314,8 +333,14 @@ def _wrap_fsdp(module: nn.Module, dev, world_size: int, strategy: str, mp: str, 
     return module, mesh, units, notes
 
 
+def hook_label(spec: str | None) -> str:
+    """``"powersgd"`` -> ``"powersgd:1"``: the comm hook as its records name it."""
+    kind, rank = parse_comm_hook(spec)
+    return f"{kind}:{rank}" if rank is not None else kind
+
+
 def _wrap_config(strategy, bucket_cap_mb, mp, cpu_offload, wrap_classes, opt_name, lr,
-                 weight_decay, momentum, betas) -> dict:
+                 weight_decay, momentum, betas, comm_hook="none") -> dict:
     """The wrap's arguments as builtins, for checkpoints and re-binding."""
     classes = [wrap_classes] if isinstance(wrap_classes, (str, type)) else (wrap_classes or [])
     return {
@@ -329,6 +354,7 @@ def _wrap_config(strategy, bucket_cap_mb, mp, cpu_offload, wrap_classes, opt_nam
         "weight_decay": weight_decay,
         "momentum": momentum,
         "betas": list(betas) if betas else None,
+        "comm_hook": comm_hook,
     }
 
 
@@ -399,8 +425,16 @@ def rebind(ns: dict) -> dict:
         old = st.wrapped
         compat.remove_ddp_hooks(old)
         st.wrapped = DDP(st.module, **st.ddp_kwargs)
+        # a fresh hook: PowerSGD's error feedback is kept per bucket, and the
+        # new DDP starts again from its construction-time buckets
+        from .commhook import CommHook
+
+        hook = CommHook(st.config.get("comm_hook", "none"))
         if st.recorder is not None:
+            st.recorder.hook = hook
             st.recorder.attach(st.wrapped)
+        elif hook.kind != "none":
+            hook.register(st.wrapped)
         if st.strategy == "zero1":
             compat.point_zero_at_group(st.optimizer, dist.group.WORLD)
         ns[st.model_out] = st.wrapped  # the module stays reachable as its .module

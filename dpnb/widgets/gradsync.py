@@ -80,9 +80,16 @@ def fetch(cluster, last: int = 3) -> list[dict]:
 BUCKET_HEADERS = ("bucket", "#params", "bytes", "ready order", "ready at", "all-reduce start", "end", "duration")
 
 
+def bucket_headers(d: GradsyncView) -> tuple[str, ...]:
+    """With a compressing comm hook, a "sent" column beside the bucket's bytes."""
+    return BUCKET_HEADERS[:3] + ("sent",) + BUCKET_HEADERS[3:] if d.compressed else BUCKET_HEADERS
+
+
 def bucket_table(d: GradsyncView) -> list[list[str]]:
-    return [[str(b.index), str(b.n_params), f"{b.bytes:,}", str(b.ready_order),
-             C.fmt_ms(b.ready_s), C.fmt_ms(b.start_s), C.fmt_ms(b.end_s), C.fmt_ms(b.end_s - b.start_s)]
+    return [[str(b.index), str(b.n_params), f"{b.bytes:,}"]
+            + ([f"{b.wire_bytes:,}"] if d.compressed else [])
+            + [str(b.ready_order), C.fmt_ms(b.ready_s), C.fmt_ms(b.start_s), C.fmt_ms(b.end_s),
+               C.fmt_ms(b.end_s - b.start_s)]
             for b in d.buckets]
 
 
@@ -145,6 +152,10 @@ def _summary(d: GradsyncView) -> list[str]:
             lines.append(f"rank {r.rank}: step {C.fmt_ms(r.step_s)}; {len(r.lane('all_reduce'))} bucket all-reduces, "
                          f"{C.fmt_ms(r.comm_s)} of communication: {C.fmt_ms(r.hidden_s)} overlapped with backward "
                          f"({r.overlap_fraction:.0%}), {C.fmt_ms(r.exposed_s)} exposed")
+    if d.compressed:
+        raw, sent = sum(b.bytes for b in d.buckets), sum(b.wire_bytes for b in d.buckets)
+        lines.append(f"comm hook {d.comm_hook}: {sent:,} of {raw:,} gradient bytes sent "
+                     f"({sent / raw:.0%})")
     if d.link is not None:
         lines.append(f"model link: {d.link.name}, β {d.link.bandwidth_Bps / 1e9:.3g} GB/s, α {d.link.latency_s * 1e6:.3g} µs"
                      f" ({d.link_source})")
@@ -155,7 +166,7 @@ def _summary(d: GradsyncView) -> list[str]:
 def text(d: GradsyncView) -> str:
     out = ["Gradient synchronization"] + ["  " + s for s in _summary(d)] + ["  note: " + n for n in d.notes]
     if d.buckets:
-        out += ["", C.text_table(BUCKET_HEADERS, bucket_table(d))]
+        out += ["", C.text_table(bucket_headers(d), bucket_table(d))]
     if d.collectives:
         out += ["", C.text_table(COLL_HEADERS, coll_table(d))]
     return "\n".join(out)
@@ -164,7 +175,7 @@ def text(d: GradsyncView) -> str:
 def html(d: GradsyncView) -> str:
     out = C.html_lines(_summary(d), [f"note: {n}" for n in d.notes])
     if d.buckets:
-        out += C.html_table(BUCKET_HEADERS, bucket_table(d), "Buckets (rank 0; bucket 0 is all-reduced first)")
+        out += C.html_table(bucket_headers(d), bucket_table(d), "Buckets (rank 0; bucket 0 is all-reduced first)")
     if d.collectives:
         out += C.html_table(COLL_HEADERS, coll_table(d), "FSDP collectives")
     return out

@@ -88,6 +88,11 @@ class BucketRow:
     start_s: float
     end_s: float
     params: tuple[str, ...] = ()
+    sent: int | None = None  # bytes this rank sent for it (a comm hook compresses); None: bytes
+
+    @property
+    def wire_bytes(self) -> int:
+        return self.bytes if self.sent is None else self.sent
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,11 @@ class GradsyncView:
     other: Prediction | None
     comparison: tuple[str, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    comm_hook: str = "none"  # how DDP sent the buckets (dpnb.engine.commhook)
+
+    @property
+    def compressed(self) -> bool:
+        return any(b.sent is not None and b.sent != b.bytes for b in self.buckets)
 
 
 # ------------------------------------------------------------------ data
@@ -236,8 +246,10 @@ def bucket_rows(rec: dict) -> list[BucketRow]:
     out = []
     for i, (b, t) in enumerate(rows):
         end = b["end"] if b.get("end") is not None else b["start"]
+        sent = b.get("sent_bytes")
         out.append(BucketRow(int(b["index"]), len(b.get("params", [])), int(b["bytes"]), rank_of[i], t,
-                             float(b["start"]), float(end), tuple(b.get("params", []))))
+                             float(b["start"]), float(end), tuple(b.get("params", [])),
+                             None if sent is None else int(sent)))
     return sorted(out, key=lambda r: r.index)
 
 
@@ -255,8 +267,8 @@ def fitted_link(rows: list[BucketRow], n: int) -> Link | None:
     for r in rows:
         begin = r.start_s if prev_end is None else max(r.start_s, prev_end)
         prev_end = r.end_s
-        if r.end_s > begin and r.bytes > 0:
-            sizes.append(r.bytes)
+        if r.end_s > begin and r.wire_bytes > 0:  # a compressed bucket moves fewer bytes
+            sizes.append(r.wire_bytes)
             times.append(r.end_s - begin)
     if not sizes or n < 2:
         return None
@@ -351,6 +363,8 @@ def data(records: list[dict], *, step: int | None = None, cap_mb: float | None =
         notes.append("optimizer step not separately timed (its bar includes the per-step stats all-gather): "
                      "run %dp gradsync --watch before %dp train")
     rows = bucket_rows(r0) if not fsdp else []
+    hook = str(r0.get("comm_hook") or "none")
+    compressed = any(r.sent is not None and r.sent != r.bytes for r in rows)
     colls = tuple((rec["rank"], c["kind"], c.get("phase", ""), c.get("unit", ""), c["bytes"], c["start"], c["end"])
                   for rec in recs for c in (rec.get("collectives") or []) if c.get("start") is not None)
     measured_cap = r0.get("bucket_cap_mb")
@@ -372,6 +386,9 @@ def data(records: list[dict], *, step: int | None = None, cap_mb: float | None =
                 raise C.ViewError(f"unknown link {link!r}: choose one of {', '.join(LINKS)}, or leave it out to fit "
                                   "α–β to the measured buckets")
             lk, source = LINKS[link], link
+        elif compressed:
+            # a compressed bucket's time is mostly the hook's own work, not bytes / β
+            lk, source = LINKS["gloo-loopback"], "gloo-loopback (buckets were compressed: no fit)"
         else:
             lk = fitted_link(rows, ws)
             source = "fitted to the measured bucket all-reduces"
@@ -386,6 +403,11 @@ def data(records: list[dict], *, step: int | None = None, cap_mb: float | None =
         comparison.append(f"buckets: measured {nb_m}, model {nb_p}" + (" (same sizes)" if same else
                           f" (sizes differ: measured {[r.bytes for r in rows]} B, model {list(pred.bucket_bytes)} B)"))
         tl = pred.timeline
+        if compressed:
+            comparison.append(f"compressed buckets: measured {C.fmt_ms(rt.comm_s)} of all-reduce; the model "
+                              f"puts the same buckets, uncompressed, at {C.fmt_ms(tl.comm_s)} on {lk.name}")
+            return GradsyncView(strategy, ws, int(step), ranks, tuple(rows), colls, lk, source, measured_cap,
+                                pred, other, tuple(comparison), tuple(notes), hook)
         comparison.append(_cmp("total all-reduce time", rt.comm_s, tl.comm_s))
         if rt.comm_end is not None and rt.backward_start is not None:
             comparison.append(_cmp("last all-reduce ends (from backward start)", rt.comm_end - rt.backward_start,
@@ -398,4 +420,4 @@ def data(records: list[dict], *, step: int | None = None, cap_mb: float | None =
                               f"measured cap ({pred.label}); backward+sync "
                               f"{C.fmt_ms(other.timeline.overlapped_s)} vs {C.fmt_ms(tl.overlapped_s)}")
     return GradsyncView(strategy, ws, int(step), ranks, tuple(rows), colls, lk, source, measured_cap, pred, other,
-                        tuple(comparison), tuple(notes))
+                        tuple(comparison), tuple(notes), hook)

@@ -64,3 +64,18 @@ def test_live_views(ip, capsys):
         ip.run_line_magic("dp", "straggle --rank 1")
     ip.run_line_magic("dp", "dashboard")
     assert capsys.readouterr().out.strip()
+
+    # gradient compression: the wrap says it, the gradsync view shows the bytes sent
+    ip.run_line_magic("dp", "wrap net --strategy ddp --bucket-cap-mb 0.002 --comm-hook fp16")
+    assert "gradients sent as fp16" in capsys.readouterr().out
+    ip.run_line_magic("dp", "train --steps 2 --micro-batch 8")
+    capsys.readouterr()
+    ip.run_line_magic("dp", "gradsync")
+    out = capsys.readouterr().out
+    assert "comm hook fp16:" in out and "(50%)" in out and "sent" in out, out
+    with pytest.raises(UsageError, match="unknown --comm-hook 'zip'"):
+        ip.run_line_magic("dp", "wrap net --comm-hook zip")
+    with pytest.raises(UsageError, match="zero2 has none: use --mixed-precision bf16"):
+        ip.run_line_magic("dp", "wrap net --strategy zero2 --comm-hook fp16")
+    with pytest.raises(UsageError, match="powersgd:0"):
+        ip.run_line_magic("dp", "wrap net --comm-hook powersgd:0")

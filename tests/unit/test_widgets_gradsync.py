@@ -148,3 +148,21 @@ def test_32_ranks_draw_a_few_lanes_and_summarise_the_rest():
     out = gradsync.text(d)
     assert "all 32 ranks, min / median / max" in out and "slowest rank 17" in out
     assert sum(line.strip().startswith("rank ") for line in out.splitlines()) == len(shown)
+
+
+def test_compressed_buckets_show_the_bytes_sent_and_skip_the_fit():
+    recs = records()
+    for r in recs:
+        r["comm_hook"] = "bf16"
+        for b in r["buckets"]:
+            b["sent_bytes"] = b["bytes"] // 2
+    d = gradsync.data(recs)
+    assert d.compressed and d.comm_hook == "bf16"
+    out = gradsync.text(d)
+    assert "comm hook bf16: 7,070 of 14,140 gradient bytes sent (50%)" in out
+    assert "sent" in gradsync.bucket_headers(d) and "5,050" in out
+    # the α-β model is of plain all-reduces: no fit to compressed timings
+    assert "no fit" in d.link_source and "over-predicts" not in out and "under-predicts" not in out
+    assert "compressed buckets: measured" in out
+    plain = gradsync.data(records())
+    assert not plain.compressed and "sent" not in gradsync.bucket_headers(plain)
