@@ -1,5 +1,5 @@
-"""``dpnb`` command line: ``dpnb demo`` (the main job, headless) and
-``dpnb kernel install``."""
+"""``dpnb`` command line: ``dpnb demo`` (the main job, headless),
+``dpnb course build DIR`` and ``dpnb kernel install``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     d.add_argument("--strategy", default="ddp", choices=("ddp", "zero1", "zero2", "zero3"))
 
+    c = sub.add_parser("course", help="the course's notebooks")
+    csub = c.add_subparsers(dest="ccmd", required=True)
+    cb = csub.add_parser("build", help="execute every chapter and write it as HTML (+ index.html)")
+    cb.add_argument("dir", help="output folder")
+    cb.add_argument("--notebooks", default="notebooks", help="the chapters' folder (default notebooks)")
+    cb.add_argument("--only", default=None, help="chapter numbers, e.g. 00,03")
+    cb.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
+
     k = sub.add_parser("kernel", help="manage the 'Python 3 (dpnb)' Jupyter kernel")
     ksub = k.add_subparsers(dest="kcmd", required=True)
     ki = ksub.add_parser("install", help="install the kernelspec")
@@ -62,6 +70,19 @@ def main(argv: list[str] | None = None) -> int:
                               name=a.name)
         print(f"installed kernelspec '{a.name}' in {path}")
         return 0
+    if a.cmd == "course":
+        from .course import build
+
+        try:
+            done = build(a.dir, a.notebooks, a.only.split(",") if a.only else None, a.timeout)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"dpnb course build: {e}", file=sys.stderr)
+            return 2
+        failed = [b for b in done if b.error]
+        for b in done:
+            print(f"{b.html} ({b.seconds:.0f} s){'  FAILED: ' + b.error if b.error else ''}")
+        print(f"index: {os.path.join(a.dir, 'index.html')}")
+        return 1 if failed else 0
     if a.cmd == "demo":
         from .demo import run_demo
 

@@ -231,8 +231,11 @@ def test_run_all_in_jupyterlab(browser, lab, tmp_path):  # browser first: skip b
         assert "(20/20)" in dtext, f"the dashboard did not reach step 20/20:\n{dtext[:800]}"
         assert "loss curve: 20 steps (0-19)" in dtext, dtext[:800]
 
-        # the check questions are widgets
-        assert page.locator(".jp-Notebook .dpnb-quiz").count() == 2
+        # the check questions are widgets; a wrong pick, then the right one,
+        # each explained only after Check
+        quizzes = page.locator(".jp-Notebook .dpnb-quiz")
+        assert quizzes.count() == 2
+        _answer_a_question(quizzes.first, "00.1")
 
         # the memory view renders its chart (predicted beside measured)
         mem = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea-editor",
@@ -255,6 +258,26 @@ def test_run_all_in_jupyterlab(browser, lab, tmp_path):  # browser first: skip b
         assert (sorted(checkpoints.glob("*")) if checkpoints.exists() else []) \
             == checkpoints_before, f"Lab wrote a checkpoint into {checkpoints}"
     print(f"screenshot: {shot} (copy in {artifacts}); console errors: {console_errors[:5]}")
+
+
+def _answer_a_question(box, qid: str) -> None:
+    """Click a wrong option and Check, then the right one and Check; read the
+    explanation each time.  Nothing is explained before the first Check."""
+    from dpnb import quiz
+
+    q = quiz.get(qid)  # the order the widget shows
+    assert q.prompt[:40] in box.inner_text()
+    assert not any(e[:40] in box.inner_text() for e in q.explanations)
+    labels = box.locator(".widget-radio-box label")
+    assert labels.count() == len(q.options)
+    wrong = (q.answer + 1) % len(q.options)
+    check = box.locator("button", has_text="Check")
+    for pick, head in ((wrong, "Not quite"), (q.answer, "Correct.")):
+        labels.nth(pick).click()
+        check.click()
+        box.page.wait_for_timeout(500)
+        text = box.inner_text()
+        assert head in text and q.explanations[pick][:40] in text, (pick, text[-600:])
 
 
 def _screenshot(page, path: Path) -> None:

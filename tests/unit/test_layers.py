@@ -133,7 +133,7 @@ def test_leaves_import_no_higher_layer():
 
 def test_engine_imports_no_notebook_side():
     upper = ("dpnb.cluster", "dpnb.train", "dpnb.widgets", "dpnb.magics", "dpnb.progress",
-             "dpnb.display", "dpnb.demo", "dpnb.cli", "dpnb.quiz")
+             "dpnb.display", "dpnb.demo", "dpnb.cli", "dpnb.quiz", "dpnb.course")
     bad = {m: sorted(t for t in ts if _in(t, *upper))
            for m, ts in _graph().items() if _in(m, "dpnb.engine")}
     assert not {m: t for m, t in bad.items() if t}

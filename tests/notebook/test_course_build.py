@@ -1,0 +1,37 @@
+"""``dpnb course build``: a chapter executed and written as HTML a reader can
+open without running anything (figures inline, questions without answers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers import nbutil as nbu
+
+
+@pytest.mark.timeout(400)
+def test_course_build_writes_an_executed_chapter(tmp_path):
+    out = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "dpnb.cli", "course", "build", str(out),
+                        "--notebooks", str(nbu.REPO / "notebooks"), "--only", "02"],
+                       capture_output=True, text=True, timeout=380)
+    assert r.returncode == 0, r.stdout + r.stderr
+    page = (out / "02_all_reduce.html").read_text()
+    assert "data:image/png;base64" in page  # the figures, inline
+    assert "Traceback" not in page
+    assert "all_reduce" in page and "02.1" in page  # the question is there by its id ...
+    from dpnb import quiz
+
+    for q in quiz.load("02"):
+        assert not any(e[:50] in page for e in q.explanations)  # ... its explanations are not
+    index = (out / "index.html").read_text()
+    assert "02_all_reduce.html" in index and "failed" not in index
+
+
+def test_course_build_rejects_an_unknown_chapter(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "dpnb.cli", "course", "build", str(tmp_path),
+                        "--notebooks", str(nbu.REPO / "notebooks"), "--only", "42"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no chapter 42" in r.stderr and "00, 01" in r.stderr
