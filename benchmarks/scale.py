@@ -58,6 +58,21 @@ def _init_group(rank: int, world: int, port: int) -> int:
     return os.getpid()
 
 
+RAISE = "raise ValueError('bench')"
+
+
+def _raising(run, exc):
+    """A call of ``run`` that must raise ``exc``: the error report, timed."""
+    def call():
+        try:
+            run()
+        except exc:
+            return
+        raise AssertionError("the cell did not raise")
+
+    return call
+
+
 def _px_way(view, code: str) -> None:
     """A cell the way ``%%px`` (and ``%%dp``) runs it: not silent, so the last
     expression's value comes back and every engine publishes its input on
@@ -87,28 +102,14 @@ def raw_side(n: int, cells: int) -> dict:
     out["pass cell, %%px way"] = median_call(lambda: _px_way(view, "pass"), cells, WARMUP)
     out["print cell"] = median_call(lambda: view.execute("print(rank)").get(), cells, WARMUP)
     out["all_reduce cell"] = median_call(
-        lambda: view.execute("t = torch.ones(4)\ndist.all_reduce(t)").get(), cells)
+        lambda: view.execute("t = torch.ones(4)\ndist.all_reduce(t)").get(), cells, WARMUP)
     out["push 1 MB"] = median_call(lambda: view.push({"blob": ONE_MB}, block=True), cells, WARMUP)
     out["pull 1 MB"] = median_call(lambda: view.pull("blob", block=True), cells, WARMUP)
     out["status"] = median_call(client.queue_status, cells, WARMUP)
-
-    def raising():
-        try:
-            view.execute("raise ValueError('bench')").get()
-        except ipp.error.CompositeError:
-            return
-        raise AssertionError("the cell did not raise")
-
-    out["error report"] = median_call(raising, max(3, cells // 3), WARMUP)
-
-    def raising_px_way():
-        try:
-            _px_way(view, "raise ValueError('bench')")
-        except ipp.error.CompositeError:
-            return
-        raise AssertionError("the cell did not raise")
-
-    out["error report, %%px way"] = median_call(raising_px_way, max(3, cells // 3), WARMUP)
+    out["error report"] = median_call(
+        _raising(lambda: view.execute(RAISE).get(), ipp.error.CompositeError), max(3, cells // 3), WARMUP)
+    out["error report, %%px way"] = median_call(
+        _raising(lambda: _px_way(view, RAISE), ipp.error.CompositeError), max(3, cells // 3), WARMUP)
     out["engine RSS MiB"] = _rss_mib(pids)
     out["notebook RSS MiB"] = psutil.Process().memory_info().rss / 2**20
     procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
@@ -131,19 +132,12 @@ def dpnb_side(n: int, cells: int) -> dict:
     out["pass cell, %%px way"] = out["pass cell"]  # %%dp shows values and waits for output
     out["print cell"] = median_call(lambda: c.run("print(rank)", display=False), cells, WARMUP)
     out["all_reduce cell"] = median_call(
-        lambda: c.run("t = torch.ones(4)\ndist.all_reduce(t)", display=False), cells)
+        lambda: c.run("t = torch.ones(4)\ndist.all_reduce(t)", display=False), cells, WARMUP)
     out["push 1 MB"] = median_call(lambda: c.push({"blob": ONE_MB}), cells, WARMUP)
     out["pull 1 MB"] = median_call(lambda: c.pull("blob"), cells, WARMUP)
     out["status"] = median_call(c.status, cells, WARMUP)
-
-    def raising():
-        try:
-            c.run("raise ValueError('bench')", display=False)
-        except dpnb.RemoteCellError:
-            return
-        raise AssertionError("the cell did not raise")
-
-    out["error report"] = median_call(raising, max(3, cells // 3), WARMUP)
+    out["error report"] = median_call(
+        _raising(lambda: c.run(RAISE, display=False), dpnb.RemoteCellError), max(3, cells // 3), WARMUP)
     out["error report, %%px way"] = out["error report"]
     out["engine RSS MiB"] = _rss_mib(r.pid for r in c.ranks)
     out["notebook RSS MiB"] = psutil.Process().memory_info().rss / 2**20

@@ -22,6 +22,7 @@ from .magic_args import _cell
 
 log = logging.getLogger("dpnb.magics")
 
+
 def _is_dpnb_error(e: Exception) -> bool:
     return type(e).__module__.startswith("dpnb.")
 

@@ -44,9 +44,9 @@ REPORT_GRACE_S = 20.0
 #: for at most FINISHING_MAX_S; releasing costs a re-formation (0.2 s at 16
 #: ranks) that a cell failing everywhere alike does not need
 FINISHING_POLL_S = 0.15
+FINISHING_MAX_S = 5.0
 #: how often a waiting cell checks whether a pending rank's process died
 DEATH_POLL_S = 0.1
-FINISHING_MAX_S = 5.0
 
 
 def _setup_fn(name: str):

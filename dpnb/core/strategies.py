@@ -72,3 +72,9 @@ def parse_comm_hook(spec: str | None) -> tuple[str, int | None]:
         raise ConfigError(f"--comm-hook powersgd:{arg}: the rank must be a whole number >= 1 "
                           f"(e.g. powersgd:2)")
     return kind, int(arg)
+
+
+def comm_hook_label(spec: str | None) -> str:
+    """``"powersgd"`` -> ``"powersgd:1"``: the comm hook as records and messages name it."""
+    kind, rank = parse_comm_hook(spec)
+    return f"{kind}:{rank}" if rank is not None else kind

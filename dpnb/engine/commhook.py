@@ -49,10 +49,6 @@ class CommHook:
                                           matrix_approximation_rank=self.rank,
                                           start_powerSGD_iter=POWERSGD_START)
 
-    @property
-    def label(self) -> str:
-        return f"powersgd:{self.rank}" if self.kind == "powersgd" else self.kind
-
     def send(self, bucket) -> tuple[torch.futures.Future, int]:
         """Start averaging ``bucket`` over the ranks: (future of the averaged
         flat gradient, bytes this rank sends for it)."""

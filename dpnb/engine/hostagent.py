@@ -75,16 +75,13 @@ class _Forked:
 
 def _zygote_imports() -> None:
     """What every engine would import by itself, imported once before forking."""
-    import importlib
+    from dpnb.engine.setup import PRELOAD_MODULES, import_quietly  # torch-free itself
 
-    from dpnb.engine.setup import PRELOAD_MODULES  # torch-free itself
+    def report(name: str, e: Exception) -> None:  # the agent's stderr reaches the notebook
+        print(f"dpnb zygote: import of {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
 
-    for name in ("torch", "torch.distributed", "ipyparallel.engine.app", "dpnb.engine.boot",
-                 *PRELOAD_MODULES):
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # the engine's own import reports it, loudly
-            print(f"dpnb zygote: import of {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
+    import_quietly(("torch", "torch.distributed", "ipyparallel.engine.app", "dpnb.engine.boot",
+                    *PRELOAD_MODULES), report)
 
 
 class Agent:

@@ -191,10 +191,10 @@ class BucketRecorder:
     registered only while recording is enabled.
     """
 
-    def __init__(self, module: torch.nn.Module, device: Any, keep: int = 64, hook=None):
+    def __init__(self, module: torch.nn.Module, device: Any, keep: int = 64):
         from .commhook import CommHook
 
-        self.hook = hook if hook is not None else CommHook("none")
+        self.hook = CommHook("none")  # how buckets are sent; the wrap may set another
         self.device = torch.device(device)
         self.clock = _Clock(self.device)
         self.names = {id(p): n for n, p in module.named_parameters()}

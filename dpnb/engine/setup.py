@@ -365,16 +365,17 @@ def preload_modules() -> tuple[str, ...]:
     return () if os.environ.get(PRELOAD_ENV) == "torch" else PRELOAD_MODULES
 
 
-def import_quietly(names) -> None:
-    """Import ``names`` in order.  A failure is logged, not raised: the real
-    import, in the cell or call that needs the module, reports it."""
+def import_quietly(names, report=None) -> None:
+    """Import ``names`` in order.  A failure goes to ``report(name, exc)`` (default: the
+    log), never raised: the real import, in the cell or call that needs it, reports it."""
     import importlib
 
+    report = report or (lambda n, e: log.info("preload of %s failed: %s: %s", n, type(e).__name__, e))
     for name in names:
         try:
             importlib.import_module(name)
         except Exception as e:  # reported again, loudly, by the import that needs it
-            log.info("preload of %s failed: %s: %s", name, type(e).__name__, e)
+            report(name, e)
 
 
 PRELOAD_THREAD = "dpnb-preload"  # every preload thread's name starts with this

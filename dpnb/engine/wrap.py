@@ -30,8 +30,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .. import compat
-from ..core.strategies import (MIXED_PRECISION, OPTIMIZERS, STRATEGIES, is_ddp, is_fsdp,
-                               parse_comm_hook)
+from ..core.strategies import (MIXED_PRECISION, OPTIMIZERS, STRATEGIES, comm_hook_label, is_ddp,
+                               is_fsdp, parse_comm_hook)
 from . import device
 from .measure import BucketRecorder, local_tensor
 from .state import get_state
@@ -226,7 +226,7 @@ def wrap(
     st = TrainState(
         strategy=strategy,
         config=_wrap_config(strategy, bucket_cap_mb, mp, cpu_offload, wrap_classes, opt_name,
-                            lr, weight_decay, momentum, betas, hook_label(comm_hook)),
+                            lr, weight_decay, momentum, betas, comm_hook_label(comm_hook)),
         model_name=model_name, model_out=model_out, optimizer_out=optimizer_out,
         module=module, wrapped=wrapped, optimizer=opt, world_size=es.world_size,
         generation=es.generation, device=dev, mesh=mesh, recorder=recorder,
@@ -260,7 +260,7 @@ def wrap(
         "local_param_numel": int(sum(local_tensor(p).numel() for p in module.parameters())),
         "mixed_precision": mp,
         "bucket_cap_mb": bucket_cap_mb,
-        "comm_hook": hook_label(comm_hook),
+        "comm_hook": comm_hook_label(comm_hook),
         "fsdp_units": units,
         "notes": notes,
     }
@@ -284,8 +284,6 @@ def _wrap_ddp(module: nn.Module, dev, bucket_cap_mb, record_buckets: bool, comm_
     """DDP around ``module`` (collective: broadcasts rank 0's parameters)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .commhook import CommHook
-
     ddp_kwargs: dict = {
         "device_ids": device.ddp_device_ids(dev),
         "gradient_as_bucket_view": True,
@@ -293,14 +291,24 @@ def _wrap_ddp(module: nn.Module, dev, bucket_cap_mb, record_buckets: bool, comm_
     if bucket_cap_mb is not None:
         ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
     wrapped = DDP(module, **ddp_kwargs)
-    hook = CommHook(comm_hook)
-    recorder = None
-    if record_buckets:
-        recorder = BucketRecorder(module, dev, hook=hook)
+    recorder = BucketRecorder(module, dev) if record_buckets else None
+    _attach_comm_hook(wrapped, recorder, comm_hook)
+    return wrapped, recorder, ddp_kwargs
+
+
+def _attach_comm_hook(wrapped, recorder: BucketRecorder | None, spec: str) -> None:
+    """DDP's one comm hook, on a new DDP wrapper: the recorder's, which sends
+    each bucket through a fresh :class:`CommHook` (a new DDP starts again from
+    its construction-time buckets, and PowerSGD keeps its error feedback per
+    bucket), or the bare compression hook, or DDP's own default."""
+    from .commhook import CommHook
+
+    hook = CommHook(spec)
+    if recorder is not None:
+        recorder.hook = hook
         recorder.attach(wrapped)
     elif hook.kind != "none":
         hook.register(wrapped)
-    return wrapped, recorder, ddp_kwargs
 
 
 def _wrap_fsdp(module: nn.Module, dev, world_size: int, strategy: str, mp: str, cpu_offload,
@@ -331,12 +339,6 @@ def _wrap_fsdp(module: nn.Module, dev, world_size: int, strategy: str, mp: str, 
     if bucket_cap_mb is not None:
         notes.append("bucket_cap_mb applies to DDP buckets; FSDP communicates per unit")
     return module, mesh, units, notes
-
-
-def hook_label(spec: str | None) -> str:
-    """``"powersgd"`` -> ``"powersgd:1"``: the comm hook as its records name it."""
-    kind, rank = parse_comm_hook(spec)
-    return f"{kind}:{rank}" if rank is not None else kind
 
 
 def _wrap_config(strategy, bucket_cap_mb, mp, cpu_offload, wrap_classes, opt_name, lr,
@@ -425,16 +427,7 @@ def rebind(ns: dict) -> dict:
         old = st.wrapped
         compat.remove_ddp_hooks(old)
         st.wrapped = DDP(st.module, **st.ddp_kwargs)
-        # a fresh hook: PowerSGD's error feedback is kept per bucket, and the
-        # new DDP starts again from its construction-time buckets
-        from .commhook import CommHook
-
-        hook = CommHook(st.config.get("comm_hook", "none"))
-        if st.recorder is not None:
-            st.recorder.hook = hook
-            st.recorder.attach(st.wrapped)
-        elif hook.kind != "none":
-            hook.register(st.wrapped)
+        _attach_comm_hook(st.wrapped, st.recorder, st.config.get("comm_hook", "none"))
         if st.strategy == "zero1":
             compat.point_zero_at_group(st.optimizer, dist.group.WORLD)
         ns[st.model_out] = st.wrapped  # the module stays reachable as its .module

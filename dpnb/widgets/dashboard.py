@@ -225,9 +225,8 @@ def figure(d: DashboardView):
                     ax3.text(x, v / div, C.fmt_bytes(v, binary=True, digits=3)
                              + (f"\n(rank {ranks[i]})" if many else ""), ha="center", va="bottom", fontsize=6.5)
         # a dead rank's last memory is history: mark it where its bar stands
-        dead = [i for i, r in enumerate(ranks)
-                if any(st.get("rank") == r and not st.get("alive", True) for st in d.status)]
-        for i in dead:
+        dead = {st.get("rank") for st in d.status if not st.get("alive", True)}
+        for i in (i for i, r in enumerate(ranks) if r in dead):
             ax3.plot([i], [0], marker="x", color="#C0392B", markersize=9, clip_on=False)
             ax3.text(i, top / div * 1.08 if not wide else top * 2, f"rank {ranks[i]} dead",
                      ha="center", va="bottom", fontsize=6.5, color="#C0392B")

@@ -94,6 +94,10 @@ class BucketRow:
     def wire_bytes(self) -> int:
         return self.bytes if self.sent is None else self.sent
 
+    @property
+    def compressed(self) -> bool:
+        return self.wire_bytes != self.bytes
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -132,7 +136,7 @@ class GradsyncView:
 
     @property
     def compressed(self) -> bool:
-        return any(b.sent is not None and b.sent != b.bytes for b in self.buckets)
+        return any(b.compressed for b in self.buckets)
 
 
 # ------------------------------------------------------------------ data
@@ -364,7 +368,7 @@ def data(records: list[dict], *, step: int | None = None, cap_mb: float | None =
                      "run %dp gradsync --watch before %dp train")
     rows = bucket_rows(r0) if not fsdp else []
     hook = str(r0.get("comm_hook") or "none")
-    compressed = any(r.sent is not None and r.sent != r.bytes for r in rows)
+    compressed = any(r.compressed for r in rows)
     colls = tuple((rec["rank"], c["kind"], c.get("phase", ""), c.get("unit", ""), c["bytes"], c["start"], c["end"])
                   for rec in recs for c in (rec.get("collectives") or []) if c.get("start") is not None)
     measured_cap = r0.get("bucket_cap_mb")
@@ -406,18 +410,24 @@ def data(records: list[dict], *, step: int | None = None, cap_mb: float | None =
         if compressed:
             comparison.append(f"compressed buckets: measured {C.fmt_ms(rt.comm_s)} of all-reduce; the model "
                               f"puts the same buckets, uncompressed, at {C.fmt_ms(tl.comm_s)} on {lk.name}")
-            return GradsyncView(strategy, ws, int(step), ranks, tuple(rows), colls, lk, source, measured_cap,
-                                pred, other, tuple(comparison), tuple(notes), hook)
-        comparison.append(_cmp("total all-reduce time", rt.comm_s, tl.comm_s))
-        if rt.comm_end is not None and rt.backward_start is not None:
-            comparison.append(_cmp("last all-reduce ends (from backward start)", rt.comm_end - rt.backward_start,
-                                   tl.overlapped_s))
-        comparison.append(_cmp("exposed communication", rt.exposed_s, tl.exposed_comm_s))
-        if other is not None:
-            nb = len(other.bucket_bytes)
-            comparison.append(f"at {other.label}: {nb} bucket{'s' if nb != 1 else ''}, exposed "
-                              f"{C.fmt_ms(other.timeline.exposed_comm_s)} vs {C.fmt_ms(tl.exposed_comm_s)} at the "
-                              f"measured cap ({pred.label}); backward+sync "
-                              f"{C.fmt_ms(other.timeline.overlapped_s)} vs {C.fmt_ms(tl.overlapped_s)}")
+        else:
+            comparison += _measured_vs_model(rt, pred, other)
     return GradsyncView(strategy, ws, int(step), ranks, tuple(rows), colls, lk, source, measured_cap, pred, other,
                         tuple(comparison), tuple(notes), hook)
+
+
+def _measured_vs_model(rt: RankTimeline, pred: Prediction, other: Prediction | None) -> list[str]:
+    """Rank 0's measured all-reduce times beside the model's, and the model at the slider's cap."""
+    tl = pred.timeline
+    comparison = [_cmp("total all-reduce time", rt.comm_s, tl.comm_s)]
+    if rt.comm_end is not None and rt.backward_start is not None:
+        comparison.append(_cmp("last all-reduce ends (from backward start)", rt.comm_end - rt.backward_start,
+                               tl.overlapped_s))
+    comparison.append(_cmp("exposed communication", rt.exposed_s, tl.exposed_comm_s))
+    if other is not None:
+        nb = len(other.bucket_bytes)
+        comparison.append(f"at {other.label}: {nb} bucket{'s' if nb != 1 else ''}, exposed "
+                          f"{C.fmt_ms(other.timeline.exposed_comm_s)} vs {C.fmt_ms(tl.exposed_comm_s)} at the "
+                          f"measured cap ({pred.label}); backward+sync "
+                          f"{C.fmt_ms(other.timeline.overlapped_s)} vs {C.fmt_ms(tl.overlapped_s)}")
+    return comparison

@@ -353,10 +353,8 @@ def view(cluster=None, *, n_params: float = 7e9, dp: int = 8, precision: str = "
          offload: str = "none", strategy: str | None = None, live: LiveMemory | None = None):
     """The memory widget.  With ``cluster`` the model size, DP, precision and
     optimizer come from the wrapped model, and measured bars are shown."""
-    snaps = None
     if cluster is not None and live is None:
-        snaps = C.call_ok(cluster, "dpnb.engine.views.memory_snapshot")
-        live = live_data(snaps)
+        live = fetch(cluster)
     dflt = _live_defaults(live)
     n_params = dflt.get("n_params", n_params)
     dp = dflt.get("dp", dp)
@@ -392,8 +390,7 @@ def _args(kw: dict) -> dict:
 def _live_kw(cluster, kw: dict) -> dict:
     if cluster is None:
         return kw
-    snaps = C.call_ok(cluster, "dpnb.engine.views.memory_snapshot")
-    lm = live_data(snaps)
+    lm = fetch(cluster)
     return {**kw, **_live_defaults(lm), "live": lm}
 
 
