@@ -94,6 +94,26 @@ def new_checked_group(backend: str, timeout_s: float) -> Any:
 
 
 # ------------------------------------------------------------------ DTensor
+#: torch 2.13 renamed two collectives and deprecated the old names (FutureWarning)
+SINGLE_COLLECTIVES = (("reduce_scatter_single", "reduce_scatter_tensor"),
+                      ("all_gather_single", "all_gather_into_tensor"))
+
+
+def ensure_single_collectives() -> list[str]:
+    """Give torch < 2.13 the new names ``dist.reduce_scatter_single`` and
+    ``dist.all_gather_single`` (aliases of the old ones, same arguments), so
+    code written for the current names -- the course's and dpnb's own -- runs
+    on every torch dpnb supports without warnings.  Returns the names added."""
+    import torch.distributed as dist
+
+    added = []
+    for new, old in SINGLE_COLLECTIVES:
+        if not hasattr(dist, new):
+            setattr(dist, new, _need(dist, old, "torch.distributed collective"))
+            added.append(new)
+    return added
+
+
 def local_tensor(t: Any) -> Any:
     """The part of ``t`` stored on this rank: a DTensor's local shard, else ``t``.
 

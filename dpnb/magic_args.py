@@ -250,6 +250,12 @@ def _batch():
 @argument("--live", action="store_true",
           help="the wrapped model on the cluster: measured bytes per rank beside the exact "
                "prediction")
+@argument("--no-stages", action="store_true",
+          help="with --live: the live model alone, without the ZeRO stage bars")
+@argument("--during", action="store_true",
+          help="run one training step and show the parameter and gradient bytes each rank "
+               "held during its forward and backward (kept per strategy, to compare)")
+@argument("--micro-batch", type=int, default=8, help="with --during: samples per rank (default 8)")
 @argument("--save", default=None, metavar="PATH")
 def _memory():
     """Per-rank ZeRO memory for stages 0-3 (predicted, and measured with --live)."""
@@ -328,7 +334,7 @@ def _stragglers():
 @argument("--numel", type=int, default=None, help="--live: elements per rank")
 @argument("--step", type=int, default=None, help="draw only this step")
 @argument("--live", action="store_true",
-          help="run reduce_scatter_tensor + all_gather_into_tensor on the ranks and compare "
+          help="run reduce_scatter_single + all_gather_single on the ranks and compare "
                "with all_reduce")
 @argument("--save", default=None, metavar="PATH")
 def _ring():

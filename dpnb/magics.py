@@ -287,11 +287,23 @@ class DPMagics(Magics):
         self._show("batch", a, self._live(a), kw)
 
     def _do_memory(self, a):
+        if a.during:
+            from .widgets import residency
+
+            runs = residency.show(self._need(), micro_batch=a.micro_batch)
+            if a.save:
+                print(f"dpnb: wrote {residency.C.save_figure(residency.figure(runs), a.save)}")
+            return None
         kw = self._kw(a, n_params="params", dp="dp", precision="precision",
                       optimizer="optimizer", capacity_gb="capacity_gb", offload="offload",
                       fp32_grad_accum="fp32_grad_accum")
         if "n_params" in kw:
             kw["n_params"] = int(kw["n_params"])
+        if a.no_stages:
+            if not a.live:
+                raise UsageError("--no-stages goes with --live: without a live model there is "
+                                 "nothing else to show")
+            kw["stages"] = False
         self._show("memory", a, self._live(a), kw)
 
     def _do_comm(self, a):

@@ -96,6 +96,7 @@ class Cluster:
                            local=local, env=self.spec.env_dict, watch_kernel=agents is None)
         self.last_train: dict | None = None  # filled by dpnb.train
         self.last_wrap: dict | None = None
+        self.residency: dict = {}  # %dp memory --during, per strategy (dpnb.widgets.residency)
         self.setup_log = SetupLog()
         self.last_failure: CellResult | None = None  # for %dp debug
         self.autosave_dir: str | None = None  # where %dp train --checkpoint-every writes

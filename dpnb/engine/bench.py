@@ -66,9 +66,9 @@ def bench_collective(
             if kind == "all_reduce":
                 dist.all_reduce(full)
             elif kind == "reduce_scatter":
-                dist.reduce_scatter_tensor(shard, full)
+                dist.reduce_scatter_single(shard, full)
             else:
-                dist.all_gather_into_tensor(full, shard)
+                dist.all_gather_single(full, shard)
 
         for _ in range(warmup):
             op()
@@ -111,9 +111,9 @@ def ring_demo(ns: dict, numel: int | None = None, seed: int = 0) -> dict:
 
     Each rank builds its own input x_r (integer-valued float32, seeded by
     ``seed`` and the rank, so sums are exact and the comparison can demand
-    bit equality).  ``reduce_scatter_tensor`` leaves rank r with chunk r of
+    bit equality).  ``reduce_scatter_single`` leaves rank r with chunk r of
     Σ x (1/N of the buffer, (N−1)/N·S bytes sent per rank);
-    ``all_gather_into_tensor`` sends every reduced chunk to every rank
+    ``all_gather_single`` sends every reduced chunk to every rank
     (another (N−1)/N·S); the result must equal ``all_reduce`` of the same
     inputs, which moves 2(N−1)/N·S per rank with a ring.
     """
@@ -131,10 +131,10 @@ def ring_demo(ns: dict, numel: int | None = None, seed: int = 0) -> dict:
     dist.barrier()
     _sync(dev)
     t0 = time.perf_counter()
-    dist.reduce_scatter_tensor(shard, x.clone())
+    dist.reduce_scatter_single(shard, x.clone())
     _sync(dev)
     t1 = time.perf_counter()
-    dist.all_gather_into_tensor(gathered, shard)
+    dist.all_gather_single(gathered, shard)
     _sync(dev)
     t2 = time.perf_counter()
     dist.barrier()

@@ -98,13 +98,13 @@ def _two_level(full, shard, intra, inter, dev) -> list[float]:
     """Intra-host reduce-scatter, inter-host all-reduce of the shard, intra-host
     all-gather (``full`` ends as the sum over every rank); each phase's seconds."""
     marks = [time.perf_counter()]
-    dist.reduce_scatter_tensor(shard, full, group=intra)
+    dist.reduce_scatter_single(shard, full, group=intra)
     device.synchronize(dev)
     marks.append(time.perf_counter())
     dist.all_reduce(shard, group=inter)
     device.synchronize(dev)
     marks.append(time.perf_counter())
-    dist.all_gather_into_tensor(full, shard, group=intra)
+    dist.all_gather_single(full, shard, group=intra)
     device.synchronize(dev)
     marks.append(time.perf_counter())
     return [b - a for a, b in zip(marks, marks[1:])]

@@ -169,9 +169,10 @@ def init_rank(info: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from .. import log as dpnb_log
+    from .. import compat, log as dpnb_log
 
     dpnb_log.install()
+    compat.ensure_single_collectives()  # the course and dpnb use torch 2.13's names
     ns = user_ns()
     rank, world = int(info["rank"]), int(info["world_size"])
     env = {
@@ -251,7 +252,6 @@ def _exit_fast_on_sigterm() -> None:
     Main thread only (``signal.signal``); ``init_rank`` runs there.
     """
     import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         return

@@ -45,6 +45,7 @@ COLLECTIVES = frozenset({
     "reduce_scatter", "reduce_scatter_tensor", "reduce", "gather", "scatter", "barrier",
     "all_to_all", "all_to_all_single", "send", "recv", "broadcast_object_list",
     "gather_object", "scatter_object_list", "monitored_barrier",
+    "reduce_scatter_single", "all_gather_single",  # torch >= 2.13 names
 })
 
 

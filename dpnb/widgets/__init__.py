@@ -45,7 +45,11 @@ Magics to wire (``%dp <view>`` → function, arguments → keyword)
     Defaults: 7e9, 8, bf16-mixed, adam, 80, none.  ``--live`` (or a wrapped
     model on a running cluster): model size / DP / precision / optimizer from the
     wrapped model, plus measured bytes per rank beside
-    :func:`dpnb.core.exact_rank_bytes` (difference in bytes).
+    :func:`dpnb.core.exact_rank_bytes` (difference in bytes).  ``--no-stages``
+    (with ``--live``): the live panel alone, ``stages=False``.
+    ``--during [--micro-batch B]``: ``residency.show(cluster, micro_batch=B)``
+    runs one training step with the probe of :mod:`dpnb.engine.residency` and
+    shows the peak parameter + gradient bytes per rank in forward and backward.
 
 ``%dp comm [--link NAME] [--n N] [--collectives all_reduce,reduce_scatter,all_gather] [--bandwidth GBs] [--latency US] [--save PATH]``
     ``comm.show(None, link=NAME, n=N, collectives=(...), bandwidth_gbs=GBs,
@@ -75,7 +79,7 @@ Magics to wire (``%dp <view>`` → function, arguments → keyword)
 
 ``%dp ring [--n N] [--size BYTES] [--numel E] [--step S] [--live] [--save PATH]``
     ``ring.show(cluster if --live else None, n=N, size_bytes=BYTES, numel=E)``;
-    ``--live`` runs ``reduce_scatter_tensor`` + ``all_gather_into_tensor`` and
+    ``--live`` runs ``reduce_scatter_single`` + ``all_gather_single`` and
     ``all_reduce`` on every rank (collective) and shows they agree.
     ``--save``: ``ring.save(PATH, cluster, n=N, size_bytes=BYTES, step=S)``.
 

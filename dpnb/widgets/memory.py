@@ -104,11 +104,12 @@ class MemoryView:
     highlight_stage: int | None
     live: LiveMemory | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    stages: bool = True  # the ZeRO stage bars; False: the live model alone (before ZeRO is taught)
 
 
 def data(n_params: float = 7e9, dp: int = 8, precision: str = "bf16-mixed", optimizer: str = "adam",
          capacity_gb: float = 80.0, *, fp32_grad_accum: bool = False, offload: str = "none",
-         strategy: str | None = None, live: LiveMemory | None = None) -> MemoryView:
+         strategy: str | None = None, live: LiveMemory | None = None, stages: bool = True) -> MemoryView:
     """Analytic per-rank bars for stages 0–3 (decimal GB capacity), plus optional live data."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
@@ -135,7 +136,7 @@ def data(n_params: float = 7e9, dp: int = 8, precision: str = "bf16-mixed", opti
         bars.append(StageBar(row.stage, row.parts(), row.total, row.fits(cap), mx, mdp, note))
     hl = STAGE_OF.get(strategy) if strategy else (STAGE_OF.get(live.strategy) if live else None)
     return MemoryView(float(n_params), int(dp), precision, optimizer, cap, fp32_grad_accum, offload,
-                      tuple(bars), hl, live)
+                      tuple(bars), hl, live, stages=stages or live is None)
 
 
 def live_data(snapshots: list[dict]) -> LiveMemory:
@@ -212,9 +213,10 @@ def _summary(d: MemoryView) -> list[str]:
              f"device {d.capacity_bytes / GB:g} GB (decimal, 1 GB = 10⁹ B); model states only "
              "(activations, buffers, fragmentation not counted)"]
     fit = [b for b in d.bars if b.fits]
-    lines.append("fits: " + (", ".join(f"ZeRO-{b.stage}" for b in fit) if fit else "no stage fits")
-                 + " | largest model per stage: "
-                 + ", ".join(f"ZeRO-{b.stage} {C.fmt_count(b.max_params)}" for b in d.bars))
+    if d.stages:
+        lines.append("fits: " + (", ".join(f"ZeRO-{b.stage}" for b in fit) if fit else "no stage fits")
+                     + " | largest model per stage: "
+                     + ", ".join(f"ZeRO-{b.stage} {C.fmt_count(b.max_params)}" for b in d.bars))
     if d.live:
         lm = d.live
         when = "after optimizer.step() of step %s" % lm.step if lm.phase == "after_step" else "now, between steps (grads freed)"
@@ -228,8 +230,9 @@ def _summary(d: MemoryView) -> list[str]:
 
 
 def text(d: MemoryView) -> str:
-    out = ["ZeRO memory per rank"] + ["  " + s for s in _summary(d)]
-    out += ["", C.text_table(FITS_HEADERS, fits_rows(d))]
+    out = [("ZeRO memory" if d.stages else "Memory") + " per rank"] + ["  " + s for s in _summary(d)]
+    if d.stages:
+        out += ["", C.text_table(FITS_HEADERS, fits_rows(d))]
     if d.live:
         out += ["", C.text_table(LIVE_HEADERS, live_rows(d.live))]
     return "\n".join(out)
@@ -237,8 +240,9 @@ def text(d: MemoryView) -> str:
 
 def html(d: MemoryView) -> str:
     out = C.html_lines(_summary(d))
-    out += C.html_table(FITS_HEADERS, fits_rows(d), "Fits? (decimal GB)",
-                        highlight=lambda i: d.highlight_stage == i)
+    if d.stages:
+        out += C.html_table(FITS_HEADERS, fits_rows(d), "Fits? (decimal GB)",
+                            highlight=lambda i: d.highlight_stage == i)
     if d.live:
         out += C.html_table(LIVE_HEADERS, live_rows(d.live), "Measured vs exact prediction, per rank (bytes)")
     return out
@@ -248,6 +252,9 @@ def figure(d: MemoryView):
     """Stacked per-rank bars for stages 0–3 with the capacity line; with live
     data a second panel: exact prediction vs measured bars per rank."""
     fig = C.new_figure(4.6)
+    if d.live and not d.stages:
+        _live_panel(fig.subplots(1, 1), d.live)
+        return fig
     if d.live:
         ax, ax2 = fig.subplots(1, 2, width_ratios=[1.15, 1])
     else:
@@ -383,7 +390,8 @@ def view(cluster=None, *, n_params: float = 7e9, dp: int = 8, precision: str = "
 
 
 def _args(kw: dict) -> dict:
-    keys = ("n_params", "dp", "precision", "optimizer", "capacity_gb", "fp32_grad_accum", "offload", "strategy")
+    keys = ("n_params", "dp", "precision", "optimizer", "capacity_gb", "fp32_grad_accum", "offload", "strategy",
+            "stages")
     return {k: kw[k] for k in keys if k in kw}
 
 
@@ -396,8 +404,14 @@ def _live_kw(cluster, kw: dict) -> dict:
 
 def show(cluster=None, **kw: Any) -> None:
     """Widget + static copy in a kernel; the summary and tables in a terminal."""
-    if C._in_kernel():
+    if C._in_kernel() and kw.get("stages", True):
         C.show_view(view(cluster, **kw))
+    elif C._in_kernel():  # the live model alone: nothing for the stage controls to change
+        kw = _live_kw(cluster, kw)
+        d = data(**_args(kw), live=kw.get("live"))
+        from IPython.display import display
+
+        display(C.static_bundle(figure(d), html(d), text(d)), raw=True)
     else:
         kw = _live_kw(cluster, kw)
         print(text(data(**_args(kw), live=kw.get("live"))))

@@ -9,8 +9,8 @@ reduced) to rank r+1, which overwrites its copy; afterwards every rank holds
 every reduced chunk.  Every step every rank sends S/N bytes, so each rank
 sends 2(N−1)/N · S in all — independent of N for large N
 (:func:`dpnb.core.collective_bytes`).  This is exactly
-``reduce_scatter_tensor`` (rank r gets chunk r) followed by
-``all_gather_into_tensor``; on a live cluster :func:`run_live` runs both on
+``reduce_scatter_single`` (rank r gets chunk r) followed by
+``all_gather_single``; on a live cluster :func:`run_live` runs both on
 real tensors and checks the result equals ``all_reduce``.
 """
 
@@ -154,7 +154,7 @@ def _summary(d: RingView) -> list[str]:
     if d.live:
         lv = d.live
         lines.append(f"live on {lv.world_size} ranks, {lv.numel} float32 ({C.fmt_bytes(lv.bytes)}): "
-                     f"reduce_scatter_tensor + all_gather_into_tensor "
+                     f"reduce_scatter_single + all_gather_single "
                      f"{'==' if lv.equal else '!='} all_reduce (max |diff| {lv.max_abs_diff:g}); "
                      f"RS {C.fmt_ms(lv.reduce_scatter_s)} + AG {C.fmt_ms(lv.all_gather_s)} vs "
                      f"all_reduce {C.fmt_ms(lv.all_reduce_s)}")

@@ -27,6 +27,8 @@ def test_model_views_need_no_cluster(ip, capsys, tmp_path):
         ip.run_line_magic("dp", f"memory --save {tmp_path / 'x.jpg'}")
     with pytest.raises(UsageError, match="no dpnb cluster is running"):
         ip.run_line_magic("dp", "memory --live")
+    with pytest.raises(UsageError, match="--no-stages goes with --live"):
+        ip.run_line_magic("dp", "memory --no-stages")
 
 
 def test_live_views(ip, capsys):
@@ -45,6 +47,9 @@ def test_live_views(ip, capsys):
     ip.run_line_magic("dp", "memory --live")
     out = capsys.readouterr().out
     assert "measured" in out.lower()
+    ip.run_line_magic("dp", "memory --live --no-stages")  # the quick start's: ZeRO is not taught yet
+    out = capsys.readouterr().out
+    assert out.startswith("Memory per rank") and "byte for byte" in out and "ZeRO" not in out, out
     b = ip.run_line_magic("dp", "bench allreduce --sizes 1e3:1e5:3 --iters 2")
     assert b.world_size == 2 and len(b.sizes) == 3
     h = ip.run_line_magic("dp", "bench hierarchical --hosts 2 --sizes 1e4:1e6:2 --iters 1")
@@ -79,3 +84,14 @@ def test_live_views(ip, capsys):
         ip.run_line_magic("dp", "wrap net --strategy zero2 --comm-hook fp16")
     with pytest.raises(UsageError, match="powersgd:0"):
         ip.run_line_magic("dp", "wrap net --comm-hook powersgd:0")
+
+    # memory during the step: each strategy measured is kept, to compare
+    ip.run_line_magic("dp", "memory --during")
+    out = capsys.readouterr().out
+    assert "ddp (ranks 0-1)" in out and "forward: params" in out, out
+    ip.run_line_magic("dp", "wrap net --strategy zero3")
+    ip.run_line_magic("dp", "memory --during --micro-batch 4")
+    out = capsys.readouterr().out
+    assert "ddp (ranks 0-1)" in out and "zero3 (ranks 0-1)" in out, out
+    with pytest.raises(UsageError, match="--micro-batch must be a whole number >= 1"):
+        ip.run_line_magic("dp", "memory --during --micro-batch 0")

@@ -55,3 +55,17 @@ def test_missing_internal_is_a_clear_error():
 
     with pytest.raises(compat.CompatError, match="ZeroRedundancyOptimizer.*missing in torch"):
         compat.point_zero_at_group(Zero(), None)
+
+
+def test_torch_213_collective_names_exist_on_every_supported_torch(monkeypatch):
+    import torch.distributed as dist
+
+    from dpnb.compat import ensure_single_collectives
+
+    assert ensure_single_collectives() == []  # this torch has them already
+    # an older torch (< 2.13): only the old names
+    monkeypatch.delattr(dist, "reduce_scatter_single")
+    monkeypatch.delattr(dist, "all_gather_single")
+    assert ensure_single_collectives() == ["reduce_scatter_single", "all_gather_single"]
+    assert dist.reduce_scatter_single is dist.reduce_scatter_tensor
+    assert dist.all_gather_single is dist.all_gather_into_tensor

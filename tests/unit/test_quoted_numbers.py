@@ -40,3 +40,18 @@ def test_sharding_figures_in_chapter_06():
     md = _markdown("06_zero2_zero3_fsdp")
     for s in ("**2P + 14P/N**", "**16/N bytes**", "2.9× and 4.3× at N = 8, 3.8× and 7.2× at N = 64"):
         assert s in md, s
+
+
+def test_scaling_efficiency_figures_in_chapter_08():
+    from dpnb.core import LINKS, collective_time, scaling
+
+    def eff(link, overlap):
+        comm = lambda n: collective_time("all_reduce", 2e9, n, LINKS[link])  # noqa: E731
+        return round(100 * scaling([8], 0.2, comm, overlap=overlap)[0].efficiency)
+
+    assert [eff(k, 0.6) for k in ("nvlink4-h100", "ib-ndr-400", "pcie-gen4-x16", "ethernet-100g")] == [98, 88, 78, 64]
+    assert [eff(k, 0.0) for k in ("pcie-gen4-x16", "ethernet-100g")] == [59, 42]
+    md = _markdown("08_scaling_and_stragglers")
+    for s in ("**a property of the job, not of DDP**", "98 % on NVLink, 88 % on IB NDR and 64 % on 100 Gb Ethernet",
+              "78 % on PCIe Gen4 with 60 % overlap, 59 % without", "64 % and 42 %"):
+        assert s in md, s
