@@ -292,7 +292,7 @@ class DPMagics(Magics):
 
             runs = residency.show(self._need(), micro_batch=a.micro_batch)
             if a.save:
-                print(f"dpnb: wrote {residency.C.save_figure(residency.figure(runs), a.save)}")
+                print(f"dpnb: wrote {residency.save(a.save, runs)}")
             return None
         kw = self._kw(a, n_params="params", dp="dp", precision="precision",
                       optimizer="optimizer", capacity_gb="capacity_gb", offload="offload",

@@ -25,10 +25,12 @@ it ends.  No extra communication: the step's own collectives are the only ones.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
-from .measure import _StorageCounter
+from .measure import _StorageCounter, state_bytes
 from .state import get_state
 from .step import train
 from .train_state import train_state
@@ -69,10 +71,8 @@ class ResidencyProbe:
 
     def sample(self, phase: str) -> None:
         pc, gc = _StorageCounter(), _StorageCounter()
-        for p in self.sharded:
-            pc.add(p)
-            gc.add(p.grad)
-        for p in self.module.parameters():  # the gathered tensors while a unit is unsharded
+        # the shards, and the gathered tensors that stand in for them while a unit is unsharded
+        for p in itertools.chain(self.sharded, self.module.parameters()):
             pc.add(p)
             gc.add(p.grad)
         pk = self.peak[phase]
@@ -109,10 +109,7 @@ def measure_step(ns: dict, micro_batch: int, grad_accum: int = 1, seq_len: int |
                         seq_len=seq_len, publish=False, record=False)
     finally:
         probe.detach()
-    after = _StorageCounter(), _StorageCounter()
-    for p in module.parameters():
-        after[0].add(p)
-        after[1].add(p.grad)
+    after = state_bytes(module, None)
     return {"rank": get_state(ns).rank, "strategy": st.strategy, "step": summary.get("last_step"),
             "peak": probe.peak, "samples": probe.samples, "full_param_bytes": full,
-            "after": {"params": after[0].bytes, "grads": after[1].bytes}}
+            "after": {"params": after["params"], "grads": after["grads"]}}

@@ -302,6 +302,18 @@ def show_view(box, data: Any = None, fig: Figure | None = None, text: str | None
         print(text if text is not None else box.text())
 
 
+def show_static(d: Any, figure: Callable, html: Callable, text: Callable) -> None:
+    """A view without controls: in a kernel the figure with the HTML tables and
+    the text (no widget state, so it survives saving); elsewhere the text only,
+    without drawing the figure."""
+    if _in_kernel():
+        from IPython.display import display
+
+        display(static_bundle(figure(d), html(d), text(d)), raw=True)
+    else:
+        print(text(d))
+
+
 def int_slider(desc: str, value: int, lo: int, hi: int, step: int = 1, width: str = "300px"):
     import ipywidgets as w
 

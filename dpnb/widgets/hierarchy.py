@@ -217,13 +217,7 @@ def figure(d: HierView):
 def show(cluster, sizes=None, iters: int = 3, hosts: int | None = None) -> HierBench:
     """``%dp bench hierarchical``: measure, then show the figure and tables (text outside a kernel)."""
     hb = bench(cluster, sizes, iters, hosts)
-    d = data(hb)
-    if C._in_kernel():
-        from IPython.display import display
-
-        display(C.static_bundle(figure(d), html(d), text(d)), raw=True)
-    else:
-        print(text(d))
+    C.show_static(data(hb), figure, html, text)
     return hb
 
 

@@ -406,15 +406,10 @@ def show(cluster=None, **kw: Any) -> None:
     """Widget + static copy in a kernel; the summary and tables in a terminal."""
     if C._in_kernel() and kw.get("stages", True):
         C.show_view(view(cluster, **kw))
-    elif C._in_kernel():  # the live model alone: nothing for the stage controls to change
-        kw = _live_kw(cluster, kw)
-        d = data(**_args(kw), live=kw.get("live"))
-        from IPython.display import display
-
-        display(C.static_bundle(figure(d), html(d), text(d)), raw=True)
-    else:
-        kw = _live_kw(cluster, kw)
-        print(text(data(**_args(kw), live=kw.get("live"))))
+        return
+    # a terminal, or the live model alone (nothing for the stage controls to change)
+    kw = _live_kw(cluster, kw)
+    C.show_static(data(**_args(kw), live=kw.get("live")), figure, html, text)
 
 
 def save(path: str, cluster=None, **kw: Any) -> str:

@@ -57,9 +57,8 @@ def from_ranks(per_rank: list[dict]) -> tuple[Residency, ...]:
 def remember(cluster, found: tuple[Residency, ...]) -> list[Residency]:
     """Keep the latest measurement per strategy on ``cluster`` (forgetting any of
     another model size); return every kept one, in ZeRO-stage order."""
-    kept: dict = getattr(cluster, "residency", None) or {}
     full = found[0].full_param_bytes
-    kept = {s: v for s, v in kept.items() if v[0].full_param_bytes == full}
+    kept = {s: v for s, v in cluster.residency.items() if v[0].full_param_bytes == full}
     kept[found[0].strategy] = found
     cluster.residency = kept
     return [x for s in sorted(kept, key=lambda s: ORDER.index(s) if s in ORDER else 99) for x in kept[s]]
@@ -122,11 +121,9 @@ def figure(runs: list[Residency]):
 def show(cluster, micro_batch: int = 8, grad_accum: int = 1) -> list[Residency]:
     """Measure one step of the wrapped strategy and show every strategy measured so far."""
     runs = remember(cluster, measure(cluster, micro_batch, grad_accum))
-    fig = figure(runs)
-    if C._in_kernel():
-        from IPython.display import display
-
-        display(C.static_bundle(fig, html(runs), text(runs)), raw=True)
-    else:
-        print(text(runs))
+    C.show_static(runs, figure, html, text)
     return runs
+
+
+def save(path: str, runs: list[Residency]) -> str:
+    return C.save_figure(figure(runs), path)
