@@ -35,7 +35,6 @@ def test_chapter_conventions(path):
     first = "".join(cells[0]["source"])
     assert cells[0]["cell_type"] == "markdown" and "**What you will see" in first, \
         "the first cell must say what the learner will see"
-    md = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
     predicts = [i for i, c in enumerate(cells)
                 if c["cell_type"] == "markdown" and "**Predict" in "".join(c["source"])]
     assert predicts, "no predict-then-run exercise (a markdown cell with **Predict ...**)"
@@ -44,4 +43,3 @@ def test_chapter_conventions(path):
     assert prose_words(path) <= MAX_WORDS, f"{prose_words(path)} words of prose"
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert "filterwarnings" not in code and "import warnings" not in code
-    assert md
