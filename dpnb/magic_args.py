@@ -162,8 +162,11 @@ def _data():
 @magic_arguments()
 @argument("--steps", type=int, default=None, help="optimizer steps to run")
 @argument("--epochs", type=int, default=None, help="passes over the dataset (instead of --steps)")
-@argument("--micro-batch", type=int, default=8, help="samples per rank per micro-batch (default 8)")
-@argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (default 1)")
+@argument("--micro-batch", type=int, default=None,
+          help="samples per rank per micro-batch (default 8, or what %%dp resize chose)")
+@argument("--grad-accum", type=int, default=None,
+          help="micro-batches per optimizer step (default 1, or what %%dp resize chose to keep "
+               "the global batch)")
 @argument("--lr-scale", default="none", choices=LR_SCALES,
           help="scale the lr with the global batch relative to --ref-batch")
 @argument("--ref-batch", type=int, default=None, help="batch size the base lr was tuned for")
@@ -177,6 +180,21 @@ def _data():
           help="checkpoint into DIR every K steps; %%dp restart --resume loads the latest")
 def _train():
     """Run training steps with a live progress bar and loss curve (Ctrl-C stops cleanly)."""
+
+
+@sub("resize")
+@magic_arguments()
+@argument("-n", type=int, required=True, help="the number of ranks to go on with")
+@argument("--scale-lr", default=None, choices=("linear", "sqrt"),
+          help="keep micro-batch and grad-accum and rescale the learning rate with the "
+               "global batch instead of keeping the global batch (the default)")
+@argument("--dir", default=None, metavar="DIR",
+          help="where the hand-over checkpoint goes (default: the cluster's profile folder; "
+               "on several hosts give storage every host sees)")
+def _resize():
+    """Go on training on N ranks: checkpoint, stop or add engines, re-form the group,
+    replay the --setup cells and the wrap, reload (DCP reshards); the global batch is
+    kept by a new grad-accum unless --scale-lr."""
 
 
 @sub("check")

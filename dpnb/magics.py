@@ -207,6 +207,8 @@ class DPMagics(Magics):
         finally:
             if self.dashboard is not None:  # the live dashboard shows the run's end
                 self.dashboard.catch_up()
+        if s.get("batch_note"):
+            print(f"dpnb: {s['batch_note']}")
         if s.get("data_note"):
             print(f"dpnb: note: {s['data_note']}")
         if s.get("checkpoints"):
@@ -231,6 +233,11 @@ class DPMagics(Magics):
                                ref_batch=a.ref_batch, seq_len=a.seq_len, step_fn=a.step_fn,
                                loss_fn=a.loss_fn, record=False if a.no_record else None,
                                timeout=a.timeout)
+
+    def _do_resize(self, a):
+        info = self._need().resize(a.n, keep="lr" if a.scale_lr else "batch",
+                                   lr_rule=a.scale_lr or "linear", checkpoint_dir=a.dir)
+        print(f"dpnb: {info['summary']}")
 
     def _do_check(self, a):
         v = self._need().check(a.model)

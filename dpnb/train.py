@@ -74,8 +74,8 @@ def set_data(cluster, dataset: str, *, seed: int = 0, shuffle: bool = True) -> d
     return info
 
 
-def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro_batch: int,
-          grad_accum: int = 1, lr_scale: str = "none", ref_batch: int | None = None,
+def train(cluster, *, steps: int | None = None, epochs: int | None = None,
+          micro_batch: int | None = None, grad_accum: int | None = None, lr_scale: str = "none", ref_batch: int | None = None,
           seq_len: int | None = None, step_fn: str | None = None, loss_fn: str | None = None,
           record: bool | None = None, progress: bool = True,
           timeout: float | None = None, checkpoint_every: int | None = None,
@@ -90,6 +90,7 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro
     """
     if steps is None and epochs is None:
         raise DpnbError("say how long to train: --steps S or --epochs E")
+    micro_batch, grad_accum, from_plan = batch_layout(cluster, micro_batch, grad_accum)
     for name, v, lo in (("steps", steps, 1), ("epochs", epochs, 1), ("micro-batch", micro_batch, 1),
                         ("grad-accum", grad_accum, 1)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
@@ -139,7 +140,34 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None, micro
         if p and "rank" in p:
             finals[p["rank"]] = dict(p)
     cluster.last_train = {**kw, "summary": summary, "progress": finals}
+    if from_plan and summary is not None:
+        summary = {**summary, "batch_note": from_plan}
     return summary
+
+
+#: what ``train`` uses when neither the call nor a resize says
+DEFAULT_MICRO_BATCH, DEFAULT_GRAD_ACCUM = 8, 1
+
+
+def batch_layout(cluster, micro_batch: int | None, grad_accum: int | None) -> tuple:
+    """``(micro_batch, grad_accum, note)`` for a train call.
+
+    Values given win.  Left out, they come from the plan ``%dp resize`` made
+    (the global batch kept on the new number of ranks; the grad-accum only
+    while the micro-batch is the plan's), else from the defaults.
+    """
+    p = getattr(cluster, "batch_plan", None) or {}
+    note = ""
+    if micro_batch is None:
+        micro_batch = p.get("micro_batch", DEFAULT_MICRO_BATCH)
+    if grad_accum is None:
+        if p and micro_batch == p.get("micro_batch"):
+            grad_accum = p["grad_accum"]
+            note = (f"micro-batch {micro_batch} x grad-accum {grad_accum} from %dp resize "
+                    f"(global batch {p['global_batch']} kept)")
+        else:
+            grad_accum = DEFAULT_GRAD_ACCUM
+    return micro_batch, grad_accum, note
 
 
 def check(cluster, model: str | None = None) -> dict:

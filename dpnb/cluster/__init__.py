@@ -96,6 +96,7 @@ class Cluster:
                            local=local, env=self.spec.env_dict, watch_kernel=agents is None)
         self.last_train: dict | None = None  # filled by dpnb.train
         self.last_wrap: dict | None = None
+        self.batch_plan: dict | None = None  # set by %dp resize: the layout that keeps the batch
         self.residency: dict = {}  # %dp memory --during, per strategy (dpnb.widgets.residency)
         self.setup_log = SetupLog()
         self.last_failure: CellResult | None = None  # for %dp debug
@@ -370,6 +371,12 @@ class Cluster:
         from .. import train
 
         return train.train(self, **opts)
+
+    def resize(self, n: int, **opts) -> dict:
+        """Go on training on ``n`` ranks; see :func:`dpnb.resize.resize`."""
+        from .. import resize
+
+        return resize.resize(self, n, **opts)
 
     def check(self, model: str | None = None) -> dict:
         from .. import train

@@ -40,7 +40,7 @@ __all__ = [
     "TrainError", "TrainState", "DataState", "StepRecord", "STRATEGIES", "MIXED_PRECISION",
     "OPTIMIZERS", "LR_SCALES", "BYTES_EVERY", "MAX_RECORDS", "wrap", "set_data", "train",
     "records", "clear_records", "set_recording", "rebind", "train_state", "require_bound",
-    "fsdp_units", "default_loss", "measure_state_bytes", "bucket_records",
+    "fsdp_units", "default_loss", "measure_state_bytes", "bucket_records", "scale_lr",
 ]
 
 
@@ -106,3 +106,13 @@ def bucket_records(ns: dict, last: int | None = None) -> list:
         dict(s, buckets=[dict(b) for b in s["buckets"]], backward=dict(s["backward"]))
         for s in steps
     ]
+
+
+def scale_lr(ns: dict, factor: float) -> dict:
+    """Multiply every param group's learning rate by ``factor`` (``%dp resize
+    --scale-lr``: the global batch changed with the number of ranks).  Local;
+    every rank applies the same factor, so the replicas stay in step."""
+    st = require_bound(ns)
+    for g in st.optimizer.param_groups:
+        g["lr"] = float(g["lr"]) * float(factor)
+    return {"lr": float(st.optimizer.param_groups[0]["lr"])}

@@ -1,0 +1,140 @@
+"""Changing how many ranks a running cluster has: stop or add engines, re-form.
+
+``%dp resize -n M`` (see :mod:`dpnb.resize` for the training side) ends here
+with the engine work: the highest ranks' engines are stopped (shrink) or new
+engines are started where the launcher can place them (grow); every engine
+left is given its rank again -- ranks stay contiguous per host, like torchrun
+-- and one new process group of ``M`` ranks is formed.  Nothing is re-bound
+to the new group here: a wrapped model bound to ``N`` ranks cannot be
+re-bound to ``M``; the training layer rebuilds it from a checkpoint.
+Survivors keep their namespaces.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from ..errors import DpnbError
+from .launch import assign_ranks, with_devices
+from .processes import wait_pids_gone
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import Cluster
+
+log = logging.getLogger("dpnb.resize")
+
+#: a CPU host runs at most this many engines per core (8 on a laptop's 2):
+#: beyond it every step crawls and the group timeout fires
+ENGINES_PER_CORE = 4
+
+
+def capacity(c: Cluster) -> tuple[int, str]:
+    """How many ranks this cluster's launcher can place, and why that many."""
+    if c.launcher in ("slurm", "mpi"):
+        return c.world_size, (f"the {c.launcher} launcher placed its engines once; resize can "
+                              f"shrink this cluster, and grow it only back to its start size")
+    if c.backend == "nccl":
+        hosts = collections.Counter(r.host for r in c.ranks)
+        per_host = len(c.gpus) if c.gpus else max(r.local_world_size for r in c.ranks)
+        if c.launcher == "local":
+            from .launch import local_gpu_count
+
+            per_host = len(c.gpus) if c.gpus else local_gpu_count()
+        return per_host * len(hosts), f"one GPU per rank, {per_host} per host"
+    if c.launcher == "ssh":
+        slots = sum(c.agents.counts.values()) if c.agents is not None else c.world_size
+        return slots, "the HOST=N slots given to --launcher-arg"
+    cores = os.cpu_count() or 1
+    return ENGINES_PER_CORE * cores, (f"{ENGINES_PER_CORE} CPU engines per core on this "
+                                      f"host's {cores} cores")
+
+
+def check_target(c: Cluster, m) -> None:
+    """One-line errors for a target this cluster cannot take; changes nothing."""
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise DpnbError(f"-n must be a whole number of ranks >= 1 (got {m!r}); to end the job "
+                        f"use %dp stop")
+    if m == c.world_size:
+        raise DpnbError(f"the cluster already has {m} ranks: nothing to resize")
+    cap, why = capacity(c)
+    if m > cap:
+        raise DpnbError(f"-n {m} is more ranks than the {c.launcher} launcher can place here "
+                        f"(at most {cap}: {why}); resize to {cap} or fewer")
+
+
+def _start_more(c: Cluster, k: int) -> list[int]:
+    """Start ``k`` engines; return their engine ids once registered."""
+    from .restart import _wait_new
+
+    known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
+    started = None
+    if c.agents is not None:  # a local zygote (one host) or ssh hosts with free slots
+        used = collections.Counter(ri.location for ri in c.ranks)
+        counts: dict[str, int] = {}
+        for host, slots in c.agents.counts.items():
+            free = slots - used.get(host, 0) if not c.agents.local_zygote else k
+            take = min(free, k - sum(counts.values()))
+            if take > 0:
+                counts[host] = take
+        started = c.agents.start(counts)
+    else:
+        c._ipp.start_engines_sync(n=k)
+    return _wait_new(c, known, k, started)
+
+
+def _stop_ranks(c: Cluster, ranks: list[int]) -> None:
+    """Stop the engines of ``ranks`` (by PID here, through agents or ipyparallel)."""
+    local = {}
+    for r in ranks:
+        ri = c.ranks[r]
+        if c.launcher == "local" and c.agents is None:
+            local[ri.pid] = c.procs._started.get(ri.pid)
+        c.kill_rank(r)
+    wait_pids_gone({p: t for p, t in local.items() if t is not None}, 10.0)
+
+
+def resize_world(c: Cluster, m: int) -> dict:
+    """Stop or add engines so that ``m`` ranks remain, then form their group.
+
+    Returns ``{"old", "new", "added", "removed"}`` (rank numbers).  Ranks are
+    assigned afresh from the engines' hosts (contiguous per host); on one
+    host the survivors keep their numbers.
+    """
+    from ..engine import setup
+    from .launch import controller_address
+
+    check_target(c, m)
+    n = c.world_size
+    removed, added_eids = [], []
+    if m < n:
+        removed = list(range(m, n))
+        _stop_ranks(c, removed)
+        keep = c.ranks[:m]
+    else:
+        keep = list(c.ranks)
+        added_eids = _start_more(c, m - n)
+    probes = {ri.engine_id: {"host": ri.host, "ip": ri.ip, "pid": ri.pid,
+                             "location": ri.location, "ifname": ri.ifname} for ri in keep}
+    if added_eids:
+        fresh = c.client[added_eids].apply_sync(setup.probe, controller_address(c._ipp))
+        probes.update(zip(added_eids, fresh))
+    ranks = with_devices(assign_ranks(probes), c.backend, c.gpus)
+    c.ranks[:] = ranks
+    added = [ri.rank for ri in ranks if ri.engine_id in added_eids]
+    for r in list(c.transport.doors):
+        if r >= m:
+            c.transport.doors.pop(r)
+    c.health.dead.clear()
+    c.health.busy.clear()
+    if c.local:  # threads per engine follow the engines per core, as at start
+        per_host = max(ri.local_world_size for ri in ranks)
+        c.group.threads = max(1, (os.cpu_count() or 1) // per_host)
+    c.procs.remember(c.ranks)
+    c.procs.write_reaper_file(c.ranks)
+    c.group.init_ranks(new=added)
+    c.group.regroup(callbacks=False, hint="; try %dp restart --hard")
+    log.info("resized from %d to %d ranks (added %s, removed %s)", n, m, added, removed)
+    return {"old": n, "new": m, "added": added, "removed": removed}

@@ -1,0 +1,107 @@
+"""``%dp resize -n M``: go on training on another number of ranks.
+
+The sequence, each step only once the one before it succeeded:
+
+1. check everything that could make it fail (target size, a wrapped model,
+   the cells that build it marked ``%%dp --setup``, the batch arithmetic of
+   :func:`dpnb.core.resize.plan_resize`) -- a refused resize changes nothing;
+2. every rank writes its shard of model and optimizer state, the step and the
+   data position with ``torch.distributed.checkpoint`` (a collective on the
+   old group);
+3. :func:`dpnb.cluster.resize.resize_world` stops the highest ranks' engines
+   or starts new ones and forms one group of ``M`` ranks;
+4. every rank replays the setup log (the marked cells, the wrap, the data
+   choice) and loads the checkpoint: DCP reshards each tensor for the new
+   world size (ZeRO-1 and FSDP shards are cut differently on ``M`` ranks);
+5. the batch plan is kept for the next ``%dp train`` (global batch kept by a
+   new grad-accum), or the learning rate is rescaled on every rank.
+
+Because the data position is counted in global samples, the first step after
+the resize reads the same samples one process would read for that step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+from .core.errors import ConfigError
+from .core.resize import ResizePlan, plan_resize
+from .errors import DpnbError
+
+log = logging.getLogger("dpnb.resize")
+
+_WRAP = "dpnb.engine.training.wrap"
+
+
+def _check_model(cluster) -> None:
+    entries = list(cluster.setup_log.entries)
+    wraps = [i for i, e in enumerate(entries) if e.dotted == _WRAP]
+    if not wraps:
+        raise DpnbError("resize moves a training job, and no model was wrapped: %dp wrap one "
+                        "first (to change an empty cluster's size, %dp stop and %dp start -n M)")
+    if not any(e.kind == "cell" for e in entries[:wraps[-1]]):
+        raise DpnbError("resize rebuilds the model on every rank by replaying the cells that "
+                        "built it, and none is marked: run those cells again with %%dp --setup "
+                        "(see %dp setup)")
+
+
+def plan(cluster, n: int, keep: str = "batch", lr_rule: str = "linear") -> ResizePlan:
+    """The batch layout on ``n`` ranks, from the last ``train`` call (or its plan)."""
+    last = cluster.batch_plan or cluster.last_train
+    if not last:
+        raise DpnbError("no training step has run yet, so there is no global batch to keep: "
+                        "%dp train first, or %dp stop and %dp start -n M")
+    try:
+        return plan_resize(int(last["micro_batch"]), int(last["grad_accum"]),
+                           cluster.world_size, n, keep=keep, lr_rule=lr_rule)
+    except ConfigError as e:
+        raise DpnbError(str(e)) from None
+
+
+def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
+           checkpoint_dir: str | None = None) -> dict:
+    """Move the wrapped model, its optimizer and the data position to ``n`` ranks.
+
+    ``keep="batch"``: the next ``train`` keeps the global batch (grad-accum,
+    and micro-batch if needed, re-chosen; see :func:`dpnb.core.resize.plan_resize`).
+    ``keep="lr"``: per-rank batch kept, learning rate scaled by the global
+    batch's ratio (``lr_rule`` linear or sqrt).  ``checkpoint_dir``: where the
+    hand-over checkpoint goes (default: a folder in the cluster's profile on
+    one host; give shared storage for a cluster on several hosts).
+    """
+    from .cluster.resize import check_target, resize_world
+    from .cluster.restart import replay_and_load
+
+    cluster._check_running()
+    check_target(cluster, n)
+    _check_model(cluster)
+    p = plan(cluster, n, keep, lr_rule)
+    hosts = {r.host for r in cluster.ranks}
+    if checkpoint_dir is None and (len(hosts) > 1 or not cluster.local):
+        raise DpnbError("the ranks are on several hosts: give --dir DIR on storage every host "
+                        "sees, for the checkpoint that carries the state across")
+    if checkpoint_dir is None:
+        checkpoint_dir = tempfile.mkdtemp(prefix="resize-", dir=cluster.profile_dir)
+    path = os.path.abspath(os.path.expanduser(checkpoint_dir))
+    saved = cluster.call("dpnb.engine.checkpoint.save", path).values[0]
+    step = saved.get("step")
+    world = resize_world(cluster, n)
+    loaded = replay_and_load(cluster, path)
+    lr = None
+    last_scale = (cluster.last_train or {}).get("lr_scale", "none")
+    if keep == "lr" and last_scale == "none":
+        lr = cluster.call("dpnb.engine.training.scale_lr", p.lr_factor).values[0]["lr"]
+    cluster.batch_plan = {"micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
+                          "global_batch": p.global_batch, "from_resize": True}
+    how = p.describe()
+    if keep == "lr" and last_scale != "none":
+        how = how.rsplit(";", 1)[0] + f"; the learning rate follows --lr-scale {last_scale}"
+    elif lr is not None:
+        how += f" (now {lr:.4g})"
+    summary = (f"resized {world['old']} -> {world['new']} ranks at step {step}: {how}; "
+               f"model and optimizer resharded from {path}")
+    log.info("%s (%s)", summary, loaded)
+    return {"summary": summary, "step": step, "plan": p, "checkpoint": path, **world,
+            "lr": lr}
