@@ -197,6 +197,15 @@ def _resize():
     kept by a new grad-accum unless --scale-lr."""
 
 
+@sub("export")
+@magic_arguments()
+@argument("dir", help="folder for train.py, run.sh, job.sbatch, EXPORT.txt and the checkpoint")
+def _export():
+    """Write this session as a batch job: the --setup cells, the wrap, the data and the
+    train calls as train.py (torchrun), with run.sh, a Slurm job.sbatch and a checkpoint of
+    the current state; what cannot be carried over is listed with its reason."""
+
+
 @sub("check")
 @magic_arguments()
 @argument("--model", default=None, help="model name (default: the wrapped one)")

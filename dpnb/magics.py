@@ -239,6 +239,15 @@ class DPMagics(Magics):
                                    lr_rule=a.scale_lr or "linear", checkpoint_dir=a.dir)
         print(f"dpnb: {info['summary']}")
 
+    def _do_export(self, a):
+        info = self._need().export(a.dir)
+        print(f"dpnb: wrote {', '.join(info['files'])} and checkpoint/ (step {info['step']}) to "
+              f"{info['dir']}; run it with: {info['command']}")
+        if info["skipped"]:
+            print(f"dpnb: left out {len(info['skipped'])} (also in EXPORT.txt):")
+            for what, why in info["skipped"]:
+                print(f"  - {what}: {why}")
+
     def _do_check(self, a):
         v = self._need().check(a.model)
         print(("dpnb: OK, " if v["ok"] else "dpnb: MISMATCH, ") + v["summary"])

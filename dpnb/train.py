@@ -58,6 +58,7 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
     res = cluster.call(_T + "wrap", model, strategy, **opts)
     info = _rank0(res)
     cluster.last_wrap = {"model": model, "strategy": strategy, **opts, "summary": info}
+    cluster.train_log = []  # a new model: its training starts here
     cluster.record_setup_call(f"wrap {model} ({strategy})", _T + "wrap", model, strategy, **opts)
     # Timing hooks for the gradient-sync view (optimizer step, FSDP
     # all-gather / reduce-scatter); local to each rank, no communication.
@@ -140,10 +141,17 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
         if p and "rank" in p:
             finals[p["rank"]] = dict(p)
     cluster.last_train = {**kw, "summary": summary, "progress": finals}
+    if summary and summary.get("steps"):
+        cluster.train_log.append({"steps": summary["steps"], "dp": cluster.world_size,
+                                  **{k: kw[k] for k in EXPORTED_TRAIN_ARGS}})
     if from_plan and summary is not None:
         summary = {**summary, "batch_note": from_plan}
     return summary
 
+
+#: the arguments of a train call that a batch job replays (dpnb.export)
+EXPORTED_TRAIN_ARGS = ("micro_batch", "grad_accum", "lr_scale", "ref_batch", "seq_len",
+                       "step_fn", "loss_fn")
 
 #: what ``train`` uses when neither the call nor a resize says
 DEFAULT_MICRO_BATCH, DEFAULT_GRAD_ACCUM = 8, 1

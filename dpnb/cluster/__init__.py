@@ -24,6 +24,7 @@ package never imports it.
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import shutil
 import signal
@@ -36,6 +37,7 @@ from ..ranks import parse_ranks, rank_label
 from . import diagnose, launch
 from .group import Group
 from .processes import Processes, stop_ipp, wait_pids_gone
+from .methods import TrainingMethods
 from .render import show_result
 from .restart import SetupLog
 from .restart import restart as _restart
@@ -44,6 +46,8 @@ from .types import (
     BACKENDS,
     DEFAULT_TIMEOUT_S,
     LAUNCHERS,
+    SETUP_LOG_MAX,
+    CellRecord,
     CellResult,
     Health,
     LaunchSpec,
@@ -65,7 +69,7 @@ def start(n: int = 2, **kwargs) -> Cluster:
     return Cluster.start(n, **kwargs)
 
 
-class Cluster:
+class Cluster(TrainingMethods):
     """A running set of engines, one per rank, in one process group.
 
     Create with :func:`dpnb.start` / :meth:`Cluster.start`.  Methods mirror
@@ -99,6 +103,9 @@ class Cluster:
         self.batch_plan: dict | None = None  # set by %dp resize: the layout that keeps the batch
         self.residency: dict = {}  # %dp memory --during, per strategy (dpnb.widgets.residency)
         self.setup_log = SetupLog()
+        # every cell and push, for %dp export; train calls since the last wrap (dpnb.train)
+        self.history: collections.deque = collections.deque(maxlen=SETUP_LOG_MAX)
+        self.train_log: list[dict] = []
         self.last_failure: CellResult | None = None  # for %dp debug
         self.autosave_dir: str | None = None  # where %dp train --checkpoint-every writes
         # A kernel that exits normally stops its cluster (and removes the
@@ -244,6 +251,8 @@ class Cluster:
             show_result(res)
         if res.ok and setup:
             self.setup_log.add_cell(code)
+        self.history.append(CellRecord("cell", code, None if len(sel) == self.world_size
+                                       else tuple(sel), setup, res.ok))
         return self._finish(res, raise_errors)
 
     def call(self, dotted: str, *args, ranks=None, timeout: float | None = None,
@@ -352,52 +361,6 @@ class Cluster:
         self._check_running()
         self.transport.interrupt(parse_ranks(ranks, self.world_size))
 
-    # ------------------------------------------------------------ training
-    # One-line conveniences; the training layer takes the cluster as its
-    # argument and is imported only when one of these is called.
-    def wrap(self, model: str = "model", strategy: str = "ddp", **opts) -> dict:
-        """Wrap a model that exists on every rank; see :func:`dpnb.train.wrap`."""
-        from .. import train
-
-        return train.wrap(self, model, strategy, **opts)
-
-    def set_data(self, dataset: str, **opts) -> dict:
-        from .. import train
-
-        return train.set_data(self, dataset, **opts)
-
-    def train(self, **opts) -> dict:
-        """Run training steps with live progress; see :func:`dpnb.train.train`."""
-        from .. import train
-
-        return train.train(self, **opts)
-
-    def resize(self, n: int, **opts) -> dict:
-        """Go on training on ``n`` ranks; see :func:`dpnb.resize.resize`."""
-        from .. import resize
-
-        return resize.resize(self, n, **opts)
-
-    def check(self, model: str | None = None) -> dict:
-        from .. import train
-
-        return train.check(self, model)
-
-    def save(self, path: str) -> dict:
-        from .. import train
-
-        return train.save(self, path)
-
-    def load(self, path: str) -> dict:
-        from .. import train
-
-        return train.load(self, path)
-
-    def pull_model(self) -> dict:
-        from .. import train
-
-        return train.pull_model(self)
-
     # ------------------------------------------------------------ push/pull
     def push(self, values: dict, ranks=None) -> None:
         """Copy ``values`` (name -> object) into the namespaces of the ranks."""
@@ -406,6 +369,7 @@ class Cluster:
                                                    for k in values):
             raise DpnbError("push takes a dict of name -> value with valid Python names")
         self._finish(self._apply(_runner_fn("set_values"), (values,), sel), True)
+        self.history.append(CellRecord("push", names=tuple(values)))
 
     def pull(self, name: str, rank: int | None = None):
         """The value of ``name`` on ``rank``, or a list with one value per rank."""

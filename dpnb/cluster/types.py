@@ -137,3 +137,21 @@ class SetupEntry:
     dotted: str = ""
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One thing a notebook sent to the ranks, kept for ``%dp export`` to say
+    what it could and could not carry into a batch job.
+
+    ``kind``: ``"cell"`` (``code`` run on ``ranks``, ``None`` meaning every
+    rank; ``setup`` when marked ``%%dp --setup``; ``ok`` when it succeeded
+    everywhere) or ``"push"`` (``names`` sent from the notebook).
+    """
+
+    kind: str
+    code: str = ""
+    ranks: tuple | None = None
+    setup: bool = False
+    ok: bool = True
+    names: tuple = ()

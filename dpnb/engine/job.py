@@ -1,0 +1,140 @@
+"""Running an exported notebook session as a batch job (``%dp export``'s ``train.py``).
+
+Under ``torchrun`` (or ``srun torchrun``) each process is one rank.  The
+exported script calls :func:`init` with its module namespace: that namespace
+then plays the part of an engine's ``%%dp`` namespace -- ``rank``,
+``world_size``, ``local_rank``, ``device``, ``torch``, ``dist`` and dpnb's
+per-rank state -- so the setup cells copied from the notebook, and the same
+engine functions the notebook called by name (``dpnb.engine.training.wrap``,
+``.set_data``, ``.train``, ``dpnb.engine.checkpoint.load``), run unchanged.
+
+Communication is what the notebook's ranks did: one ``init_process_group``
+from torchrun's environment (``env://``: rank 0's store at MASTER_ADDR),
+then the training steps' gradient collectives, and DCP's collectives when a
+checkpoint is loaded or saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from datetime import timedelta
+
+from .state import STATE_NAME, EngineState
+
+log = logging.getLogger("dpnb.engine.job")
+
+
+def arg_parser(*, description: str, resume: str | None, steps_done: int) -> argparse.ArgumentParser:
+    """The exported script's command line."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--resume", default=resume, metavar="DIR",
+                   help=f"checkpoint to start from (default: {resume or 'none: start fresh'})")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="ignore the checkpoint: replay every training call of the notebook "
+                        f"({steps_done} steps) from the freshly built model")
+    p.add_argument("--steps", type=int, default=0,
+                   help="train this many more steps after the notebook's, with its last settings")
+    p.add_argument("--out", default="checkpoints", metavar="DIR",
+                   help="where checkpoints are written (default: ./checkpoints)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
+                   help="also checkpoint every K steps (default: only at the end)")
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+                   help="auto: nccl when this process has a GPU, else gloo")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a collective waits for a peer before it errors")
+    return p
+
+
+def init(ns: dict, *, backend: str = "auto", timeout_s: float = 600.0) -> dict:
+    """Join torchrun's process group and make ``ns`` look like an engine's namespace."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import compat
+    from .. import log as dpnb_log
+
+    dpnb_log.install()
+    compat.ensure_single_collectives()
+    env = os.environ
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise SystemExit(f"{', '.join(missing)} not set: run this script with torchrun "
+                         f"(see run.sh) or srun torchrun (see job.sbatch)")
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local_rank = int(env.get("LOCAL_RANK", 0))
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    state = EngineState(rank=rank, world_size=world, local_rank=local_rank,
+                        local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+                        node_rank=int(env.get("GROUP_RANK", 0)), backend=backend,
+                        device=device, master_addr=env["MASTER_ADDR"],
+                        master_port=int(env["MASTER_PORT"]), timeout_s=timeout_s, generation=1)
+    ns[STATE_NAME] = state
+    ns.update(rank=rank, world_size=world, local_rank=local_rank, device=device, torch=torch,
+              dist=dist)
+    return {"rank": rank, "world_size": world, "backend": backend, "device": str(device)}
+
+
+def remaining(schedule: list[dict], done: int) -> list[dict]:
+    """The training calls of ``schedule`` still to run when ``done`` steps are done.
+
+    Each entry is one notebook ``train`` call with the steps it really ran;
+    a call the checkpoint cut through runs only its remaining steps.
+    """
+    out, start = [], 0
+    for call in schedule:
+        end = start + int(call["steps"])
+        if end > done:
+            out.append({**call, "steps": end - max(start, done)})
+        start = end
+    return out
+
+
+def run(ns: dict, schedule: list[dict], args) -> dict:
+    """Load the checkpoint (unless ``--from-scratch``), run what is left of the
+    notebook's training calls, then ``--steps`` more; checkpoint at the end.
+
+    Rank 0 prints each call's steps and losses; every rank returns the last
+    summary.  The global batch of each call is the notebook's (micro-batch x
+    world size x grad-accum): run with the notebook's number of ranks to keep it.
+    """
+    from . import checkpoint, training
+
+    es = ns[STATE_NAME]
+    say = print if es.rank == 0 else (lambda *a, **k: None)
+    done = 0
+    if args.resume and not args.from_scratch:
+        info = checkpoint.load(ns, args.resume)
+        done = int(info.get("step") or 0)
+        say(f"resumed from {args.resume} at step {done}")
+    calls = remaining(schedule, done)
+    if args.steps:
+        if not schedule:
+            raise SystemExit("--steps needs the settings of a training call, and the notebook "
+                             "made none")
+        calls.append({**schedule[-1], "steps": int(args.steps)})
+    out = os.path.abspath(args.out)
+    summary: dict = {}
+    for call in calls:
+        kw = {k: v for k, v in call.items() if k not in ("steps", "epochs")}
+        if args.checkpoint_every:
+            kw.update(checkpoint_every=args.checkpoint_every, checkpoint_dir=out)
+        summary = training.train(ns, steps=int(call["steps"]), publish=False, **kw)
+        say(f"steps {summary['first_step']}-{summary['last_step']}: global batch "
+            f"{summary['global_batch']}, loss " + " ".join(f"{x:.6g}" for x in summary["losses"]))
+    if calls:
+        final = os.path.join(out, f"step-{training.train_state(ns).step:08d}")
+        checkpoint.save(ns, final)
+        say(f"final loss {summary['loss']:.9g} at step {summary['last_step']}; saved {final}")
+    else:
+        say("nothing to train: the checkpoint is past every training call (add --steps N)")
+    return summary
