@@ -7,15 +7,25 @@ SIGKILLed (a "restart" after a hung shutdown, an OOM kill), which runs no
 cleanup.  It only ever kills the PIDs the kernel wrote to ``pids_file``, and
 only while their start time still matches, so a recycled PID is never hit.
 
+A cluster started with ``--keep TTL`` outlives its kernel: then ``keep.json``
+beside the PID file names the kernel holding it now (``%dp attach`` moves it
+to a new one) and the time-to-live.  While no kernel holds it the reaper
+counts down -- writing when the countdown began into ``keep.json``, so that
+``%dp list`` can show it -- and stops everything when the TTL has passed,
+removing the registry record named there too.
+
 Usage: ``python -m dpnb._reaper KERNEL_PID PIDS_FILE``
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import time
+
+KEEP_FILE = "keep.json"
 
 
 def _read(path: str) -> list[tuple[int, float]]:
@@ -27,27 +37,61 @@ def _read(path: str) -> list[tuple[int, float]]:
         return []
 
 
+def _keep(path: str) -> dict | None:
+    try:
+        with open(os.path.join(os.path.dirname(path), KEEP_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_keep(profile: str, keep: dict) -> None:
+    """Replace ``keep.json`` in ``profile`` atomically (the kernel and the reaper both write)."""
+    tmp = os.path.join(profile, KEEP_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(keep, f)
+    os.replace(tmp, os.path.join(profile, KEEP_FILE))
+
+
+def _alive(pid, started) -> bool:
+    import psutil
+
+    try:
+        return started is not None and abs(psutil.Process(int(pid)).create_time() - started) < 0.01
+    except (psutil.Error, ValueError, TypeError):
+        return False
+
+
 def main(argv: list[str]) -> int:
     import psutil
 
     kernel_pid, path = int(argv[0]), argv[1]
     try:
-        kernel = psutil.Process(kernel_pid)
-        kernel_start = kernel.create_time()
+        kernel_start = psutil.Process(kernel_pid).create_time()
     except psutil.Error:
         kernel_start = None
     last: list[tuple[int, float]] = []
+    keep = None
     while True:
         if os.path.exists(path):
             last = _read(path) or last
+            keep = _keep(path) or keep
         elif last:  # the profile dir was removed: the cluster was stopped cleanly
             return 0
-        try:
-            alive = kernel_start is not None and psutil.Process(kernel_pid).create_time() == kernel_start
-        except psutil.Error:
-            alive = False
-        if not alive:
-            break
+        if keep is None:
+            if not _alive(kernel_pid, kernel_start):
+                break
+        elif _alive(keep.get("owner_pid"), keep.get("owner_start")):
+            keep.pop("detached_at", None)
+        else:  # kept, and no kernel holds it: count down
+            if keep.get("detached_at") is None:
+                keep["detached_at"] = time.time()
+                try:
+                    write_keep(os.path.dirname(path), keep)
+                except OSError:
+                    pass  # the countdown runs here anyway; %dp list shows less
+            if time.time() >= keep["detached_at"] + float(keep.get("ttl_s", 0)):
+                break
         time.sleep(0.5)
     procs = []
     for pid, started in last:
@@ -72,6 +116,12 @@ def main(argv: list[str]) -> int:
     profile = os.path.dirname(os.path.abspath(path))
     if os.path.basename(profile).startswith("dpnb-profile-"):
         shutil.rmtree(profile, ignore_errors=True)
+    record = (keep or {}).get("record")
+    if record and os.path.basename(record).endswith(".json"):
+        try:
+            os.remove(record)
+        except OSError:
+            pass  # already gone: %dp list drops records whose profile is gone too
     return 0
 
 

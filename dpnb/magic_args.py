@@ -56,6 +56,10 @@ def sub(name: str, prog: str | None = None):
           help="the Python to run on other hosts (ssh), one that has dpnb installed "
                "(default: python3 on the remote PATH)")
 @argument("--ssh-config", default=None, metavar="FILE", help="ssh config file for --engines ssh")
+@argument("--keep", default=None, metavar="TTL",
+          help="leave the cluster running when this kernel exits, for TTL (e.g. 30m, 2h, 1d) "
+               "after the last kernel lets go; %%dp attach in a new kernel takes it up again "
+               "(local engines)")
 @argument("--no-zygote", action="store_true",
           help="local engines: start each as its own Python (each imports torch) instead of "
                "forking them from one process that imported torch once")
@@ -74,6 +78,21 @@ def _start():
 @magic_arguments()
 def _stop():
     """Stop every process dpnb started (controller, engines)."""
+
+
+@sub("attach")
+@magic_arguments()
+@argument("id", nargs="?", default=None, help="which kept cluster (see %%dp list); "
+          "default: the only one")
+def _attach():
+    """Take up a cluster a kernel left running with %%dp start --keep: its engines, their
+    state, the setup log and train history."""
+
+
+@sub("list")
+@magic_arguments()
+def _list():
+    """The kept clusters (%%dp start --keep): ranks, age, time to live, which kernel holds them."""
 
 
 @sub("status")

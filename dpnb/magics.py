@@ -140,7 +140,7 @@ class DPMagics(Magics):
                              env=a.env, remote_python=a.remote_python,
                              ssh_config=a.ssh_config, master_addr=a.master_addr,
                              zygote=False if a.no_zygote else None,
-                             warm=None if a.no_zygote else self.warm)
+                             warm=None if a.no_zygote or a.keep else self.warm, keep=a.keep)
         self.warm = None  # taken by the start, or closed by it if unusable
         self.cluster = c
         devs = sorted({r.device for r in c.ranks})
@@ -148,6 +148,27 @@ class DPMagics(Magics):
         print(f"dpnb: {c.world_size} ranks up ({c.backend}, {', '.join(devs)}, "
               f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}, group timeout "
               f"{c.timeout_s:g} s). Use %%dp to run cells on them.")
+        if c.keep_s:
+            from .cluster.keep import fmt_duration
+
+            print(f"dpnb: kept: it outlives this kernel by {fmt_duration(c.keep_s)}; "
+                  f"%dp attach in a new kernel takes it up, %dp stop ends it.")
+
+    def _do_attach(self, a):
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError("a dpnb cluster is already running in this kernel: %dp stop it "
+                             "first (a kept one: end this kernel, and it stays)")
+        c = self.cluster = cl.Cluster.attach(a.id)
+        print(f"dpnb: attached to kept cluster {c._ipp.cluster_id}: {c.world_size} ranks "
+              f"({c.backend}), everything on the engines as it was; "
+              f"{len(c.setup_log)} setup steps and {len(c.train_log)} train calls known.")
+
+    def _do_list(self, a):
+        from .cluster import keep
+
+        recs = keep.kept()
+        print("\n".join("dpnb: " + keep.describe(r) for r in recs) if recs else
+              "dpnb: no kept clusters (start one with %dp start -n 2 --keep 2h)")
 
     def _do_stop(self, a):
         c = self._need()

@@ -28,6 +28,7 @@ import collections
 import logging
 import shutil
 import signal
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -97,7 +98,8 @@ class Cluster(TrainingMethods):
         self.transport = Transport(client, ranks, self.health, self.procs, timeout_s)
         self.group = Group(self.transport, ranks, self.health, backend=backend,
                            master_addr=master_addr, timeout_s=timeout_s, threads=threads,
-                           local=local, env=self.spec.env_dict, watch_kernel=agents is None)
+                           local=local, env=self.spec.env_dict,
+                           watch_kernel=agents is None and not self.spec.kept)
         self.last_train: dict | None = None  # filled by dpnb.train
         self.last_wrap: dict | None = None
         self.batch_plan: dict | None = None  # set by %dp resize: the layout that keeps the batch
@@ -108,10 +110,13 @@ class Cluster(TrainingMethods):
         self.train_log: list[dict] = []
         self.last_failure: CellResult | None = None  # for %dp debug
         self.autosave_dir: str | None = None  # where %dp train --checkpoint-every writes
+        self.created = time.time()
+        self.keep_s: float | None = None  # --keep: seconds it outlives its last kernel
         # A kernel that exits normally stops its cluster (and removes the
-        # profile with its keys); a weak reference lets an unused Cluster go.
+        # profile with its keys), or lets go of a kept one; a weak reference
+        # lets an unused Cluster go.
         ref = weakref.ref(self)
-        atexit.register(lambda: (ref() is not None and ref().stop()))
+        atexit.register(lambda: (ref() is not None and ref()._at_exit()))
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -121,7 +126,7 @@ class Cluster(TrainingMethods):
               launcher_args: Sequence[str] | None = None,
               controller_ip: str | None = None, env=None, remote_python: str | None = None,
               ssh_config: str | None = None, master_addr: str | None = None,
-              zygote: bool | None = None, warm=None) -> Cluster:
+              zygote: bool | None = None, warm=None, keep=None) -> Cluster:
         """Start ``n`` engines and join them in a torch.distributed group.
 
         ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
@@ -138,11 +143,21 @@ class Cluster(TrainingMethods):
         that imported torch once (:mod:`dpnb.engine.hostagent`); default: on
         hosts without an NVIDIA driver (see :func:`launch.zygote_default`);
         ``warm``: a :class:`agents.WarmZygote` started earlier, taken if usable.
+        ``keep``: a time to live (``"2h"``): the cluster outlives this kernel
+        by that long, for :meth:`attach` (local engines; see :mod:`.keep`).
         """
+        from . import keep as kp
+
+        ttl = kp.parse_ttl(keep) if keep is not None else None
+        if ttl is not None and engines != "local":
+            raise DpnbError(f"--keep works with local engines; the {engines} launcher's engines "
+                            f"are held by this kernel's connections")
         spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
                           controller_ip=controller_ip, env=launch.parse_env(env),
                           remote_python=remote_python, ssh_config=ssh_config,
-                          master_addr=master_addr, zygote=engines == "local" and launch.zygote_default(zygote))
+                          master_addr=master_addr, kept=ttl is not None,
+                          # a zygote's engines end with its pipe to this kernel
+                          zygote=engines == "local" and ttl is None and launch.zygote_default(zygote))
         gpu_list = launch.check_start_args(n, backend, engines, timeout, threads, gpus)
         if engines == "ssh":
             from .agents import parse_hosts
@@ -151,9 +166,13 @@ class Cluster(TrainingMethods):
         _log.install()
         icluster, client, agents, profile_dir = launch.bring_up(n, spec, start_timeout, warm)
         try:
-            return cls._form(icluster, client, n=n, backend=backend, spec=spec,
-                             gpus=gpu_list, timeout=timeout, threads=threads,
-                             profile_dir=profile_dir, agents=agents)
+            c = cls._form(icluster, client, n=n, backend=backend, spec=spec, gpus=gpu_list,
+                          timeout=timeout, threads=threads, profile_dir=profile_dir,
+                          agents=agents)
+            if ttl is not None:
+                c.keep_s = ttl
+                kp.hold(c, ttl)
+            return c
         except BaseException:
             launch.tear_down(icluster, client, agents, profile_dir)
             raise
@@ -426,6 +445,22 @@ class Cluster(TrainingMethods):
         else:
             self.client.shutdown(targets=[self.ranks[r].engine_id], block=False)
 
+    # ------------------------------------------------------------------ keep
+    @classmethod
+    def attach(cls, cluster_id: str | None = None) -> Cluster:
+        """Drive a cluster a kernel left running with ``keep``; see :mod:`.keep`."""
+        from .keep import attach
+
+        return attach(cluster_id)
+
+    def _at_exit(self) -> None:
+        if self.keep_s and self.running:
+            from .keep import release
+
+            release(self)
+        else:
+            self.stop()
+
     # ------------------------------------------------------------------ stop
     def stop(self) -> list[int]:
         """Stop every process this cluster started; return the local PIDs stopped."""
@@ -444,6 +479,10 @@ class Cluster(TrainingMethods):
         wait_pids_gone(owned, 10.0)
         self.procs.stop_reaper()
         shutil.rmtree(self.profile_dir, ignore_errors=True)
+        if self.keep_s:
+            from .keep import forget
+
+            forget(self)
         return sorted(owned)
 
     def _owned_pids(self) -> list[int]:

@@ -126,7 +126,7 @@ def make_ipp_cluster(n: int, spec: LaunchSpec, profile_dir: str, start_timeout: 
     engines = spec.engines
     icluster = ipp.Cluster(
         n=n, engines="local" if engines == "ssh" else engines, profile_dir=profile_dir,
-        log=_quiet_ipp_log(), engine_timeout=int(start_timeout), shutdown_atexit=True,
+        log=_quiet_ipp_log(), engine_timeout=int(start_timeout), shutdown_atexit=not spec.kept,
         parent=None, controller_ip=controller_ip(spec),
     )
     # An engine counts as registered only once the controller's heart monitor

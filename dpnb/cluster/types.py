@@ -58,6 +58,9 @@ class LaunchSpec:
     # local: fork the engines from one process that imported torch once
     # (dpnb.engine.hostagent --zygote) instead of starting N interpreters
     zygote: bool = False
+    # --keep: the cluster outlives this kernel (dpnb.cluster.keep); its engines
+    # do not watch the kernel and ipyparallel does not stop them at exit
+    kept: bool = False
 
     @property
     def env_dict(self) -> dict[str, str]:
