@@ -14,8 +14,14 @@ __version__ = "0.1.0"
 from .cluster import CellResult, Cluster, RankInfo, start  # noqa: E402
 from .errors import DpnbError, RemoteCellError  # noqa: E402
 
-__all__ = ["start", "Cluster", "CellResult", "RankInfo", "DpnbError", "RemoteCellError",
+__all__ = ["start", "attach", "Cluster", "CellResult", "RankInfo", "DpnbError", "RemoteCellError",
            "load_ipython_extension", "unload_ipython_extension", "get_cluster"]
+
+
+def attach(cluster_id: str | None = None) -> Cluster:
+    """Take up a cluster a kernel left running with ``start(..., keep="2h")``
+    (``%dp attach``); see :mod:`dpnb.cluster.keep`."""
+    return Cluster.attach(cluster_id)
 
 
 def load_ipython_extension(ip) -> None:

@@ -17,6 +17,7 @@ import time
 from ..env import in_kernel, ipython
 from ..ranks import rank_label
 from ..compat import result_metadata
+from . import tabs
 from .diagnose import group_identical
 from .types import CellResult
 
@@ -46,8 +47,15 @@ def show_result(res: CellResult) -> None:
     world = len(res.ranks)
     oc = res.outcomes
     if not res.streamed:
-        text = render_streams({r: oc[r].stdout for r in res.ranks}, world)
-        if text:
+        outs = {r: oc[r].stdout for r in res.ranks}
+        text = render_streams(outs, world)
+        view = tabs.make() if text and in_kernel() and tabs.wants_tabs(outs) else None
+        if view is not None:  # ranks differ, or print a lot: one tab per distinct output
+            from IPython.display import display
+
+            view.update(outs, text)
+            display(view.bundle(), raw=True)
+        elif text:
             sys.stdout.write(text)
             sys.stdout.flush()
         err = render_streams({r: oc[r].stderr for r in res.ranks}, world)
@@ -121,6 +129,8 @@ class Streamer:
         self._last = 0.0
         self._printed: dict[int, int] = {r: 0 for r in ars}
         self._handle = None
+        self._tabs = None  # a tabs.RankTabs once the ranks' output differs or grows long
+        self._handle_is_tabs = False
         self._kernel = in_kernel()
 
     def _texts(self) -> dict[int, str]:
@@ -144,16 +154,25 @@ class Streamer:
         else:
             self._show_terminal(texts)
 
-    def _show_kernel(self, texts: dict[int, str]) -> None:
+    def _show_kernel(self, texts: dict[int, str], final: bool = False) -> None:
         from IPython.display import display
 
         world = len(texts)
         body = render_streams(texts, world) or "(running...)"
-        # keep the live area short: the tail of each rank's output
-        lines = body.splitlines()
-        if len(lines) > 60:
-            body = "\n".join(["..."] + lines[-60:])
-        data = {"text/plain": body}
+        if self._tabs is None and tabs.wants_tabs(texts, running=not final):
+            self._tabs = tabs.make() or False
+        if self._tabs:
+            self._tabs.update(texts, body)  # the widget updates itself in the page
+            if self._handle is not None and self._handle_is_tabs and not final:
+                return  # (the final update refreshes the saved text form)
+            data = self._tabs.bundle()
+            self._handle_is_tabs = True
+        else:
+            # keep the live area short: the tail of each rank's output
+            lines = body.splitlines()
+            if len(lines) > 60:
+                body = "\n".join(["..."] + lines[-60:])
+            data = {"text/plain": body}
         if self._handle is None:
             self._handle = display(data, raw=True, display_id=True)
         else:
@@ -177,7 +196,7 @@ class Streamer:
             return
         texts = self._texts()
         if self._kernel:
-            self._show_kernel(texts)
+            self._show_kernel(texts, final=True)
         else:
             for r, text in texts.items():
                 rest = text[self._printed[r]:]

@@ -344,3 +344,53 @@ def test_views_at_32_ranks_in_jupyterlab(browser, lab, tmp_path):
     finally:
         page.close()
     print(f"screenshot: {shot}")
+
+
+TABS_CELLS = [
+    "%load_ext dpnb\n%dp start -n 2",
+    "%%dp\nprint(f'rank {rank} says {rank * 11}')",
+    "%%dp\nimport time\nfor i in range(5):\n    print(f'tick {i} on rank {rank}', flush=True)\n"
+    "    time.sleep(0.5)",
+    "%%dp\nprint('the same everywhere')",
+    "%dp stop",
+]
+
+
+def test_rank_tabs_in_jupyterlab(browser, lab, tmp_path):
+    """Ranks that print differently get tabs -- the folded view first, then one per
+    rank -- in a quick cell and in one that streams; identical output stays text."""
+    base, token = lab
+    artifacts = nbu.ARTIFACTS / "browser"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    meta = json.loads((nbu.REPO / NOTEBOOK).read_text())["metadata"]
+    cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+              "source": c} for c in TABS_CELLS]
+    nb_file = artifacts / "tabs.ipynb"  # under Lab's root; git-ignored
+    nb_file.write_text(json.dumps({"cells": cells, "metadata": meta, "nbformat": 4,
+                                   "nbformat_minor": 5}))
+    shot = artifacts / "tabs.png"
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _run_all(page, base, token, str(nb_file.relative_to(nbu.REPO)))
+        page.wait_for_timeout(1500)
+        _screenshot(page, shot)
+        stderr = page.locator(STDERR).all_inner_texts()
+        bad = [t for t in stderr if re.search(r"Traceback|Error", t)]
+        assert not bad, "error output:\n" + "\n---\n".join(t[-1500:] for t in bad)
+        outs = page.locator(".jp-Notebook .jp-CodeCell .jp-OutputArea")
+        quick, streamed, same = (outs.nth(i).locator(".dpnb-rank-tabs") for i in (1, 2, 3))
+        assert same.count() == 0 and "[all 2 ranks]" in outs.nth(3).inner_text()
+        for box, words in ((quick, ("rank 1 says 11", "rank 0 says 0")),
+                           (streamed, ("tick 4 on rank 1", "tick 4 on rank 0"))):
+            assert box.count() == 1, "no per-rank tabs"
+            titles = [t.strip() for t in box.locator(".lm-TabBar-tab").all_inner_texts()]
+            assert titles == ["[all 2 ranks]", "rank 0", "rank 1"], titles
+            folded = box.locator(".widget-html:visible, .jupyter-widget-html:visible").first
+            assert words[0] in folded.inner_text() and words[1] in folded.inner_text()
+            box.locator(".lm-TabBar-tab", has_text=re.compile(r"^rank 1$")).click()
+            page.wait_for_timeout(300)
+            pane = box.locator(".widget-html:visible, .jupyter-widget-html:visible").first.inner_text()
+            assert words[0] in pane and words[1] not in pane, pane
+    finally:
+        page.close()
+    print(f"screenshot: {shot}")

@@ -114,6 +114,21 @@ def test_long_cell_streams_while_running(kernel):
     assert final.startswith("[all 2 ranks]") and "tick 5" in final
 
 
+def test_ranks_that_print_differently_get_tabs_while_streaming(kernel):
+    code = ("%%dp\nimport time\nfor i in range(4):\n"
+            "    print(f'tick {i} on rank {rank}', flush=True)\n    time.sleep(0.5)\n")
+    msgs, reply = _run(kernel, code)
+    assert reply["content"]["status"] == "ok", _texts(msgs)
+    shown = [m["content"]["data"] for _, m in msgs
+             if m["msg_type"] in ("display_data", "update_display_data")]
+    tabbed = [d for d in shown if "application/vnd.jupyter.widget-view+json" in d]
+    assert tabbed, _texts(msgs)
+    # one widget, kept while streaming; its saved text form is the final folded output
+    assert len({d["application/vnd.jupyter.widget-view+json"]["model_id"] for d in tabbed}) == 1
+    final = tabbed[-1]["text/plain"]
+    assert "[rank 0]" in final and "tick 3 on rank 1" in final and "tick 3 on rank 0" in final
+
+
 def test_status_is_a_widget_in_jupyter(kernel):
     msgs, reply = _run(kernel, "%dp status")
     assert reply["content"]["status"] == "ok"
