@@ -451,7 +451,7 @@ class Cluster(TrainingMethods):
         """Drive a cluster a kernel left running with ``keep``; see :mod:`.keep`."""
         from .keep import attach
 
-        return attach(cluster_id)
+        return attach(cls, cluster_id)
 
     def _at_exit(self) -> None:
         if self.keep_s and self.running:

@@ -441,8 +441,16 @@ _IMPORT_TIME = ("TORCH", "PYTORCH", "CUDA", "NCCL", "GLOO", "OMP_", "MKL", "KMP_
                 "PYTHON", "NVIDIA", "CUBLAS", "CUDNN")
 
 
+#: ... except these, which torch sets in the kernel's own environment on first
+#: use (inductor's cache folder, after a cell that trained in the notebook)
+#: and reads only when it compiles; the engines get the kernel's environment
+#: of the moment anyway (``hello``)
+_NOT_IMPORT_TIME = ("TORCHINDUCTOR_CACHE_DIR",)
+
+
 def _import_time_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_TIME)}
+    return {k: v for k, v in os.environ.items()
+            if k.startswith(_IMPORT_TIME) and k not in _NOT_IMPORT_TIME}
 
 
 def _end(a: HostAgent) -> None:

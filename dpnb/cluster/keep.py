@@ -181,11 +181,10 @@ def release(c) -> None:
         log.info("closing the ipyparallel client: %s: %s", type(e).__name__, e)
 
 
-def attach(cluster_id: str | None = None):
-    """A :class:`dpnb.Cluster` driving the kept cluster ``cluster_id`` (or the only one)."""
+def attach(cls, cluster_id: str | None = None):
+    """A ``cls`` (:class:`dpnb.Cluster`) driving the kept cluster ``cluster_id`` (or the only one)."""
     import ipyparallel as ipp
 
-    from . import Cluster
     from .launch import _quiet_ipp_log
     from .restart import SetupLog
     from .types import LaunchSpec, RankInfo, SetupEntry
@@ -200,7 +199,7 @@ def attach(cluster_id: str | None = None):
         raise DpnbError(f"kept cluster {rec['id']} does not answer ({type(e).__name__}: {e}); "
                         f"its reaper stops it when its TTL ends") from None
     ranks = [RankInfo(**r) for r in rec["ranks"]]
-    c = Cluster(ipp_cluster=icluster, client=client, ranks=ranks, backend=rec["backend"],
+    c = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=rec["backend"],
                 launcher="local", timeout_s=float(rec["timeout_s"]),
                 profile_dir=rec["profile_dir"], master_addr=rec["master_addr"],
                 threads=int(rec["threads"]), gpus=None, local=True,

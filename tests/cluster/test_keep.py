@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 import dpnb
+import dpnb.magics
 from dpnb.errors import DpnbError
 
 KERNEL = """
@@ -80,7 +81,8 @@ def test_keep_then_kernel_exit_then_attach_finds_the_state(state, capsys):
     (rec,) = keep.kept()
     assert rec["holder"] is None and 0 < rec["stops_in_s"] <= 120
     ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "dpnb")
+    if dpnb.magics.get_magics(ip) is None:
+        ip.run_line_magic("load_ext", "dpnb")
     ip.run_line_magic("dp", "list")
     assert f"dpnb: {rec['id']}: 2 ranks, gloo" in capsys.readouterr().out
     ip.run_line_magic("dp", "attach")
@@ -103,6 +105,7 @@ def test_keep_then_kernel_exit_then_attach_finds_the_state(state, capsys):
         assert f"is held by kernel {os.getpid()}" in other.stdout, other.stdout + other.stderr
     finally:
         stopped = c.stop()
+        dpnb.magics.get_magics(ip).cluster = None  # the shell is shared with later modules
     assert stopped  # by PID, on this host: the kept cluster's own processes
     deadline = time.monotonic() + 15
     while _alive(k["procs"]) and time.monotonic() < deadline:

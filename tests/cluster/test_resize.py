@@ -118,7 +118,8 @@ def test_resize_magic_says_one_line(c, capsys):
     import dpnb.magics
 
     ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "dpnb")
+    if dpnb.magics.get_magics(ip) is None:
+        ip.run_line_magic("load_ext", "dpnb")
     m = dpnb.magics.get_magics(ip)
     old, m.cluster = m.cluster, c
     try:
