@@ -31,6 +31,7 @@ import os
 import shlex
 import stat
 
+from .cluster.restart import cell_summary
 from .errors import DpnbError
 
 _T = "dpnb.engine.training."
@@ -39,9 +40,7 @@ NOTEBOOK_ONLY_CALLS = {"dpnb.engine.views.watch"}
 
 
 def _short(code: str) -> str:
-    lines = [ln.strip() for ln in code.strip().splitlines() if ln.strip()]
-    first = lines[0][:60] if lines else "(empty)"
-    return first + (f" (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
+    return cell_summary(code) or "(empty)"
 
 
 def _doc_safe(text: str, limit: int = 300) -> str:
@@ -115,7 +114,7 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
         "notebook built -- the cells marked %%dp --setup, the wrap, the data --, loads the",
         "checkpoint saved at export, and replays the notebook's training calls from there;",
         "--steps N trains N more steps with the last call's settings.",
-        *(["", "Left out (see EXPORT.txt): " + _doc_safe("; ".join(w for w, _ in skipped))]
+        *(["", "Left out (see EXPORT.txt): " + _doc_safe("; ".join(what for what, _ in skipped))]
           if skipped else []),
         '"""',
         "",

@@ -94,7 +94,7 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     if keep == "lr" and last_scale == "none":
         lr = cluster.call("dpnb.engine.training.scale_lr", p.lr_factor).values[0]["lr"]
     cluster.batch_plan = {"micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
-                          "global_batch": p.global_batch, "from_resize": True}
+                          "global_batch": p.global_batch}
     how = p.describe()
     if keep == "lr" and last_scale != "none":
         how = how.rsplit(";", 1)[0] + f"; the learning rate follows --lr-scale {last_scale}"

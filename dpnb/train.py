@@ -76,7 +76,8 @@ def set_data(cluster, dataset: str, *, seed: int = 0, shuffle: bool = True) -> d
 
 
 def train(cluster, *, steps: int | None = None, epochs: int | None = None,
-          micro_batch: int | None = None, grad_accum: int | None = None, lr_scale: str = "none", ref_batch: int | None = None,
+          micro_batch: int | None = None, grad_accum: int | None = None,
+          lr_scale: str = "none", ref_batch: int | None = None,
           seq_len: int | None = None, step_fn: str | None = None, loss_fn: str | None = None,
           record: bool | None = None, progress: bool = True,
           timeout: float | None = None, checkpoint_every: int | None = None,
@@ -146,6 +147,8 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
                                   **{k: kw[k] for k in EXPORTED_TRAIN_ARGS}})
     if from_plan and summary is not None:
         summary = {**summary, "batch_note": from_plan}
+    elif summary is not None:  # a layout of the user's own: the resize plan is history
+        cluster.batch_plan = None
     return summary
 
 

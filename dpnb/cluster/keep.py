@@ -89,8 +89,9 @@ def keep_file(profile_dir: str) -> str:
     return os.path.join(profile_dir, KEEP_FILE)
 
 
-def hold(c, ttl_s: float) -> str:
-    """Write ``c``'s record and tell its reaper this kernel holds it; the record's path."""
+def hold(c, ttl_s: float, *, holding: bool = True) -> str:
+    """Write ``c``'s record and tell its reaper whether this kernel holds it
+    (``holding=False``: it lets go, and the countdown starts now); the record's path."""
     from .._reaper import write_keep
     from .processes import start_time
 
@@ -99,15 +100,16 @@ def hold(c, ttl_s: float) -> str:
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump(record_of(c, ttl_s), f, default=str)
     os.replace(tmp, path)
-    write_keep(c.profile_dir, {"ttl_s": ttl_s, "owner_pid": os.getpid(),
-                               "owner_start": start_time(os.getpid()), "record": path})
+    owner = ({"owner_pid": os.getpid(), "owner_start": start_time(os.getpid())} if holding
+             else {"owner_pid": None, "owner_start": None, "detached_at": time.time()})
+    write_keep(c.profile_dir, {"ttl_s": ttl_s, **owner, "record": path})
     return path
 
 
 def kept() -> list[dict]:
     """Every kept cluster still there, with ``age_s``, ``holder`` and ``stops_in_s``;
     records whose cluster is gone are removed."""
-    from .._reaper import _alive
+    from .processes import same_process
 
     out = []
     d = state_dir()
@@ -127,7 +129,8 @@ def kept() -> list[dict]:
             except OSError as e2:
                 log.info("could not remove %s: %s", path, e2)
             continue
-        held = _alive(k.get("owner_pid"), k.get("owner_start"))
+        owner = k.get("owner_pid")
+        held = owner is not None and same_process(int(owner), k.get("owner_start"))
         since = k.get("detached_at")
         rec.update(path=path, age_s=time.time() - float(rec["created"]),
                    holder=k.get("owner_pid") if held else None,
@@ -169,11 +172,7 @@ def release(c) -> None:
     """The kernel holding kept cluster ``c`` lets go (it exits, or ``%dp detach``):
     the record gets the latest logs, the reaper starts the countdown, the
     processes stay."""
-    from .._reaper import write_keep
-
-    path = hold(c, c.keep_s)
-    write_keep(c.profile_dir, {"ttl_s": c.keep_s, "owner_pid": None, "owner_start": None,
-                               "detached_at": time.time(), "record": path})
+    hold(c, c.keep_s, holding=False)
     c.running = False
     try:
         c.client.close()
@@ -200,10 +199,10 @@ def attach(cls, cluster_id: str | None = None):
                         f"its reaper stops it when its TTL ends") from None
     ranks = [RankInfo(**r) for r in rec["ranks"]]
     c = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=rec["backend"],
-                launcher="local", timeout_s=float(rec["timeout_s"]),
-                profile_dir=rec["profile_dir"], master_addr=rec["master_addr"],
-                threads=int(rec["threads"]), gpus=None, local=True,
-                spec=LaunchSpec(env=tuple(tuple(kv) for kv in rec["env"]), kept=True))
+            launcher="local", timeout_s=float(rec["timeout_s"]),
+            profile_dir=rec["profile_dir"], master_addr=rec["master_addr"],
+            threads=int(rec["threads"]), gpus=None, local=True,
+            spec=LaunchSpec(env=tuple(tuple(kv) for kv in rec["env"]), kept=True))
     c.transport.token = rec["token"]
     c.transport.doors = {int(r): (a[0], int(a[1])) for r, a in rec["doors"].items()}
     c.group.master_port = int(rec["master_port"])

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import DpnbError
 from .launch import assign_ranks, with_devices
-from .processes import wait_pids_gone
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
@@ -37,12 +36,11 @@ def capacity(c: Cluster) -> tuple[int, str]:
         return c.world_size, (f"the {c.launcher} launcher placed its engines once; resize can "
                               f"shrink this cluster, and grow it only back to its start size")
     if c.backend == "nccl":
-        hosts = collections.Counter(r.host for r in c.ranks)
-        per_host = len(c.gpus) if c.gpus else max(r.local_world_size for r in c.ranks)
-        if c.launcher == "local":
-            from .launch import local_gpu_count
+        from .launch import local_gpu_count
 
-            per_host = len(c.gpus) if c.gpus else local_gpu_count()
+        hosts = {r.host for r in c.ranks}
+        per_host = (len(c.gpus) if c.gpus else local_gpu_count() if c.launcher == "local"
+                    else max(r.local_world_size for r in c.ranks))
         return per_host * len(hosts), f"one GPU per rank, {per_host} per host"
     if c.launcher == "ssh":
         slots = sum(c.agents.counts.values()) if c.agents is not None else c.world_size
@@ -86,14 +84,10 @@ def _start_more(c: Cluster, k: int) -> list[int]:
 
 
 def _stop_ranks(c: Cluster, ranks: list[int]) -> None:
-    """Stop the engines of ``ranks`` (by PID here, through agents or ipyparallel)."""
-    local = {}
+    """Stop the engines of ``ranks``: by PID here (``kill_rank`` waits until each
+    is reaped), through their host's agent, or through ipyparallel."""
     for r in ranks:
-        ri = c.ranks[r]
-        if c.launcher == "local" and c.agents is None:
-            local[ri.pid] = c.procs._started.get(ri.pid)
         c.kill_rank(r)
-    wait_pids_gone({p: t for p, t in local.items() if t is not None}, 10.0)
 
 
 def resize_world(c: Cluster, m: int) -> dict:

@@ -31,6 +31,14 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("dpnb.restart")
 
 
+def cell_summary(code: str) -> str:
+    """A cell in a few words: its first line (60 characters) and how many follow."""
+    lines = [ln.strip() for ln in code.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    return lines[0][:60] + (f" (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
+
+
 class SetupLog:
     """What built the ranks' state, replayed by ``restart --resume``; bounded."""
 
@@ -45,10 +53,7 @@ class SetupLog:
         self.entries.append(e)
 
     def add_cell(self, code: str) -> None:
-        lines = [ln for ln in code.strip().splitlines() if ln.strip()]
-        first = lines[0].strip() if lines else ""
-        label = f"cell: {first[:60]}" + (f" (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
-        self._add(SetupEntry(kind="cell", label=label, code=code))
+        self._add(SetupEntry(kind="cell", label=f"cell: {cell_summary(code)}", code=code))
 
     def add_call(self, label: str, dotted: str, args: tuple = (), kwargs: dict | None = None) -> None:
         self._add(SetupEntry(kind="call", label=label, dotted=dotted, args=tuple(args),

@@ -134,6 +134,26 @@ def _all_ran(page) -> dict:
     }""")
 
 
+def _scratch_notebook(name: str, sources: list[str]) -> Path:
+    """A notebook of code cells under Lab's root (test-artifacts/browser/, git-ignored),
+    on the quick start's kernel."""
+    artifacts = nbu.ARTIFACTS / "browser"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    meta = json.loads((nbu.REPO / NOTEBOOK).read_text())["metadata"]
+    cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+              "source": s} for s in sources]
+    nb_file = artifacts / name
+    nb_file.write_text(json.dumps({"cells": cells, "metadata": meta, "nbformat": 4,
+                                   "nbformat_minor": 5}))
+    return nb_file
+
+
+def _assert_no_error_output(page) -> None:
+    stderr = page.locator(STDERR).all_inner_texts()
+    bad = [t for t in stderr if re.search(r"Traceback|Error", t)]
+    assert not bad, "error output:\n" + "\n---\n".join(t[-1500:] for t in bad)
+
+
 def _run_all(page, base: str, token: str, notebook: str) -> None:
     """Open ``notebook`` (a path under the server's root) in Lab, wait for its
     kernel, Run -> Run All Cells, and wait until every cell ran (or one failed)."""
@@ -313,23 +333,15 @@ def test_views_at_32_ranks_in_jupyterlab(browser, lab, tmp_path):
     """Every many-rank view, from recorded 32-rank data, rendered by Lab:
     the widgets draw, nothing errs, and the odd rank of each set is named."""
     base, token = lab
-    artifacts = nbu.ARTIFACTS / "browser"
-    artifacts.mkdir(parents=True, exist_ok=True)
-    meta = json.loads((nbu.REPO / NOTEBOOK).read_text())["metadata"]
-    cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-              "source": c.format(tests=str(nbu.REPO / "tests"))} for c in VIEWS32_CELLS]
-    nb_file = artifacts / "views32.ipynb"  # under Lab's root; git-ignored
-    nb_file.write_text(json.dumps({"cells": cells, "metadata": meta, "nbformat": 4,
-                                   "nbformat_minor": 5}))
-    shot = artifacts / "views32.png"
+    nb_file = _scratch_notebook("views32.ipynb", [c.format(tests=str(nbu.REPO / "tests"))
+                                                  for c in VIEWS32_CELLS])
+    shot = nb_file.with_suffix(".png")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         _run_all(page, base, token, str(nb_file.relative_to(nbu.REPO)))
         page.wait_for_timeout(2000)
         _screenshot(page, shot)
-        stderr = page.locator(STDERR).all_inner_texts()
-        bad = [t for t in stderr if re.search(r"Traceback|Error", t)]
-        assert not bad, "error output:\n" + "\n---\n".join(t[-1500:] for t in bad)
+        _assert_no_error_output(page)
         outs = page.locator(".jp-Notebook .jp-CodeCell .jp-OutputArea")
         texts = [outs.nth(i).inner_text() for i in range(outs.count())]
         charts = [outs.nth(i).locator("img, svg, canvas").count() for i in range(outs.count())]
@@ -360,23 +372,14 @@ def test_rank_tabs_in_jupyterlab(browser, lab, tmp_path):
     """Ranks that print differently get tabs -- the folded view first, then one per
     rank -- in a quick cell and in one that streams; identical output stays text."""
     base, token = lab
-    artifacts = nbu.ARTIFACTS / "browser"
-    artifacts.mkdir(parents=True, exist_ok=True)
-    meta = json.loads((nbu.REPO / NOTEBOOK).read_text())["metadata"]
-    cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-              "source": c} for c in TABS_CELLS]
-    nb_file = artifacts / "tabs.ipynb"  # under Lab's root; git-ignored
-    nb_file.write_text(json.dumps({"cells": cells, "metadata": meta, "nbformat": 4,
-                                   "nbformat_minor": 5}))
-    shot = artifacts / "tabs.png"
+    nb_file = _scratch_notebook("tabs.ipynb", TABS_CELLS)
+    shot = nb_file.with_suffix(".png")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
         _run_all(page, base, token, str(nb_file.relative_to(nbu.REPO)))
         page.wait_for_timeout(1500)
         _screenshot(page, shot)
-        stderr = page.locator(STDERR).all_inner_texts()
-        bad = [t for t in stderr if re.search(r"Traceback|Error", t)]
-        assert not bad, "error output:\n" + "\n---\n".join(t[-1500:] for t in bad)
+        _assert_no_error_output(page)
         outs = page.locator(".jp-Notebook .jp-CodeCell .jp-OutputArea")
         quick, streamed, same = (outs.nth(i).locator(".dpnb-rank-tabs") for i in (1, 2, 3))
         assert same.count() == 0 and "[all 2 ranks]" in outs.nth(3).inner_text()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.shell import magics_on
 
 import dpnb
 from dpnb.errors import DpnbError
@@ -84,19 +85,8 @@ def test_export_runs_under_torchrun_to_the_notebooks_loss(c, tmp_path):
 
 
 def test_export_magic_lists_what_it_left_out(c, tmp_path, capsys):
-    from IPython.core.interactiveshell import InteractiveShell
-
-    import dpnb.magics
-
-    ip = InteractiveShell.instance()
-    if dpnb.magics.get_magics(ip) is None:
-        ip.run_line_magic("load_ext", "dpnb")
-    m = dpnb.magics.get_magics(ip)
-    old, m.cluster = m.cluster, c
-    try:
+    with magics_on(c) as ip:
         ip.run_line_magic("dp", f"export {tmp_path / 'j2'}")
         out = capsys.readouterr().out
         assert "dpnb: wrote EXPORT.txt, job.sbatch, run.sh, train.py" in out, out
         assert "left out 3" in out and "  - cell: scratch = 1: not marked" in out, out
-    finally:
-        m.cluster = old

@@ -15,8 +15,10 @@ import psutil
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.shell import magics_on
 
 import dpnb
+import dpnb.resize
 from dpnb.errors import DpnbError
 
 SETUP = """
@@ -113,16 +115,7 @@ def test_resize_2_3_2_trains_on_like_one_process(c):
 
 
 def test_resize_magic_says_one_line(c, capsys):
-    from IPython.core.interactiveshell import InteractiveShell
-
-    import dpnb.magics
-
-    ip = InteractiveShell.instance()
-    if dpnb.magics.get_magics(ip) is None:
-        ip.run_line_magic("load_ext", "dpnb")
-    m = dpnb.magics.get_magics(ip)
-    old, m.cluster = m.cluster, c
-    try:
+    with magics_on(c) as ip:
         with pytest.raises(Exception, match="-n must be a whole number of ranks"):
             ip.run_line_magic("dp", "resize -n 0")
         ip.run_line_magic("dp", "resize -n 3 --scale-lr linear")
@@ -132,5 +125,8 @@ def test_resize_magic_says_one_line(c, capsys):
         c.run("lr_now = optimizer.param_groups[0]['lr']", display=False)
         assert c.pull("lr_now") == [pytest.approx(LR * 1.5)] * 3
         assert c.check()["ok"] and c.world_size == 3
-    finally:
-        m.cluster = old
+    # a train with a layout of its own makes the resize plan history: the next
+    # resize keeps the batch that last trained (4 x DP 3 x 1 = 12), not the plan's 18
+    c.train(steps=1, micro_batch=4, grad_accum=1, progress=False)
+    p = dpnb.resize.plan(c, 2)
+    assert (p.old_global_batch, p.micro_batch, p.grad_accum) == (12, 3, 2)
