@@ -2,11 +2,15 @@
 
     python benchmarks/guard_and_checkpoint.py [--json out.json]
 
-* A small ``all_reduce`` (1 float) in a ``%%dp`` cell, on the checked group
-  cells use, against the same call on the unchecked group (the one
-  ``%dp train`` uses), 300 calls each, alternated 5 times in one cell run.
-  ``%dp train`` itself never touches the checked group, so its cost there is
-  zero by construction; this shows what a cell pays.
+* Collectives in ``%%dp`` cells are checked across ranks before they run
+  (:mod:`dpnb.engine.cellguard`); ``%%dp --unchecked`` cells are not.  The
+  same cell runs both ways, alternated 8 times, three patterns:
+  ``back to back`` -- 1000 calls of a 1-float ``all_reduce`` in a loop (the
+  agreed period lets repeats skip the check); ``alternating`` -- 1000 calls
+  cycling through three different shapes (checked until the period is
+  agreed); ``isolated`` -- 100 single calls, each after a barrier and a 2 ms
+  pause on every rank (every call checked: nothing repeats the call before
+  it).  ``%dp train`` never checks, so its cost there is zero by construction.
 * ``%dp train --checkpoint-every 5 DIR`` against the same steps without,
   alternated: the cost per checkpoint (MLP of benchmarks/models.py, ddp).
 """
@@ -24,19 +28,59 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-CELL = """
+PATTERNS = {
+    "back to back": """
 import time
 t = torch.ones(1)
-unchecked = _dpnb.cell_guard.saved
-res = {"checked": [], "unchecked": []}
-for _ in range(5):
-    for name, grp in (("checked", None), ("unchecked", unchecked)):
-        dist.barrier(group=grp)
-        t0 = time.perf_counter()
-        for _ in range(300):
-            dist.all_reduce(t, group=grp)
-        res[name].append((time.perf_counter() - t0) / 300)
-"""
+dist.barrier()
+t0 = time.perf_counter()
+for _ in range(1000):
+    dist.all_reduce(t)
+took = (time.perf_counter() - t0) / 1000
+""",
+    "alternating": """
+import time
+ts = [torch.ones(1), torch.ones(2), torch.ones(3)]
+dist.barrier()
+t0 = time.perf_counter()
+for i in range(1000):
+    dist.all_reduce(ts[i % 3])
+took = (time.perf_counter() - t0) / 1000
+""",
+    "isolated": """
+import time
+t, took = torch.ones(1), 0.0
+for i in range(100):
+    dist.barrier()
+    time.sleep(0.002)
+    t0 = time.perf_counter()
+    dist.all_reduce(t)
+    took += time.perf_counter() - t0
+    t = torch.ones(1 + i % 2)  # never the call before it: always checked
+took /= 100
+""",
+}
+
+
+def guard_cost(c) -> dict:
+    """Per-call seconds of the same cell checked and ``--unchecked``, alternated."""
+    out = {}
+    for name, cell in PATTERNS.items():
+        chk, unc, ratios = [], [], []
+        for i in range(8):
+            order = (False, True) if i % 2 else (True, False)
+            got = {}
+            for checked in order:
+                c.run(cell, display=False, unchecked=not checked)
+                got[checked] = max(c.pull("took"))
+            chk.append(got[True])
+            unc.append(got[False])
+            ratios.append(got[True] / got[False])
+        out[name] = {"checked_us": round(statistics.median(chk) * 1e6, 1),
+                     "unchecked_us": round(statistics.median(unc) * 1e6, 1),
+                     "ratio": round(statistics.median(ratios), 2)}
+        print(f"cell all_reduce, {name}:", out[name], flush=True)
+    return out
 
 
 def main(argv=None) -> int:
@@ -49,12 +93,7 @@ def main(argv=None) -> int:
     c = dpnb.start(2)
     out: dict = {}
     try:
-        c.run(CELL, display=False)
-        res = c.pull("res", rank=0)
-        chk, unc = statistics.median(res["checked"]), statistics.median(res["unchecked"])
-        out["cell_all_reduce_us"] = {"checked": round(chk * 1e6, 1),
-                                     "unchecked": round(unc * 1e6, 1), "ratio": round(chk / unc, 2)}
-        print("cell all_reduce:", out["cell_all_reduce_us"], flush=True)
+        out["cell_all_reduce"] = guard_cost(c)
         c.run(SETUP_CELL.format(here=HERE, name="mlp", tiny=False), display=False)
         c.wrap("net", "ddp")
         c.set_data("ds")

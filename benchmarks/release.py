@@ -26,6 +26,13 @@ FAULTS = {
                        "    dist.broadcast(t, src=0)", 10.0),
     "one-sided all_reduce, --timeout 3": ("t = torch.ones(4)\nif rank == 1:\n"
                                           "    dist.all_reduce(t)", 3.0),
+    # no cell timeout: rank 0 finished, so rank 1's collective can never complete
+    "one-sided all_reduce": ("t = torch.ones(4)\nif rank == 1:\n    dist.all_reduce(t)", None),
+    "recv whose sender finished": ("t = torch.ones(4)\nif rank == 1:\n    dist.recv(t, src=0)",
+                                   None),
+    # the repeated call runs unchecked; the last, smaller one is checked on rank 1 only
+    "uneven last batch in a loop": ("for i in range(6):\n    t = torch.ones(3 if (rank == 1 and "
+                                    "i == 5) else 4)\n    dist.all_reduce(t)", None),
 }
 
 

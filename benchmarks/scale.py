@@ -1,18 +1,21 @@
 """dpnb against raw ipyparallel at N = 2, 8, 16, 32 local CPU engines (one torch thread each).
 
-For each N, both sides run one after the other (order alternating with N),
-on the same machine, each with N engines of its own:
+For each N both sides are up at once, each with N engines of its own:
 
 * raw: ``ipyparallel.Cluster(n=N)`` + a hand-written ``init_process_group``
   on every engine (``import torch`` in each engine, gloo over loopback, one
   torch thread): that is "raw ipyparallel to a ready group";
 * dpnb: ``dpnb.start(N, threads=1)``.
 
-Then the same operations on both: a ``pass`` cell, a cell that prints on
-every rank, a small all_reduce cell, push and pull of a 1 MB value, a status
-query (raw: ``queue_status``), a cell that raises on every rank (time to the
-error), and stop (until every process is gone).  Memory: RSS per engine
-(median) and of this (notebook) process.  Cells: median of ``--cells``.
+Start (until the group is ready) and stop (until every process is gone) are
+timed one side after the other, the order alternating with N.  The
+operations in between run side by side, alternating A B A B call by call
+(the other side's engines sit idle meanwhile): a ``pass`` cell, a cell that
+prints on every rank, a small all_reduce cell, push and pull of a 1 MB
+value, a status query (raw: ``queue_status``) and a cell that raises on every
+rank (time to the error).  Each row gives both medians of ``--cells`` calls
+and the median of the per-round ratios, which follows the machine's drift
+far less than the ratio of medians.  Memory: RSS per engine (median).
 
     python benchmarks/scale.py [--ns 2,8,16,32] [--cells 10]
 """
@@ -25,13 +28,13 @@ import statistics
 import time
 
 import psutil
-from timing import median_call
 
 ONE_MB = b"x" * (1 << 20)
-#: untimed calls before each timed series: the first cells after a start
-#: run while the engines still settle (forked engines touch their
-#: copy-on-write pages), on both sides
+#: untimed calls of each side before each timed series: the first cells after
+#: a start run while the engines still settle (forked engines touch their
+#: copy-on-write pages)
 WARMUP = 2
+RAISE = "raise ValueError('bench')"
 
 
 def _rss_mib(pids) -> float:
@@ -58,9 +61,6 @@ def _init_group(rank: int, world: int, port: int) -> int:
     return os.getpid()
 
 
-RAISE = "raise ValueError('bench')"
-
-
 def _raising(run, exc):
     """A call of ``run`` that must raise ``exc``: the error report, timed."""
     def call():
@@ -82,69 +82,113 @@ def _px_way(view, code: str) -> None:
     ar.wait_for_output(5)
 
 
-def raw_side(n: int, cells: int) -> dict:
-    import socket
+class Raw:
+    def start(self, n: int) -> None:
+        import socket
 
-    import ipyparallel as ipp
+        import ipyparallel as ipp
 
-    out: dict = {}
+        self.ipp = ipp
+        self.cluster = ipp.Cluster(n=n, log_level=40)
+        self.client = self.cluster.start_and_connect_sync(n=n)
+        self.view = self.client[:]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ars = [self.client[i].apply_async(_init_group, i, n, port) for i in range(n)]
+        self.pids = [ar.get(300) for ar in ars]
+
+    def ops(self) -> dict:
+        v, err = self.view, self.ipp.error.CompositeError
+        return {
+            "pass cell": lambda: v.execute("pass").get(),
+            "pass cell, %%px way": lambda: _px_way(v, "pass"),
+            "print cell": lambda: v.execute("print(rank)").get(),
+            "all_reduce cell": lambda: v.execute("t = torch.ones(4)\ndist.all_reduce(t)").get(),
+            "push 1 MB": lambda: v.push({"blob": ONE_MB}, block=True),
+            "pull 1 MB": lambda: v.pull("blob", block=True),
+            "status": self.client.queue_status,
+            "error report": _raising(lambda: v.execute(RAISE).get(), err),
+            "error report, %%px way": _raising(lambda: _px_way(v, RAISE), err),
+        }
+
+    def stop(self) -> None:
+        procs = [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
+        self.client.close()
+        self.cluster.stop_cluster_sync()
+        psutil.wait_procs(procs, timeout=30)
+
+
+class Dpnb:
+    def start(self, n: int) -> None:
+        import dpnb
+
+        self.dpnb = dpnb
+        self.c = dpnb.start(n, threads=1)
+        self.pids = [r.pid for r in self.c.ranks]
+
+    def ops(self) -> dict:
+        c, err = self.c, self.dpnb.RemoteCellError
+        run = lambda code: c.run(code, display=False)  # noqa: E731
+        return {
+            "pass cell": lambda: run("pass"),
+            # %%dp shows values and waits for output: it is the %%px way
+            "pass cell, %%px way": lambda: run("pass"),
+            "print cell": lambda: run("print(rank)"),
+            "all_reduce cell": lambda: run("t = torch.ones(4)\ndist.all_reduce(t)"),
+            "push 1 MB": lambda: c.push({"blob": ONE_MB}),
+            "pull 1 MB": lambda: c.pull("blob"),
+            "status": c.status,
+            "error report": _raising(lambda: run(RAISE), err),
+            "error report, %%px way": _raising(lambda: run(RAISE), err),
+        }
+
+    def stop(self) -> None:
+        self.c.stop()
+
+
+def _timed(fn) -> float:
     t0 = time.perf_counter()
-    c = ipp.Cluster(n=n, log_level=40)
-    client = c.start_and_connect_sync(n=n)
-    view = client[:]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ars = [client[i].apply_async(_init_group, i, n, port) for i in range(n)]
-    pids = [ar.get(300) for ar in ars]
-    out["start"] = time.perf_counter() - t0
-    out["pass cell"] = median_call(lambda: view.execute("pass").get(), cells, WARMUP)
-    out["pass cell, %%px way"] = median_call(lambda: _px_way(view, "pass"), cells, WARMUP)
-    out["print cell"] = median_call(lambda: view.execute("print(rank)").get(), cells, WARMUP)
-    out["all_reduce cell"] = median_call(
-        lambda: view.execute("t = torch.ones(4)\ndist.all_reduce(t)").get(), cells, WARMUP)
-    out["push 1 MB"] = median_call(lambda: view.push({"blob": ONE_MB}, block=True), cells, WARMUP)
-    out["pull 1 MB"] = median_call(lambda: view.pull("blob", block=True), cells, WARMUP)
-    out["status"] = median_call(client.queue_status, cells, WARMUP)
-    out["error report"] = median_call(
-        _raising(lambda: view.execute(RAISE).get(), ipp.error.CompositeError), max(3, cells // 3), WARMUP)
-    out["error report, %%px way"] = median_call(
-        _raising(lambda: _px_way(view, RAISE), ipp.error.CompositeError), max(3, cells // 3), WARMUP)
-    out["engine RSS MiB"] = _rss_mib(pids)
-    out["notebook RSS MiB"] = psutil.Process().memory_info().rss / 2**20
-    procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
-    t1 = time.perf_counter()
-    client.close()
-    c.stop_cluster_sync()
-    psutil.wait_procs(procs, timeout=30)
-    out["stop"] = time.perf_counter() - t1
+    fn()
+    return time.perf_counter() - t0
+
+
+def side_by_side(sides: dict, cells: int) -> dict:
+    """Every operation on both sides, alternating call by call."""
+    ops = {name: side.ops() for name, side in sides.items()}
+    out: dict = {}
+    for op in ops["dpnb"]:
+        k = max(3, cells // 3) if op.startswith("error") else cells
+        for name in sides:
+            for _ in range(WARMUP):
+                ops[name][op]()
+        got: dict = {name: [] for name in sides}
+        for i in range(k):
+            order = list(sides) if i % 2 == 0 else list(sides)[::-1]
+            for name in order:
+                got[name].append(_timed(ops[name][op]))
+        ratios = [d / r for d, r in zip(got["dpnb"], got["raw"])]
+        out[op] = {name: statistics.median(v) for name, v in got.items()}
+        out[op]["ratio"] = statistics.median(ratios)
     return out
 
 
-def dpnb_side(n: int, cells: int) -> dict:
-    import dpnb
-
-    out: dict = {}
-    t0 = time.perf_counter()
-    c = dpnb.start(n, threads=1)
-    out["start"] = time.perf_counter() - t0
-    out["pass cell"] = median_call(lambda: c.run("pass", display=False), cells, WARMUP)
-    out["pass cell, %%px way"] = out["pass cell"]  # %%dp shows values and waits for output
-    out["print cell"] = median_call(lambda: c.run("print(rank)", display=False), cells, WARMUP)
-    out["all_reduce cell"] = median_call(
-        lambda: c.run("t = torch.ones(4)\ndist.all_reduce(t)", display=False), cells, WARMUP)
-    out["push 1 MB"] = median_call(lambda: c.push({"blob": ONE_MB}), cells, WARMUP)
-    out["pull 1 MB"] = median_call(lambda: c.pull("blob"), cells, WARMUP)
-    out["status"] = median_call(c.status, cells, WARMUP)
-    out["error report"] = median_call(
-        _raising(lambda: c.run(RAISE, display=False), dpnb.RemoteCellError), max(3, cells // 3), WARMUP)
-    out["error report, %%px way"] = out["error report"]
-    out["engine RSS MiB"] = _rss_mib(r.pid for r in c.ranks)
-    out["notebook RSS MiB"] = psutil.Process().memory_info().rss / 2**20
-    t1 = time.perf_counter()
-    c.stop()
-    out["stop"] = time.perf_counter() - t1
-    return out
+def run_n(n: int, cells: int, first: str) -> dict:
+    sides = {"dpnb": Dpnb(), "raw": Raw()}
+    order = [first] + [s for s in sides if s != first]
+    res: dict = {"start": {}, "stop": {}}
+    try:
+        for name in order:
+            res["start"][name] = _timed(lambda: sides[name].start(n))
+        res.update(side_by_side(sides, cells))
+        res["engine RSS MiB"] = {name: _rss_mib(s.pids) for name, s in sides.items()}
+    finally:
+        for name in order:
+            if hasattr(sides[name], "pids"):
+                res["stop"][name] = _timed(sides[name].stop)
+    for key in ("start", "stop", "engine RSS MiB"):
+        res[key]["ratio"] = res[key]["dpnb"] / res[key]["raw"]
+    return res
 
 
 def main() -> None:
@@ -155,20 +199,17 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = []
     for i, n in enumerate(int(x) for x in args.ns.split(",")):
-        sides = [("dpnb", dpnb_side), ("raw", raw_side)]
-        res = {}
-        for name, fn in (sides if i % 2 == 0 else sides[::-1]):
-            res[name] = fn(n, args.cells)
-            print(f"N={n} {name}: " + ", ".join(f"{k} {v:.4g}" for k, v in res[name].items()), flush=True)
+        res = run_n(n, args.cells, "dpnb" if i % 2 == 0 else "raw")
+        print(f"N={n}: " + "; ".join(f"{k} {v['dpnb']:.4g} vs {v['raw']:.4g} ({v['ratio']:.2f}x)"
+                                     for k, v in res.items()), flush=True)
         rows.append((n, res))
     print("\n| N | what | dpnb | raw ipyparallel | ratio |\n|---|---|---|---|---|")
     for n, res in rows:
-        for k in res["dpnb"]:
-            d, r = res["dpnb"][k], res["raw"][k]
-            unit = "MiB" if "RSS" in k else "s"
-            fmt = (lambda v: f"{v:.0f} MiB") if unit == "MiB" else (
-                lambda v: f"{v * 1e3:.1f} ms" if v < 1 else f"{v:.2f} s")
-            print(f"| {n} | {k} | {fmt(d)} | {fmt(r)} | {d / r:.2f} |")
+        for k, v in res.items():
+            mib = "RSS" in k
+            fmt = (lambda x: f"{x:.0f} MiB") if mib else (
+                lambda x: f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s")
+            print(f"| {n} | {k} | {fmt(v['dpnb'])} | {fmt(v['raw'])} | {v['ratio']:.2f} |")
 
 
 if __name__ == "__main__":

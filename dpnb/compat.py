@@ -50,21 +50,26 @@ def result_metadata(ar: Any) -> dict:
     return md if isinstance(md, dict) else {}
 
 
+def shell_ignores_engine_comms() -> None:
+    """Let a shell that is no Jupyter kernel ignore widget messages from engines.
+
+    ipyparallel's client proxies ``comm_*`` messages from engines (an
+    engine-side ipywidgets or ``tqdm.auto`` bar) when ``get_ipython().kernel
+    is not None`` -- reading ``.kernel``, which only kernel shells have: in
+    terminal IPython the read raised in the client's event loop and every
+    later cell's output was lost.  ``kernel = None`` is what the check means
+    by "no kernel here".
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:  # no IPython, no shell to mend
+        return
+    ip = get_ipython()
+    if ip is not None and not hasattr(ip, "kernel"):
+        ip.kernel = None
+
+
 # -------------------------------------------------------------- c10d groups
-def default_group() -> Any:
-    """The default process group (what collectives use when given none)."""
-    from torch.distributed import distributed_c10d as c10d
-
-    return c10d._get_default_group()
-
-
-def set_default_group(pg: Any) -> None:
-    """Make ``pg`` the default process group (c10d's own setter, used by init)."""
-    from torch.distributed import distributed_c10d as c10d
-
-    _need(c10d, "_update_default_pg", "swapping the default process group")(pg)
-
-
 def abort_groups() -> bool:
     """Abort every process group of this process (NCCL: from any thread)."""
     from torch.distributed import distributed_c10d as c10d
@@ -75,22 +80,6 @@ def abort_groups() -> bool:
         log.info("abort of the process groups: %s", e)
         return False
     return True
-
-
-def new_checked_group(backend: str, timeout_s: float) -> Any:
-    """A group over every rank whose collectives first compare fingerprints
-    (op, shapes, dtypes) across ranks and raise on a mismatch: c10d wraps
-    groups created while the debug level is DETAIL.  Collective."""
-    import torch.distributed as dist
-
-    before = dist.get_debug_level()
-    dist.set_debug_level(dist.DebugLevel.DETAIL)
-    try:
-        from datetime import timedelta
-
-        return dist.new_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-    finally:
-        dist.set_debug_level(before)
 
 
 # ------------------------------------------------------------------ DTensor
@@ -202,6 +191,12 @@ def rebind_mesh(mesh: Any, fresh: Any) -> None:
         reg.update(getattr(fresh, "_pg_registry", {}) or {})
 
 
+def mesh_info_group(info: Any) -> Any:
+    """The process group an FSDP mesh-info object cached when it was built
+    (its mesh, asked now, names the current group instead)."""
+    return getattr(info, "shard_process_group", None)
+
+
 def refresh_mesh_info(info: Any) -> None:
     """Recompute the process group an FSDP mesh-info object caches."""
     info.__post_init__()
@@ -297,6 +292,8 @@ def check_torch() -> list[str]:
         infos = fsdp_mesh_infos(net)
         if not infos or not all(hasattr(i, "__post_init__") for i in infos):
             probs.append(f"torch {v}: FSDP2 mesh infos cannot be refreshed")
+        if infos and mesh_info_group(infos[0]) is None:
+            probs.append(f"torch {v}: FSDP2 mesh infos cache no shard_process_group")
         if not any(is_dtensor(p) for p in net.parameters()):
             probs.append(f"torch {v}: FSDP2 parameters are not DTensors with _local_tensor")
     return probs

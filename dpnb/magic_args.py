@@ -8,6 +8,8 @@ them and delegates.
 
 from __future__ import annotations
 
+import argparse
+
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .cluster.types import BACKENDS, DEFAULT_TIMEOUT_S, LAUNCHERS
@@ -404,8 +406,24 @@ def _where():
 @sub("debug")
 @magic_arguments()
 @argument("--rank", type=int, default=None, help="rank to inspect (default: the first that raised)")
+@argument("-c", "--command", action="append", default=None, dest="commands", metavar="CMD",
+          help="a pdb command to run instead of prompting (repeatable; then q)")
 def _debug():
-    """The last failed cell's frames on a rank, with their locals (tensors as shape/dtype)."""
+    """pdb post mortem of the last failed cell on a rank, its prompt in the notebook
+    (where no prompt is possible: its frames, with their locals)."""
+
+
+@sub("run")
+@magic_arguments()
+@argument("--ranks", default=None, help="ranks to run it on (default all)")
+@argument("--timeout", type=float, default=None,
+          help="wall-clock limit in seconds; ranks still running are interrupted and reported")
+@argument("--unchecked", action="store_true", help="do not check its collectives across ranks")
+@argument("script", help="the Python script, as you would give it to torchrun")
+@argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+def _run():
+    """Run a torchrun script on every rank as torchrun would (__main__, sys.argv, RANK,
+    LOCAL_RANK, ...); its module globals are then in each rank's namespace."""
 
 
 @sub("setup")
@@ -434,5 +452,8 @@ def _log():
           help="do not stream output while the cell runs")
 @argument("--setup", action="store_true",
           help="record this cell (once it succeeds on every rank) for restart --resume")
+@argument("--unchecked", action="store_true",
+          help="do not check this cell's collectives across ranks first (hot hand-written "
+               "loops; a mismatch may then abort gloo)")
 def _cell():
-    """%%dp [--ranks SPEC] [--timeout S] [--setup]: run the cell on the selected ranks."""
+    """%%dp [--ranks SPEC] [--timeout S] [--setup] [--unchecked]: run the cell on the selected ranks."""

@@ -127,7 +127,7 @@ class DPMagics(Magics):
         if not cell.strip():
             raise UsageError("%%dp cell is empty: put code to run on the ranks below %%dp")
         c.run(cell, ranks=args.ranks, timeout=args.timeout, stream=not args.no_stream,
-              setup=args.setup)
+              setup=args.setup, unchecked=args.unchecked)
 
     def _do_start(self, a):
         if self.cluster is not None and self.cluster.running:
@@ -417,7 +417,13 @@ class DPMagics(Magics):
         print("dpnb: " + self._need().where(a.ranks).replace("\n", "\n  "))
 
     def _do_debug(self, a):
-        print(self._need().debug(a.rank))
+        text = self._need().debug(a.rank, commands=a.commands)
+        if text:
+            print(text)
+
+    def _do_run(self, a):
+        self._need().run_script(a.script, a.args, ranks=a.ranks, timeout=a.timeout,
+                                unchecked=a.unchecked)
 
     def _do_setup(self, a):
         c = self._need()

@@ -247,7 +247,8 @@ class Cluster(TrainingMethods):
 
     # ------------------------------------------------------------------ run
     def run(self, code: str, ranks=None, *, timeout: float | None = None, stream: bool = True,
-            display: bool = True, raise_errors: bool = True, setup: bool = False) -> CellResult:
+            display: bool = True, raise_errors: bool = True, setup: bool = False,
+            unchecked: bool = False) -> CellResult:
         """Run ``code`` on the selected ranks (all by default), like ``%%dp``.
 
         Each rank runs the cell in its own namespace with IPython (so
@@ -256,14 +257,16 @@ class Cluster(TrainingMethods):
         identical output shown once.  ``timeout`` bounds the cell's wall time:
         ranks still running then are interrupted and reported.  ``setup=True``
         (``%%dp --setup``) records the cell, once it succeeded on every rank,
-        for ``restart --resume`` to replay.
+        for ``restart --resume`` to replay.  ``unchecked=True`` (``%%dp
+        --unchecked``): its collectives skip the mismatch check
+        (:mod:`dpnb.engine.cellguard`).
         """
         sel = self._select(ranks)
         if not isinstance(code, str):
             raise DpnbError("code must be a string of Python source")
         if setup and len(sel) != self.world_size:
             raise DpnbError("a --setup cell must run on every rank (resume replays it on all)")
-        ars = self.transport.execute(code, sel)
+        ars = self.transport.execute(code, sel, unchecked=unchecked)
         res = self.transport.wait(ars, sel, timeout=timeout, stream=stream and display,
                                   kind="execute")
         if display:
@@ -273,6 +276,13 @@ class Cluster(TrainingMethods):
         self.history.append(CellRecord("cell", code, None if len(sel) == self.world_size
                                        else tuple(sel), setup, res.ok))
         return self._finish(res, raise_errors)
+
+    def run_script(self, path: str, args=(), **kw) -> CellResult:
+        """Run a torchrun script on every rank, as torchrun would (``%dp run``);
+        see :func:`dpnb.cluster.scripts.run_script`."""
+        from .scripts import run_script
+
+        return run_script(self, path, args, **kw)
 
     def call(self, dotted: str, *args, ranks=None, timeout: float | None = None,
              raise_errors: bool = True, display: bool = False, on_poll=None,
@@ -317,7 +327,8 @@ class Cluster(TrainingMethods):
             self.health.group_ok = False
             alive = (r for r in range(self.world_size) if r not in d.died)
             msg = (f"The process group cannot continue without {rank_label(d.died)}: run "
-                   f"%dp restart to replace it and re-form the group ({diagnose.kept(alive)}).")
+                   f"%dp restart to replace {'it' if len(d.died) == 1 else 'them'} and re-form the group "
+                   f"({diagnose.kept(alive)}).")
         elif d.needs_reform and not self.busy:
             reformed, msg = self.group.try_reform()
         elif d.needs_reform:
@@ -355,25 +366,12 @@ class Cluster(TrainingMethods):
         answers = self.transport.where(sel)
         return diagnose.where_report(sel, answers, busy=self.busy, dead=self.dead)
 
-    def debug(self, rank: int | None = None) -> str:
-        """The failing rank's frames of the last failed cell, with their locals."""
-        self._check_running()
-        f = self.last_failure
-        if f is None:
-            raise DpnbError("no cell has failed yet: %dp debug shows the frames of the last "
-                            "failed cell")
-        failed = [r for r in f.ranks if f.outcomes[r].status == "error"
-                  and not f.outcomes[r].collective]
-        if rank is None:
-            if not failed:
-                raise DpnbError("the last failed cell raised on no rank (it timed out or a rank "
-                                "died): give --rank R")
-            rank = failed[0]
-        if not isinstance(rank, int) or not 0 <= rank < self.world_size:
-            raise DpnbError(f"--rank {rank!r} is not a rank of this cluster (0-{self.world_size - 1})")
-        if rank in self.dead:
-            raise DpnbError(f"rank {rank} died ({self.dead[rank]}): nothing to debug there")
-        return self.call("dpnb.engine.debug.post_mortem", ranks=[rank]).values[0]
+    def debug(self, rank: int | None = None, commands=None) -> str:
+        """pdb post mortem of the last failed cell on a rank; see
+        :func:`dpnb.cluster.debugging.post_mortem`."""
+        from .debugging import post_mortem
+
+        return post_mortem(self, rank, commands)
 
     def interrupt(self, ranks=None) -> None:
         """Interrupt what the selected ranks are running (all by default)."""

@@ -23,7 +23,8 @@ _CELL_NO = re.compile(r"Cell In\[\d+\]")
 
 # Errors that mean "a collective or the group failed", not "the user's code
 # raised": gloo/NCCL timeouts, a peer closing its connection, store errors.
-_COLLECTIVE_ENAMES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
+_COLLECTIVE_ENAMES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError",
+                      "CheckReleased"}  # dpnb's collective check, shut by a release
 _COLLECTIVE_PATTERNS = re.compile(
     r"gloo|nccl|Timed out|timed out|Connection closed by peer|Connection reset by peer|"
     r"ProcessGroup|process group|collective operation timeout|Socket Timeout|"
@@ -49,21 +50,32 @@ def group_identical(items: dict[int, str]) -> list[tuple[list[int], str]]:
     return sorted(((rs, t) for t, rs in groups.items()), key=lambda g: g[0][0])
 
 
+_FRAME = re.compile(r"\s*(?:Cell In\[\d+\], line (\d+)|File (\S+?):(\d+))")
+#: paths of library frames in a traceback (the user's own files are the rest)
+_LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|/dpnb/|^<")
+
+
 def user_line(traceback: str) -> str:
-    """The user's failing line from an IPython traceback: ``cell line 3: x = f()``."""
+    """The user's failing line from an IPython traceback -- its innermost frame
+    in a cell or in the user's own file: ``cell line 3: x = f()``,
+    ``train.py line 42: loss.backward()``."""
     lines = strip_ansi(traceback).splitlines()
+    found = ""
     for i, line in enumerate(lines):
-        m = re.match(r"\s*Cell In\[\d+\], line (\d+)", line)
-        if not m:
+        m = _FRAME.match(line)
+        if not m or (m.group(2) and _LIBRARY.search(m.group(2))):
             continue
+        where = (f"cell line {m.group(1)}" if m.group(1) else
+                 f"{m.group(2).rsplit('/', 1)[-1]} line {m.group(3)}")
+        found = where
         for nxt in lines[i + 1:]:
-            if nxt.lstrip().startswith("Cell In[") or nxt.startswith("File "):
+            if _FRAME.match(nxt):
                 break
             a = re.match(r"\s*-+>\s*(\d+)\s?(.*)", nxt)
             if a:
-                return f"cell line {a.group(1)}: {a.group(2).strip()}"
-        return f"cell line {m.group(1)}"
-    return ""
+                found = f"{where.rsplit(' ', 1)[0]} {a.group(1)}: {a.group(2).strip()}"
+                break
+    return found
 
 
 def first_error(res: CellResult) -> str:
@@ -79,6 +91,8 @@ def first_error(res: CellResult) -> str:
 def kept(ranks: Iterable[int]) -> str:
     """``ranks 0,1 keep their state``."""
     rs = sorted(ranks)
+    if not rs:
+        return "no rank survived, so nothing on the engines was kept"
     return f"{rank_label(rs)} {'keeps its' if len(rs) == 1 else 'keep their'} state"
 
 
@@ -96,35 +110,53 @@ def plain_user_error(res: CellResult) -> DpnbError | None:
     return None
 
 
-_MISMATCH = re.compile(r"Detected mismatch between collectives")
-_FINGERPRINT = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\((.*?)\)")
-_FIELD = re.compile(r"(OpType|TensorShape|TensorDtypes)=(\[[^\]]*\]|[A-Za-z0-9_]+)")
+#: the ename of dpnb.engine.collcheck.CollectiveMismatchError
+MISMATCH_ENAME = "CollectiveMismatchError"
 
 
-def is_mismatch(evalue: str) -> bool:
-    """A collective whose fingerprint differed across ranks (the checked cell group)."""
-    return bool(_MISMATCH.search(evalue or ""))
-
-
-def fingerprint(evalue: str) -> str:
-    """``all_reduce [4] Float`` from the rank's own part of a mismatch message."""
-    m = _FINGERPRINT.search(evalue or "")
-    if not m:
-        return "?"
-    f = dict(_FIELD.findall(m.group(2)))
-    op = f.get("OpType", "?").lower()
-    return f"{op} {f.get('TensorShape', '')} {f.get('TensorDtypes', '')}".strip()
+def is_mismatch(o: RankOutcome) -> bool:
+    """The ranks called different collectives and none ran (the cell guard's check)."""
+    return o.status == "error" and o.ename == MISMATCH_ENAME
 
 
 def mismatch_report(res: CellResult, ranks: list[int]) -> str:
-    """One line per rank: its op, shape, dtype and cell line."""
-    parts = []
-    for r in ranks:
-        o = res.outcomes[r]
-        where = user_line(o.traceback)
-        parts.append(f"rank {r}: {fingerprint(o.evalue)}" + (f" at {where}" if where else ""))
-    return ("the ranks called different collectives (op, shape or dtype differ), so none ran: "
-            + "; ".join(parts) + ". Every engine and its state are kept.")
+    """Every rank raised the same table (each rank's op, shape, dtype, line): show it once."""
+    texts = {res.outcomes[r].evalue for r in ranks}
+    return " / ".join(sorted(texts))
+
+
+def _at(a: dict, inside: bool = True) -> str:
+    """`` at cell line 4, inside torch.distributed.checkpoint`` (the user's own
+    line first; the library it called into after it)."""
+    line = a.get("user_line") or (f"cell line {a['cell_line']}" if a.get("cell_line") else "")
+    if not line:
+        return ""
+    lib = a.get("inside") if inside else ""
+    return f" at {line}" + (f", inside {lib}" if lib else "")
+
+
+def _blocked_line(r: int, a: dict) -> str:
+    c = a["collective"]
+    seq = f" #{c['seq']}" if c.get("seq") else ""
+    shape = f" (shape {c['shape']}, {c.get('dtype')})" if c.get("shape") is not None else ""
+    head = f"rank {r} is blocked in {c['op']}{seq}{shape}{_at(a, inside=False)}"
+    if c.get("phase") == "check" and c.get("awaiting"):
+        head += (f" (in dpnb's check before it, waiting for rank "
+                 f"{', '.join(map(str, c['awaiting']))})")
+    return head
+
+
+def _never_came(a: dict, op: str) -> str:
+    if not a.get("selected", True):
+        return "does not run this cell (not among its --ranks)"
+    done = (a.get("cell_calls") or {}).get(op, 0)
+    if op in ("send", "recv"):
+        other = "recv" if op == "send" else "send"
+        n = (a.get("cell_calls") or {}).get(other, 0)
+        return "finished the cell without a matching " + other if n == 0 else \
+            f"finished the cell after only {n} {other}"
+    return "finished the cell " + ("without entering it" if done == 0 else
+                                   f"after only {done} {op}")
 
 
 def where_verdict(res: CellResult) -> str:
@@ -135,23 +167,18 @@ def where_verdict(res: CellResult) -> str:
     lines = []
     blocked = {r: a for r, a in w.items() if a.get("running") and a.get("collective")}
     for r, a in sorted(blocked.items()):
-        c = a["collective"]
-        seq = f" #{c['seq']}" if c.get("seq") else ""
-        shape = f" (shape {c['shape']}, {c.get('dtype')})" if c.get("shape") is not None else ""
-        line = f" at cell line {a['cell_line']}" if a.get("cell_line") else ""
-        lines.append(f"rank {r} is blocked in {c['op']}{seq}{shape}{line}")
+        lines.append(_blocked_line(r, a))
     for r, a in sorted(w.items()):
         if r in blocked:
             continue
         if a.get("running"):
-            line = f" at cell line {a['cell_line']}" if a.get("cell_line") else ""
-            lines.append(f"rank {r} is running {a.get('top') or 'Python code'}{line}")
+            what = "Python code" if a.get("user_line") else (a.get("top") or "Python code")
+            if a.get("debugger"):
+                what = "the debugger (pdb)"
+            lines.append(f"rank {r} is running {what}{_at(a)}")
             continue
         for b in blocked.values():
-            op, seq = b["collective"]["op"], b["collective"].get("seq") or 1
-            done = (a.get("cell_calls") or {}).get(op, 0)
-            how = "without entering it" if done == 0 else f"after only {done} {op}"
-            lines.append(f"rank {r} finished the cell {how}")
+            lines.append(f"rank {r} {_never_came(a, b['collective']['op'])}")
             break
     return "; ".join(lines)
 
@@ -201,22 +228,20 @@ def classify(res: CellResult) -> Diagnosis:
     failed = {r: o for r, o in oc.items() if o.status != "ok"}
     died = {r: o.died for r, o in failed.items() if o.status == "died"}
     timed_out = sorted(r for r, o in failed.items() if o.status == "timeout")
-    mismatch = sorted(r for r, o in failed.items() if o.status == "error"
-                      and is_mismatch(o.evalue))
+    mismatch = sorted(r for r, o in failed.items() if is_mismatch(o))
     own = sorted(r for r, o in failed.items() if o.status == "error" and not o.collective
                  and r not in mismatch)
     coll = sorted(r for r, o in failed.items() if o.status == "error" and o.collective
                   and r not in mismatch)
     interrupted = sorted(r for r, o in failed.items() if o.status == "interrupted")
     stopped = sorted(r for r, o in failed.items() if o.status == "stopped")
-    culprits = sorted(set(own) | set(died) | set(timed_out) | set(mismatch))
+    stuck = sorted(r for r, o in failed.items() if o.status == "deadlocked")
+    culprits = sorted(set(own) | set(died) | set(timed_out) | set(mismatch) | set(stuck))
     return Diagnosis(died=died, timed_out=timed_out, culprits=culprits,
                      waiting=sorted(set(coll) | set(stopped)) if culprits else [],
                      interrupted=interrupted,
-                     # after a mismatch the checked group's fingerprint exchange
-                     # can be left half-done on some rank: start it afresh
-                     needs_reform=bool(coll or timed_out or interrupted or res.released
-                                       or mismatch),
+                     # a mismatch ran no collective: the group is as good as before
+                     needs_reform=bool(coll or timed_out or interrupted or res.released),
                      mismatch=mismatch)
 
 
@@ -236,6 +261,14 @@ def _indent(text: str, pad: str = "    ") -> str:
     return "\n".join(pad + line if line else line for line in text.splitlines())
 
 
+#: exits that end a cell or script on a rank, not the rank's engine: one line each
+_EXITS = {
+    "SystemExit": lambda v: (f"exit() / sys.exit({'' if v in ('', 'None') else v}) ended the "
+                             f"cell there; the engine keeps running, with its state"),
+    "ScriptExit": lambda v: f"{v} (its output above says why); the engine keeps its state",
+}
+
+
 def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
                  timeout_s: float, reform_msg: str = "") -> tuple[str, str]:
     """``(summary, report)`` for a cell that failed on some ranks."""
@@ -250,13 +283,17 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
     errs = {r: _CELL_NO.sub("Cell In[_]", f"{oc[r].ename}: {oc[r].evalue}\n"
                                           f"{strip_ansi(oc[r].traceback)}")
             for r in res.ranks if oc[r].status == "error" and r not in waiting}
-    mism = [r for r in res.ranks if oc[r].status == "error" and is_mismatch(oc[r].evalue)]
+    mism = [r for r in res.ranks if is_mismatch(oc[r])]
     if mism:
         lines.append("collective mismatch: " + mismatch_report(res, mism))
         bits.append(f"{rank_label(mism)} called different collectives")
         errs = {r: e for r, e in errs.items() if r not in mism}
     for ranks, _ in group_identical(errs):
         o = oc[ranks[0]]
+        if o.ename in _EXITS:
+            lines.append(f"{rank_label(ranks)}: {_EXITS[o.ename](o.evalue)}")
+            bits.append(f"{rank_label(ranks)} exited the {'script' if o.ename == 'ScriptExit' else 'cell'}")
+            continue
         where = user_line(o.traceback)
         head = f"{rank_label(ranks)} raised {o.ename}: {o.evalue}".rstrip(": ")
         lines.append(head + (f"\n    at {where}" if where else ""))
@@ -270,6 +307,11 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
                      f"({res.elapsed_s:.1f} s elapsed) and {'was' if len(timed) == 1 else 'were'} "
                      f"interrupted")
         bits.append(f"{rank_label(timed)} timed out")
+    stuck = [r for r in res.ranks if oc[r].status == "deadlocked"]
+    for r in stuck:
+        lines.append(f"rank {r} could never complete its collective: {oc[r].note}")
+    if stuck:
+        bits.append(f"{rank_label(stuck)} blocked in a collective no rank could join")
     intr = [r for r in res.ranks if oc[r].status == "interrupted"]
     if intr:
         lines.append(f"{rank_label(intr)} interrupted (Ctrl-C)")

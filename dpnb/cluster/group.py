@@ -64,7 +64,7 @@ class Group:
                 master_addr=self.master_addr, master_port=self.master_port,
                 timeout_s=self.timeout_s, threads=self.threads, local=self.local,
                 watch_ppid=kernel if (self.local and fresh and self.watch_kernel) else None, token=self.t.token,
-                env=self.env),)
+                env=self.env, nnodes=len({r.node_rank for r in self.ranks})),)
         res = self.t.setup_all("init_rank", per_rank=infos, timeout=60)
         if not res.ok:
             raise StartError("could not give the engines their ranks: " + first_error(res))
@@ -123,7 +123,9 @@ class Group:
         self.health.generation = max(o.value["generation"] for o in res.outcomes.values())
         self.health.group_ok = True
         problems = sorted({p for o in res.outcomes.values() for p in o.value.get("problems", [])})
-        return {"port": port, "generation": self.health.generation, "problems": problems}
+        rebound = res.outcomes[0].value.get("rebound", []) if 0 in res.outcomes else []
+        return {"port": port, "generation": self.health.generation, "problems": problems,
+                "rebound": rebound}
 
     def reform_all(self, new: Sequence[int] = ()) -> dict:
         """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
@@ -141,8 +143,10 @@ class Group:
             self.health.group_ok = False
             return False, f"Re-forming the process group failed: {e}"
         extra = ""
+        if info.get("rebound"):
+            extra += " Moved to the new group: " + "; ".join(info["rebound"]) + "."
         if info.get("problems"):
-            extra = " Some wrappers could not be re-bound: " + "; ".join(info["problems"])
+            extra += " Some wrappers could not be re-bound: " + "; ".join(info["problems"])
         return True, (f"The process group was re-formed on port {self.master_port} "
                       f"(generation {self.health.generation}); everything on the engines is "
                       f"kept.{extra}")

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..env import in_kernel
 from ..errors import DpnbError
 from .types import BACKENDS, LAUNCHERS, LaunchSpec, RankInfo
 
@@ -450,7 +451,7 @@ def device_index(ri: RankInfo) -> int | None:
 def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: str,
                    master_port: int, timeout_s: float, threads: int, local: bool,
                    watch_ppid: int | None, token: str | None = None,
-                   env: dict[str, str] | None = None) -> dict[str, Any]:
+                   env: dict[str, str] | None = None, nnodes: int = 1) -> dict[str, Any]:
     """What :func:`dpnb.engine.setup.init_rank` receives for rank ``ri``.
 
     ``token`` opens the engine's side door (:mod:`dpnb.engine.sidedoor`), on
@@ -462,4 +463,4 @@ def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: 
                 master_port=master_port, timeout_s=timeout_s, threads=threads,
                 local_cluster=local, watch_ppid=watch_ppid, token=token,
                 door_addr="127.0.0.1" if local else ri.ip, ifname=ri.ifname,
-                env=dict(env or {}))
+                env=dict(env or {}), nnodes=nnodes, widgets=in_kernel())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 
@@ -22,6 +23,26 @@ from .diagnose import group_identical
 from .types import CellResult
 
 log = logging.getLogger("dpnb.render")
+
+#: a line of glog / c10 logging from torch's or gloo's C++ (``[W1123 21:12:00.96 2835
+#: ProcessGroupGloo.cpp:123] ...`` or ``W1123 21:12:00.96 2835 pair.cc:45] ...``)
+_NATIVE_LOG = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]")
+
+
+def without_native_logs(text: str, rank: int | None = None) -> str:
+    """``text`` without torch's / gloo's C++ log lines; those go to dpnb's log
+    (``%dp log``): they describe dpnb's own handling (a released group), not
+    the user's code, and made a 0.3 s failure read like a crash."""
+    if not text or "]" not in text:
+        return text
+    kept = []
+    for line in text.splitlines(keepends=True):
+        if _NATIVE_LOG.match(line):
+            log.info("rank %s native log: %s", rank, line.rstrip())
+        else:
+            kept.append(line)
+    return "".join(kept)
+
 
 def label(ranks: list[int], world: int) -> str:
     if len(ranks) == world and world > 1:
@@ -137,7 +158,7 @@ class Streamer:
         out = {}
         for r, ar in self.ars.items():
             md = result_metadata(ar)
-            out[r] = (md.get("stdout") or "") + (md.get("stderr") or "")
+            out[r] = (md.get("stdout") or "") + without_native_logs(md.get("stderr") or "")
         return out
 
     def poll(self) -> None:

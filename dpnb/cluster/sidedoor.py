@@ -17,11 +17,12 @@ import threading
 log = logging.getLogger("dpnb.sidedoor")
 
 
-def knock(addr: str, port: int, token: str, cmd: str, timeout: float = 2.0) -> dict | None:
+def knock(addr: str, port: int, token: str, cmd: str, timeout: float = 2.0,
+          **extra) -> dict | None:
     """One command to one door; its answer, or None if the door did not answer."""
     try:
         with socket.create_connection((addr, port), timeout=timeout) as s:
-            s.sendall((json.dumps({"token": token, "cmd": cmd}) + "\n").encode())
+            s.sendall((json.dumps({"token": token, "cmd": cmd, **extra}) + "\n").encode())
             line = s.makefile("r").readline()
         return json.loads(line) if line else None
     except (OSError, ValueError) as e:

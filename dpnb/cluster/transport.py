@@ -17,37 +17,16 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..compat import result_metadata
+from ..compat import result_metadata, shell_ignores_engine_comms
+from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .processes import Processes
-from .render import Streamer
+from .render import Streamer, without_native_logs
 from .sidedoor import is_closed, knock_all
 from .types import CellResult, Health, RankInfo, RankOutcome
+from .waiting import Waiting
 
 log = logging.getLogger("dpnb.transport")
-
-#: after a rank failed while others still run: how long to let them fail on
-#: their own (a typo fails on every rank within milliseconds) before releasing
-FAIL_GRACE_S = 0.1
-#: after an interrupt (timeout, Ctrl-C): how long ranks may take to stop by
-#: themselves before their groups are released (cells / dpnb calls such as
-#: %dp train, which stop at a step boundary)
-RELEASE_AFTER_S = {"execute": 0.3, "apply": 2.0}
-#: after a release, how long the ranks get to report back
-RELEASED_GRACE_S = 5.0
-#: ... and longer when every rank left is writing its error report (seen
-#: taking seconds with 3 engines on 2 busy cores)
-REPORT_GRACE_S = 20.0
-#: after a cell failed on some ranks: while every rank left is outside the
-#: cell's code and no collective (finishing its own error report, or not yet
-#: started), re-ask where they are this often instead of releasing the group,
-#: for at most FINISHING_MAX_S; releasing costs a re-formation (0.2 s at 16
-#: ranks) that a cell failing everywhere alike does not need
-FINISHING_POLL_S = 0.15
-FINISHING_MAX_S = 5.0
-#: how often a waiting cell checks whether a pending rank's process died
-DEATH_POLL_S = 0.1
-
 
 def _setup_fn(name: str):
     from ..engine import setup
@@ -64,6 +43,10 @@ def _runner_fn(name: str):
 class Transport:
     """One cluster's channel to its engines; shares ``ranks`` and ``health`` with it."""
 
+    #: answers a rank's pdb prompt (dpnb.cluster.debugging): input() unless an
+    #: instance is given its own (a test's scripted answers)
+    ask: Callable[[str], str | None] = staticmethod(ask_user)
+
     def __init__(self, client, ranks: list[RankInfo], health: Health, procs: Processes,
                  timeout_s: float):
         self.client = client
@@ -74,6 +57,8 @@ class Transport:
         self._views: dict[int, Any] = {}  # engine id -> its DirectView
         self.token = secrets.token_hex(16)  # opens the engines' side doors
         self.doors: dict[int, tuple[str, int]] = {}  # rank -> side door address
+        self._flags: list = []  # the --unchecked flags sent ahead of the current cell
+        shell_ignores_engine_comms()  # an engine's widget must not break a terminal shell
 
     # ---------------------------------------------------------------- views
     def view(self, rank: int):
@@ -86,8 +71,26 @@ class Transport:
         return v
 
     # ---------------------------------------------------------------- sending
-    def execute(self, code: str, sel: list[int]) -> dict:
+    def execute(self, code: str, sel: list[int], unchecked: bool = False) -> dict:
+        """Send a cell to every rank of ``sel``.  ``unchecked``: first, in the same
+        engine queue (so no round trip is waited for), tell each rank to count
+        but not check the cell's collectives."""
+        if unchecked:
+            self._flags = [self.view(r).apply_async(
+                _runner_fn("call"), "dpnb.engine.cellguard.skip_checks_next_cell", (), {})
+                for r in sel]
         return {r: self.view(r).execute(code, silent=False, block=False) for r in sel}
+
+    def _settle_flags(self) -> None:
+        """Say (in the log) if a rank did not take an ``--unchecked`` flag; it ran
+        before the cell, so by now its answer is in."""
+        flags, self._flags = self._flags, []
+        for ar in flags:
+            try:
+                ar.get(1.0)
+            except Exception as e:  # the cell ran checked on that rank: say so, go on
+                log.warning("--unchecked was not taken by an engine: %s: %s",
+                            type(e).__name__, e)
 
     def apply(self, fn, args: tuple, sel: list[int], per_rank: dict | None = None) -> dict:
         """``fn(*args)`` on every rank of ``sel`` (``per_rank[r]`` replaces ``args``)."""
@@ -110,7 +113,8 @@ class Transport:
 
     # ---------------------------------------------------------------- waiting
     def wait(self, ars: dict, sel: list[int], *, timeout, stream: bool, kind: str,
-             on_poll: Callable[[dict], None] | None = None) -> CellResult:
+             on_poll: Callable[[dict], None] | None = None,
+             ask: Callable[[str], str | None] | None = None) -> CellResult:
         """Wait for every rank, watching for failures, deaths, timeouts and Ctrl-C.
 
         A rank blocked in a gloo collective ignores SIGINT and waits for its
@@ -119,9 +123,12 @@ class Transport:
         running a moment later, the notebook *releases* the ranks' process
         groups through their side doors: every blocked collective fails at
         once, and the group is re-formed afterwards (state kept).  Where the
-        stopped ranks were is asked first, for the report.
+        stopped ranks were is asked first, for the report.  A rank stopped in
+        pdb gets its prompt here (``ask``, default :attr:`ask`); the cell's
+        timeout does not run while the user answers.
         """
-        w = _Waiting(self, sel, kind, timeout)
+        w = Waiting(self, sel, kind, timeout)
+        desk = Desk(self, ask or self.ask)
         streamer = Streamer(ars, delay_s=1.0) if stream else None
         try:
             while w.pending:
@@ -129,6 +136,8 @@ class Transport:
                     ars[min(w.pending)].wait(0.05)
                     self._collect_ready(ars, w.pending, w.outcomes, kind)
                     if streamer is not None:
+                        streamer.poll()
+                    if w.pending and w.prompted(desk.poll(ars, w.pending)) and streamer:
                         streamer.poll()
                     if on_poll is not None:
                         on_poll(ars)
@@ -142,10 +151,13 @@ class Transport:
         finally:
             if streamer is not None:
                 streamer.close()
+        self._settle_flags()
         for r in w.pending:  # gave up waiting: the engine is still busy with it
             o = w.outcomes[r]
             if o.status in ("pending", "late"):
                 o.status = "timeout"
+            elif o.status == "deadlocked":
+                o.status = "timeout"  # the release did not free it: report it as stuck
             self._copy_streams(ars[r], o)
             self.health.busy.add(r)
         return CellResult(ranks=sel, outcomes=w.outcomes, elapsed_s=time.monotonic() - w.t0,
@@ -204,6 +216,8 @@ class Transport:
             if o.ename == "EngineError":  # ipyparallel noticed the engine vanish
                 o.status, o.died = "died", self.death_cause(r) or o.evalue
                 self.health.dead[r] = o.died
+            elif prior == "deadlocked" and o.collective:  # released from a certain deadlock
+                o.status = prior
             elif prior == "late":  # interrupted after a peer's collective failed
                 o.status = "timeout" if o.ename == "KeyboardInterrupt" else "error"
             elif (prior in ("timeout", "interrupted") and (o.ename == "KeyboardInterrupt"
@@ -216,7 +230,8 @@ class Transport:
     @staticmethod
     def _copy_streams(ar, o: RankOutcome) -> None:
         md = result_metadata(ar)
-        o.stdout, o.stderr = md.get("stdout", "") or "", md.get("stderr", "") or ""
+        o.stdout = md.get("stdout", "") or ""
+        o.stderr = without_native_logs(md.get("stderr", "") or "", o.rank)
         o.outputs = list(md.get("outputs", []) or [])
         o.execute_result = md.get("execute_result")
 
@@ -288,136 +303,3 @@ class Transport:
                                     block=False)
         except Exception as e:  # the controller relays signals; say it did not
             log.warning("interrupting %s through the controller failed: %s", ranks, e)
-
-
-class _Waiting:
-    """The state of one :meth:`Transport.wait`: what is pending, and when to act."""
-
-    def __init__(self, t: Transport, sel: list[int], kind: str, timeout):
-        self.t, self.kind, self.timeout = t, kind, timeout
-        self.t0 = time.monotonic()
-        self.outcomes = {r: RankOutcome(rank=r) for r in sel}
-        self.pending = set(sel)
-        self.interrupted_at: float | None = None
-        self.failed_at: float | None = None
-        self.released = False
-        self.released_at: float | None = None
-        self.where: dict = {}
-        self.presses = 0
-        self.asked_at: float | None = None
-        self.finishing = False
-        self.deaths_looked_at = 0.0
-
-    def time_to_look_for_deaths(self, now: float) -> bool:
-        """Every DEATH_POLL_S: the wait loop wakes at each reply (32 per cell at
-        32 ranks), and asking each pending rank's process every time cost
-        5 ms per cell there."""
-        if now - self.deaths_looked_at < DEATH_POLL_S:
-            return False
-        self.deaths_looked_at = now
-        return True
-
-    def _capture_where(self) -> None:
-        """Ask every rank where it is, once, before anything is interrupted."""
-        if not self.where:
-            answers = self.t.where(range(len(self.t.ranks)))
-            self.where = {r: dict(a, running=r in self.pending) for r, a in answers.items() if a}
-            # the report's culprits rest on these answers: keep them for a post-mortem
-            log.info("where, before acting (pending %s): %s", sorted(self.pending),
-                     {r: (a or {}).get("collective") or ("reporting its error" if (a or {}).get("reporting")
-                                                         else (a or {}).get("top"))
-                      for r, a in answers.items()})
-
-    def _release(self, now: float) -> None:
-        if self.released:
-            return
-        self._capture_where()
-        # every rank, idle ones too: closing their side is what frees a peer
-        self.released = self.t.release(range(len(self.t.ranks)))
-        self.released_at = now
-
-    def _interrupt(self, now: float, status: str) -> None:
-        """SIGINT the pending ranks.  At a cell timeout the culprits are the
-        ranks running Python code; those waiting inside a collective for them
-        are waiters (unless every pending rank is in a collective)."""
-        self._capture_where()
-        # a rank already writing its error report finishes by itself: an
-        # interrupt would only replace its real error by KeyboardInterrupt
-        reporting = self._reporting()
-        marked = set(self.pending) - reporting
-        if status == "timeout":
-            inside = {r for r in self.pending if (self.where.get(r) or {}).get("collective")}
-            if inside != marked:
-                marked -= inside
-        for r in marked:
-            self.outcomes[r].status = status
-        self.t.interrupt(self.pending - reporting)
-        self.interrupted_at = now
-
-    def _only_finishing(self, now: float) -> bool:
-        """True while no rank still pending can block a peer or be blocked.
-
-        A cell that raises on every rank reaches the notebook rank by rank (on
-        a loaded host, IPython formats each traceback for a while).  Those
-        ranks have left the cell's code and hold no collective: releasing the
-        group for them would only cost a re-formation.  A pending rank inside
-        the cell's code or a collective may wait on the failed ones: release
-        as before.  ``apply`` calls (dpnb's own functions) are not told apart
-        this way, and release at once."""
-        if self.kind != "execute" or now - self.failed_at > FINISHING_MAX_S:
-            return False
-        if self.asked_at is not None and now - self.asked_at < FINISHING_POLL_S:
-            return self.finishing
-        self.asked_at = now
-        answers = self.t.where(sorted(self.pending))
-        self.finishing = all(
-            a and not a.get("collective") and (a.get("reporting") or not a.get("in_cell"))
-            for a in (answers.get(r) for r in self.pending))
-        return self.finishing
-
-    def _reporting(self) -> set[int]:
-        return {r for r in self.pending if (self.where.get(r) or {}).get("reporting")}
-
-    def step(self, now: float) -> bool:
-        """Act on the clock; True to stop waiting."""
-        if not self.pending:
-            return False
-        if self.failed_at is None and any(o.status in ("error", "died")
-                                          for o in self.outcomes.values()):
-            self.failed_at = now
-        if self.failed_at is not None and now - self.failed_at > FAIL_GRACE_S \
-                and not self.released and not self._only_finishing(now):
-            # the others wait for the failed rank in a collective, or will:
-            # free them, and stop the ones still in Python code.  If every
-            # failure so far is a collective one, the ranks still running are
-            # those that never arrived: they are the culprits, not victims.
-            failed = [o for o in self.outcomes.values() if o.status in ("error", "died")]
-            waited = all(o.status == "error" and o.collective for o in failed)
-            self._release(now)
-            # ranks inside a collective now fail by themselves (released): waiters
-            inside = {r for r, a in self.where.items() if a.get("collective")} | self._reporting()
-            rest = [r for r in self.pending if r not in inside]
-            for r in rest:  # "late": a culprit unless it turns out to have been waiting too
-                self.outcomes[r].status = "late" if waited else "stopped"
-            self.t.interrupt(rest)
-        if self.timeout and self.interrupted_at is None and now - self.t0 > self.timeout:
-            self._interrupt(now, "timeout")
-        if self.interrupted_at is not None and now - self.interrupted_at > RELEASE_AFTER_S[self.kind]:
-            self._release(now)
-        if self.released_at is not None:
-            # ranks still writing their error report will finish: wait longer for them
-            grace = RELEASED_GRACE_S + (REPORT_GRACE_S if self.pending <= self._reporting() else 0.0)
-            return now - self.released_at > grace
-        return (self.interrupted_at is not None
-                and now - self.interrupted_at > self.t.timeout_s + 10.0)
-
-    def ctrl_c(self, now: float) -> bool:
-        """Ctrl-C: interrupt; a second one releases; a third stops waiting."""
-        self.presses += 1
-        if self.presses == 1:
-            self._interrupt(now, "interrupted")
-            return False
-        if self.presses == 2 and not self.released:
-            self._release(now)
-            return False
-        return True

@@ -15,7 +15,8 @@ BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 DEFAULT_TIMEOUT_S = 30.0
 #: engine-side exception types that mean "bad input, say so in one line"
-USER_ENAMES = frozenset({"TrainError", "CheckpointError", "ViewError", "DpnbError", "ConfigError"})
+USER_ENAMES = frozenset({"TrainError", "CheckpointError", "ViewError", "DpnbError", "ConfigError",
+                         "AdoptError"})
 #: how many entries ``restart --resume`` may replay (the setup log is bounded)
 SETUP_LOG_MAX = 200
 
@@ -73,6 +74,7 @@ class RankOutcome:
 
     rank: int
     # ok | error | died | timeout | interrupted (Ctrl-C) | stopped (a peer failed)
+    # | deadlocked (released from a collective no rank could join)
     status: str = "pending"
     value: Any = None
     ename: str = ""
@@ -84,6 +86,7 @@ class RankOutcome:
     execute_result: dict | None = None
     died: str = ""
     collective: bool = False  # the error came from a collective / the group
+    note: str = ""  # deadlocked: why no rank could ever complete its collective
 
 
 @dataclass

@@ -1,49 +1,129 @@
-"""Collectives typed in ``%%dp`` cells are checked before they run; training's are not.
+"""What a ``%%dp`` cell's collectives go through: counted for ``%dp where``, and checked.
 
-gloo aborts the whole engine process (SIGABRT) when two ranks join one
-collective with different sizes, and hangs when their ops differ -- a typo
-costs an engine and everything defined on it.  PyTorch's debug wrapper
-(``TORCH_DISTRIBUTED_DEBUG=DETAIL``) turns every such mismatch into a clear
-error on all ranks, by exchanging each collective's fingerprint (op, shapes,
-dtypes, devices) over a helper group first -- measured 4.3x slower on a small
-all_reduce, too slow for training.
+Every ``torch.distributed`` collective function on the engine is wrapped once,
+when the engine gets its rank.  Outside cells (``%dp train``, dpnb's views,
+anything run through ``Cluster.call``) the wrapper only passes the call on.
+While a cell runs it also
 
-So each rank forms, next to the default group, one *checked* group (the same
-ranks, created with the debug wrapper on), and while a ``%%dp`` cell runs it
-is the default group: ``dist.all_reduce(t)`` in a cell is checked, while
-``%dp train`` (which runs outside cells) and the user's wrapped model keep
-the unchecked group.  While a cell runs, every torch.distributed collective
-is also counted (op and its number in the cell) for ``%dp where``.
+* counts the call (op and its number in the cell) and notes it as the
+  rank's current collective, which the side door reports to ``%dp where``
+  and to the notebook's deadlock rule -- with the group's ranks or the
+  point-to-point peer, so "no rank can ever complete this" can be decided;
+* checks it (:mod:`dpnb.engine.collcheck`) before it runs, when it is a
+  collective on the default group called from the engine's main thread --
+  by the cell's own code, or synchronously by a library the cell called
+  (``accelerator.gather`` of an uneven batch would otherwise abort gloo).
+  Asynchronous calls made inside libraries (FSDP's all-gathers, ZeRO's
+  broadcasts) are not checked: their order is the library's, the same on
+  every rank, and a check would stop them overlapping.  Calls on other
+  groups, from other threads (autograd's, a DDP comm hook's) and calls made
+  inside a collective (``all_gather_object``'s own ``all_gather``) are not
+  checked either: a check there could not be made safe.
+
+The default process group is never swapped: whatever a cell builds -- DDP,
+FSDP2, ``ZeroRedundancyOptimizer``, Accelerate's ``prepare`` -- binds to the
+real group.  ``%%dp --unchecked`` turns the checks off for one cell (hot
+hand-written loops); counting stays.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
+import inspect
+import sys
+import threading
 from typing import Any
 
 import torch.distributed as dist
 
-from .. import compat
-from .sidedoor import COLLECTIVES
-
-log = logging.getLogger("dpnb.engine.cellguard")
+from . import checkstar, collcheck, frames, rankpdb
+from .state import get_state
 
 
-def form_checked_group(state) -> None:
-    """Create this rank's checked group (collective: every rank at once)."""
-    state.checked_group = compat.new_checked_group(state.backend, state.timeout_s)
+class Guard:
+    """The engine's collective wrappers' shared state (one per process).
+
+    ``state`` is the rank's :class:`~dpnb.engine.state.EngineState` (replaced
+    when the rank is re-initialised); ``star`` the check connections of the
+    group's current formation.
+    """
+
+    def __init__(self, state):
+        self.state = state
+        self.star: checkstar.Star | None = None
+        self.active = False  # a %%dp cell is running
+        self.checking = True  # ... and its collectives are checked
+        self.unchecked_next = False  # %%dp --unchecked: the next cell only
+        self.depth = 0  # inside a wrapped collective (nested calls pass through)
+        self.main = threading.main_thread().ident
+
+    # -- cell hooks ----------------------------------------------------------
+    def pre(self, *_info) -> None:
+        st = self.state
+        st.cell_calls = {}
+        st.current_collective = None
+        st.debug_detached = False  # breakpoints stop again (dpnb.engine.rankpdb)
+        self.active = True
+        self.checking = not self.unchecked_next
+        self.unchecked_next = False
+        self.depth = 0
+        if self.star is not None:
+            self.star.pattern.reset()  # every rank starts the cell's history afresh
+
+    def post(self, *_result) -> None:
+        self.active = False
+        self.state.current_collective = None
+        rankpdb.settle(self.state)
+
+    # -- deciding ------------------------------------------------------------
+    def should_check(self, group: Any, async_op: bool, caller) -> bool:
+        if not self.checking or self.star is None:
+            return False
+        if group is not None and group is not dist.GroupMember.WORLD:
+            return False
+        return not (async_op and frames.is_library(caller.f_code.co_filename))
 
 
-def _counting(state, name: str, fn):
+def _bind(params: list[str], args: tuple, kwargs: dict) -> dict:
+    bound = dict(zip(params, args))
+    bound.update(kwargs)
+    return bound
+
+
+def user_line(frame) -> str:
+    """``cell line 3`` / ``train.py line 42`` for the user's innermost frame on a stack."""
+    hit = frames.user_frame(frame)
+    return hit[2] if hit else ""
+
+
+def _wrapped(guard: Guard, name: str, fn):
+    params = list(inspect.signature(fn).parameters)
+    checkable = name in collcheck.SPECS
+
     @functools.wraps(fn)
-    def counted(*args, **kwargs):
-        __tracebackhide__ = True  # IPython shows the user's cell line, not this frame
-        calls = state.cell_calls
-        calls[name] = calls.get(name, 0) + 1
-        outer = state.current_collective
-        state.current_collective = {"op": name, "seq": calls[name]}
+    def collective(*args, **kwargs):
+        __tracebackhide__ = True  # IPython shows the user's line, not this frame
+        g = guard
+        if not g.active or g.depth or threading.get_ident() != g.main:
+            return fn(*args, **kwargs)
+        st = g.state
+        calls = st.cell_calls
+        calls[name] = seq = calls.get(name, 0) + 1
+        bound = _bind(params, args, kwargs)
+        cur = {"op": name, "seq": seq, "group": bound.get("group"),
+               "peer": bound.get("src", bound.get("dst")), "tensor": bound}
+        st.current_collective = cur
+        g.depth += 1
         try:
+            caller = sys._getframe(1)
+            if checkable and g.should_check(bound.get("group"), bool(bound.get("async_op")),
+                                            caller):
+                text = collcheck.describe(name, bound)
+                cur["index"] = g.star.seq + 1
+                cur["phase"] = "check"
+                cur["awaiting"] = g.star.awaiting
+                g.star.call(name, text, collcheck.digest(text), lambda: user_line(caller))
+                cur["phase"] = "run"
             return fn(*args, **kwargs)
         except Exception as e:
             # Raised again from here, without torch's frames: IPython formats
@@ -53,69 +133,60 @@ def _counting(state, name: str, fn):
             e.__traceback__ = None
             raise e from None
         finally:
-            state.current_collective = outer
+            g.depth -= 1
+            st.current_collective = None
 
-    counted.__dpnb_original__ = fn  # type: ignore[attr-defined]
-    return counted
+    collective.__dpnb_original__ = fn  # type: ignore[attr-defined]
+    return collective
 
 
-def _patch(state) -> None:
+def _patch(guard: Guard) -> None:
     import torch.distributed.distributed_c10d as c10d
 
     for mod in (dist, c10d):
-        for name in COLLECTIVES:
+        for name in collcheck.COLLECTIVES:
             fn = getattr(mod, name, None)
             if fn is not None and not hasattr(fn, "__dpnb_original__"):
-                setattr(mod, name, _counting(state, name, fn))
+                setattr(mod, name, _wrapped(guard, name, fn))
 
 
-def _unpatch() -> None:
-    import torch.distributed.distributed_c10d as c10d
-
-    for mod in (dist, c10d):
-        for name in COLLECTIVES:
-            fn = getattr(mod, name, None)
-            orig = getattr(fn, "__dpnb_original__", None)
-            if orig is not None:
-                setattr(mod, name, orig)
-
-
-class CellGuard:
-    """The pre/post-run-cell hooks of one engine (registered once per process)."""
-
-    def __init__(self, state):
-        self.state = state
-        self.saved: Any = None
-
-    def pre(self, *_info) -> None:
-        st = self.state
-        st.cell_calls = {}
-        st.current_collective = None
-        checked = st.checked_group
-        if checked is None or not dist.is_initialized():
-            return
-        self.saved = compat.default_group()
-        compat.set_default_group(checked)
-        _patch(st)
-
-    def post(self, *_result) -> None:
-        _unpatch()
-        if self.saved is not None:
-            compat.set_default_group(self.saved)
-            self.saved = None
-
-
-def install(state) -> None:
-    """Register the cell hooks on this engine's IPython (once) and point them at ``state``."""
+def install(state) -> Guard:
+    """Wrap the collectives and register the cell hooks (once per process);
+    later calls point the guard at ``state``."""
     from IPython import get_ipython
 
-    ip = get_ipython()
-    if ip is None:
-        return
     guard = getattr(state, "cell_guard", None)
     if guard is None:
-        guard = CellGuard(state)
-        ip.events.register("pre_run_cell", guard.pre)
-        ip.events.register("post_run_cell", guard.post)
+        guard = Guard(state)
+        _patch(guard)
+        ip = get_ipython()
+        if ip is not None:
+            ip.events.register("pre_run_cell", guard.pre)
+            ip.events.register("post_run_cell", guard.post)
         state.cell_guard = guard
     guard.state = state
+    return guard
+
+
+def form_star(state, store) -> None:
+    """The check connections of a new formation of the group (every rank at once)."""
+    guard = state.cell_guard
+    door = state.side_door
+    if guard is None or door is None:
+        return
+    if guard.star is not None:
+        guard.star.close()
+        guard.star = None
+    # the store is new for every formation (a fresh port); its port, the same on
+    # every rank (a replaced rank's generation count is not), names the formation
+    guard.star = checkstar.Star.form(store, state.rank, state.world_size, state.master_addr,
+                                     door.token, state.master_port, state.timeout_s)
+
+
+def skip_checks_next_cell(ns: dict) -> bool:
+    """``%%dp --unchecked``: the next cell's collectives are counted, not checked.
+    Sent just before the cell, in the same engine queue."""
+    guard = get_state(ns).cell_guard
+    if guard is not None:
+        guard.unchecked_next = True
+    return True

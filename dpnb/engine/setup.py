@@ -29,6 +29,8 @@ import threading
 import time
 from datetime import timedelta
 
+from . import process
+from .lifecycle import torch_fn  # torch-free at import, like this module
 from .state import STATE_NAME, EngineState, get_state
 
 log = logging.getLogger("dpnb.engine")
@@ -142,22 +144,6 @@ def reach_store(addr: str, port: int, timeout: float = 5.0) -> dict:
                 f"{time.monotonic() - t0:.1f} s"}
 
 
-def _watch_parent(ppid: int, period: float = 1.0) -> None:
-    """Exit when the notebook kernel that started this engine is gone.
-
-    A kernel killed with SIGKILL runs no atexit handler, so ipyparallel cannot
-    stop its engines; without this they would hold CPUs/GPUs forever.
-    """
-
-    def loop() -> None:
-        while True:
-            time.sleep(period)
-            if os.getppid() != ppid:
-                os._exit(3)
-
-    threading.Thread(target=loop, name="dpnb-parent-watch", daemon=True).start()
-
-
 def init_rank(info: dict) -> dict:
     """Give this engine its identity before the group is formed.
 
@@ -175,16 +161,25 @@ def init_rank(info: dict) -> dict:
     compat.ensure_single_collectives()  # the course and dpnb use torch 2.13's names
     ns = user_ns()
     rank, world = int(info["rank"]), int(info["world_size"])
-    env = {
+    env = {  # what torchrun gives each of its processes
         "RANK": rank,
         "WORLD_SIZE": world,
         "LOCAL_RANK": info["local_rank"],
         "LOCAL_WORLD_SIZE": info["local_world_size"],
         "GROUP_RANK": info["node_rank"],
+        "GROUP_WORLD_SIZE": info.get("nnodes", 1),
+        "ROLE_RANK": rank,
+        "ROLE_WORLD_SIZE": world,
+        "ROLE_NAME": "default",
+        "TORCHELASTIC_RESTART_COUNT": 0,
+        "TORCHELASTIC_MAX_RESTARTS": 0,
         "MASTER_ADDR": info["master_addr"],
         "MASTER_PORT": info["master_port"],
     }
     os.environ.update({k: str(v) for k, v in env.items()})
+    # a torchrun script pasted into a cell parses an empty command line, not
+    # the engine's own (argparse would refuse its options); %dp run sets its own
+    sys.argv[:] = ["cell"]
     # --env KEY=VALUE: set before any group exists, on every launcher
     os.environ.update({str(k): str(v) for k, v in (info.get("env") or {}).items()})
     if info.get("local_cluster"):
@@ -227,76 +222,21 @@ def init_rank(info: dict) -> dict:
     ns.update(rank=rank, world_size=world, local_rank=state.local_rank,
               device=device, torch=torch, dist=dist)
     if info.get("watch_ppid"):
-        _watch_parent(int(info["watch_ppid"]))
-    _exit_fast_on_sigterm()
-    _setup_inline_figures()
+        process.watch_parent(int(info["watch_ppid"]))
+    process.exit_fast_on_sigterm()
+    process.setup_inline_figures()
+    if info.get("widgets") is False:  # a terminal notebook: no widgets from engines
+        process.text_progress_bars()
     door = None
     if info.get("token"):
-        from . import cellguard, sidedoor
+        from . import cellguard, lifecycle, rankpdb, sidedoor
 
         door = sidedoor.open_door(state, info.get("door_addr") or "127.0.0.1", info["token"])
         cellguard.install(state)
+        lifecycle.install(state)
+        rankpdb.install(state)
     return {"rank": rank, "device": str(device), "threads": torch.get_num_threads(),
             "door": door}
-
-
-def _exit_fast_on_sigterm() -> None:
-    """SIGTERM (every stop: ``%dp stop``, ipyparallel's, the host agent's,
-    the reaper's) ends this engine at once.
-
-    ipyparallel's own handler stops the kernel's loop and lets Python wind
-    down: with torch imported and a gloo group that took 1.2-1.7 s per engine
-    here, and a cell still running delayed it until ipyparallel's SIGKILL.
-    The user's ``atexit`` hooks (a logger's flush) still run; the interpreter's
-    module teardown, which a process about to vanish does not need, does not.
-    Main thread only (``signal.signal``); ``init_rank`` runs there.
-    """
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def stop(signum, frame):
-        import atexit
-        import sys
-
-        try:
-            atexit._run_exitfuncs()
-        except BaseException as e:  # dying anyway: say why a hook failed, then go
-            log.warning("atexit hook failed during stop: %s: %s", type(e).__name__, e)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # a closed or redirected stream: nothing left to save
-                pass
-        # die of the signal itself, so a death report (Slurm's time limit, a
-        # kill by hand) still says "killed by signal 15 (SIGTERM)"
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        os._exit(128 + signal.SIGTERM)  # not reached: the default action ends the process
-
-    signal.signal(signal.SIGTERM, stop)
-
-
-def _setup_inline_figures() -> None:
-    """Make matplotlib figures made in ``%%dp`` cells come back as images.
-
-    Naming the inline backend in ``MPLBACKEND`` is enough: when a cell
-    first imports pyplot, matplotlib-inline hooks itself into the engine's
-    IPython.  Importing matplotlib here instead would add about a second to
-    every ``%dp start`` for clusters that never plot.
-    """
-    import sys
-
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    if "matplotlib" not in sys.modules:
-        return
-    try:  # already imported (a restart keeps the process): switch it now
-        from IPython import get_ipython
-
-        get_ipython().run_line_magic("matplotlib", "inline")
-    except Exception as e:  # matplotlib is optional for plain training cells
-        log.info("inline figures not switched on: %s: %s", type(e).__name__, e)
 
 
 def form_group(master_port: int | None = None) -> dict:
@@ -329,17 +269,18 @@ def form_group(master_port: int | None = None) -> dict:
     else:
         store = dist.TCPStore(st.master_addr, st.master_port, st.world_size, False,
                               timeout=timeout)
-    dist.init_process_group(backend=st.backend, store=store, rank=st.rank,
-                            world_size=st.world_size, timeout=timeout, **kwargs)
+    # torch's own: a cell's init_process_group is dpnb's adopting one (lifecycle)
+    torch_fn("init_process_group")(backend=st.backend, store=store, rank=st.rank,
+                                   world_size=st.world_size, timeout=timeout, **kwargs)
     t = torch.ones(1, device=st.device)
     dist.all_reduce(t)
     if int(t.item()) != st.world_size:
         raise RuntimeError(f"process group check failed: all_reduce of ones gave {t.item()}")
-    if st.cell_guard is not None:  # cells run on a checked twin of the group
-        from .cellguard import form_checked_group
-
-        form_checked_group(st)
     st.generation += 1
+    if st.cell_guard is not None:  # the connections that check cells' collectives
+        from .cellguard import form_star
+
+        form_star(st, store)
     _start_preload()
     return {"rank": st.rank, "generation": st.generation, "port": st.master_port}
 
@@ -429,7 +370,7 @@ def destroy_group() -> bool:
     if not dist.is_initialized():
         return False
     try:
-        dist.destroy_process_group()
+        torch_fn("destroy_process_group")()  # torch's own, not the cells' no-op
     except Exception as e:  # a group whose peer died can fail to shut down cleanly
         log.info("destroy_process_group of a broken group: %s: %s", type(e).__name__, e)
     return True
@@ -445,18 +386,30 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
     they run only when every rank has them: ``callbacks=False`` when some
     ranks are fresh engines that replaced dead ones.
     """
+    import torch.distributed as dist
+
+    old = dist.group.WORLD if dist.is_initialized() else None
     destroy_group()
     out = form_group(master_port)
     ns = user_ns()
     st = get_state(ns)
-    problems = []
+    problems, rebound = [], []
     for cb in list(st.on_reform) if callbacks else []:
         try:
             cb(ns, st)
         except Exception as e:  # report, but keep the group: the user can re-wrap
             log.warning("re-binding %s after re-forming failed: %s", cb, e, exc_info=True)
             problems.append(f"{getattr(cb, '__qualname__', cb)}: {type(e).__name__}: {e}")
+    if callbacks and old is not None:  # what the user built on the old group (collective)
+        from .rebind import rebind_user_objects
+
+        try:
+            rebound = rebind_user_objects(ns, old)
+        except Exception as e:  # report; the objects stay as they were
+            log.warning("re-binding the user's objects failed: %s", e, exc_info=True)
+            problems.append(f"your DDP/ZeRO/FSDP objects: {type(e).__name__}: {e}")
     out["problems"] = problems
+    out["rebound"] = rebound
     return out
 
 

@@ -37,17 +37,10 @@ from typing import Any
 
 import psutil
 
+from . import frames, rankpdb
+from .collcheck import COLLECTIVES
+
 log = logging.getLogger("dpnb.engine.sidedoor")
-
-#: torch.distributed functions that are collectives (or point-to-point waits)
-COLLECTIVES = frozenset({
-    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_object",
-    "reduce_scatter", "reduce_scatter_tensor", "reduce", "gather", "scatter", "barrier",
-    "all_to_all", "all_to_all_single", "send", "recv", "broadcast_object_list",
-    "gather_object", "scatter_object_list", "monitored_barrier",
-    "reduce_scatter_single", "all_gather_single",  # torch >= 2.13 names
-})
-
 
 def tcp_connections() -> set[tuple]:
     """``(local, remote)`` address pairs of this process's established TCP connections."""
@@ -85,21 +78,35 @@ def release_connections(keep: set[tuple], also_keep: tuple | None = None) -> int
     return n
 
 
-def _cell_frame(frame) -> tuple[Any, int] | None:
-    """The outermost frame of a ``%%dp`` cell on this stack, with its line."""
-    found = None
-    f = frame
-    while f is not None:
-        name = f.f_code.co_filename
-        if name.startswith("<ipython-input") or ("ipykernel_" in name and name.endswith(".py")) \
-                or name.startswith("<cell"):
-            found = (f, f.f_lineno)
-        f = f.f_back
-    return found
+_TENSOR_ARGS = ("tensor", "output_tensor", "output", "input_tensor", "input", "tensor_list")
+
+
+def _describe_args(out: dict, args: dict) -> None:
+    for key in _TENSOR_ARGS:
+        t = args.get(key)
+        if isinstance(t, (list, tuple)) and t:
+            t = t[0]
+        if t is not None and hasattr(t, "shape"):
+            out.update(shape=list(t.shape), dtype=str(t.dtype).removeprefix("torch."))
+            return
+
+
+def _group_ranks(group) -> list[int] | None:
+    """The global ranks of ``group``; None for the default (world) group."""
+    import torch.distributed as dist
+
+    if group is None or group is dist.GroupMember.WORLD:
+        return None
+    try:
+        return list(dist.get_process_group_ranks(group))
+    except Exception as e:  # a destroyed or foreign group: treat it as unknown
+        log.debug("ranks of group %r: %s", group, e)
+        return []
 
 
 def _collective_frame(frame) -> dict | None:
-    """The torch.distributed collective the stack is inside (outermost c10d API frame)."""
+    """The torch.distributed collective the stack is inside (outermost c10d API
+    frame), for calls made outside a cell (the cell guard notes its own)."""
     hit = None
     f = frame
     while f is not None:
@@ -110,13 +117,24 @@ def _collective_frame(frame) -> dict | None:
         f = f.f_back
     if hit is None:
         return None
-    out: dict[str, Any] = {"op": hit.f_code.co_name}
     loc = hit.f_locals
-    for key in ("tensor", "output_tensor", "output", "input_tensor", "tensor_list"):
-        t = loc.get(key)
-        if t is not None and hasattr(t, "shape"):
-            out.update(shape=list(t.shape), dtype=str(t.dtype).removeprefix("torch."))
-            break
+    out: dict[str, Any] = {"op": hit.f_code.co_name, "group": _group_ranks(loc.get("group"))}
+    _describe_args(out, loc)
+    return out
+
+
+def _current(state) -> dict | None:
+    """The collective the cell guard noted for the main thread, made plain."""
+    cur = getattr(state, "current_collective", None)
+    if not cur:
+        return None
+    out = {"op": cur["op"], "seq": cur.get("seq"), "phase": cur.get("phase", "run"),
+           "group": _group_ranks(cur.get("group")), "peer": cur.get("peer"),
+           "index": cur.get("index")}
+    awaiting = cur.get("awaiting")
+    if out["phase"] == "check" and awaiting is not None:
+        out["awaiting"] = awaiting()
+    _describe_args(out, cur.get("tensor") or {})
     return out
 
 
@@ -124,20 +142,21 @@ def where(state) -> dict:
     """What the main thread is doing now (safe from any thread)."""
     main = threading.main_thread()
     frame = sys._current_frames().get(main.ident)
-    cell = _cell_frame(frame) if frame is not None else None
-    coll = _collective_frame(frame) if frame is not None else None
-    guard = getattr(state, "cell_calls", None) or {}
-    current = getattr(state, "current_collective", None)
-    if coll is not None and current is not None and current.get("op") == coll["op"]:
-        coll["seq"] = current.get("seq")
+    cell = frames.cell_frame(frame) if frame is not None else None
+    user = frames.user_frame(frame) if frame is not None else None
+    coll = _current(state) or (_collective_frame(frame) if frame is not None else None)
+    dbg = getattr(state, "debugger", None)
     return {
         "rank": getattr(state, "rank", None),
         "busy": frame is not None and _busy(frame),
         "cell_line": cell[1] if cell else None,
         "in_cell": cell is not None,
+        "user_line": user[2] if user else None,
+        "inside": frames.library_below(frame, user[0]) if user else "",
         "collective": coll,
         "reporting": frame is not None and _reporting(frame),
-        "cell_calls": dict(guard),
+        "debugger": dbg.where() if dbg is not None else None,
+        "cell_calls": dict(getattr(state, "cell_calls", None) or {}),
         "top": f"{frame.f_code.co_name} ({frame.f_code.co_filename.rsplit('/', 1)[-1]}:"
                f"{frame.f_lineno})" if frame is not None else None,
     }
@@ -217,6 +236,8 @@ class SideDoor(threading.Thread):
             log.info("released %d group connections", out["released"])
         elif cmd == "where":
             out = where(self.state)
+        elif cmd == "pdb":  # a line for this rank's debugger (None: go on without it)
+            out = {"fed": rankpdb.feed(self.state, req.get("line"))}
         else:
             out = {"error": f"unknown command {cmd!r}"}
         conn.sendall((json.dumps(out, default=str) + "\n").encode())

@@ -48,10 +48,14 @@ class EngineState:
     stop_file: str | None = None  # ... or this file appearing (any rank)
     store_sock: Any = None  # rank 0: the listening socket of the next group's store
     side_door: Any = None  # dpnb.engine.sidedoor.SideDoor: release / where, from any thread
-    checked_group: Any = None  # the default group while a %%dp cell runs (dpnb.engine.cellguard)
-    cell_guard: Any = None  # its pre/post-run-cell hooks
+    cell_guard: Any = None  # dpnb.engine.cellguard.Guard: counts and checks cells' collectives
     cell_calls: dict = field(default_factory=dict)  # collectives run by the current cell, by op
-    current_collective: Any = None  # {"op", "seq"} while a cell is inside one
+    current_collective: Any = None  # {"op", "seq", "group", ...} while a cell is inside one
+    debugger: Any = None  # dpnb.engine.rankpdb.RankPdb while this rank is stopped in pdb
+    lifecycle: Any = None  # dpnb.engine.lifecycle's replacements of init/destroy_process_group
+    pdb_hooks: Any = None  # dpnb.engine.rankpdb's breakpoint() / pdb.set_trace replacements
+    debug_detached: bool = False  # the notebook cannot prompt: skip breakpoints this cell
+    debug_used: bool = False  # a breakpoint stopped this cell (tracing to undo at its end)
     # (key, intra-host group, inter-host group) of dpnb.engine.hierbench; the
     # key holds the generation, so a re-formed group forms new subgroups
     subgroups: Any = None
@@ -69,7 +73,8 @@ class EngineState:
         self.on_reform = old.on_reform
         self.generation = old.generation
         for name in ("train", "pending_data", "watch", "straggle_delay_s", "stop_requested",
-                     "stop_file", "store_sock", "side_door", "checked_group", "cell_guard"):
+                     "stop_file", "store_sock", "side_door", "cell_guard", "lifecycle",
+                     "pdb_hooks"):
             setattr(self, name, getattr(old, name))
 
 

@@ -46,9 +46,9 @@ def kernel(manager):
         kc.stop_channels()
 
 
-def _run(kc, code, timeout=120):
+def _run(kc, code, timeout=120, allow_stdin=True):
     """Execute ``code``; return (iopub messages with arrival times, reply)."""
-    msg_id = kc.execute(code)
+    msg_id = kc.execute(code, allow_stdin=allow_stdin)
     msgs = []
     deadline = time.monotonic() + timeout
     while True:
@@ -147,6 +147,52 @@ def test_error_in_kernel_is_a_report_not_a_dpnb_traceback(kernel):
     text = "\n".join(err["traceback"])
     assert "rank 1 raised RuntimeError: nope" in text
     assert "dpnb/cluster/" not in text and "site-packages/ipyparallel" not in text
+
+
+def _run_answering(kc, code, answers, timeout=120):
+    """Execute ``code`` with stdin allowed, answering each input_request in turn
+    (as Jupyter's input box does); return (iopub texts, prompts, reply)."""
+    msg_id = kc.execute(code, allow_stdin=True)
+    msgs, prompts, left = [], [], list(answers)
+    deadline = time.monotonic() + timeout
+    idle = False
+    while not idle and time.monotonic() < deadline:
+        try:
+            req = kc.get_stdin_msg(timeout=0.05)
+            prompts.append(req["content"]["prompt"])
+            kc.input(left.pop(0) if left else "c")
+        except Exception:  # queue.Empty: no prompt right now
+            pass
+        try:
+            while True:
+                m = kc.get_iopub_msg(timeout=0.05)
+                if m["parent_header"].get("msg_id") != msg_id:
+                    continue
+                msgs.append((time.monotonic(), m))
+                if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                    idle = True
+                    break
+        except Exception:  # queue.Empty
+            pass
+    reply = kc.get_shell_msg(timeout=10)
+    return _texts(msgs), prompts, reply
+
+
+def test_breakpoint_on_a_rank_prompts_in_jupyters_input_box(kernel):
+    code = "%%dp\nx = rank + 1\nif rank == 1:\n    breakpoint()\ny = x * 3\nprint('y', y)\n"
+    text, prompts, reply = _run_answering(kernel, code, ["p x * 100", "c"])
+    assert reply["content"]["status"] == "ok", text
+    assert prompts == ["(Pdb rank 1) ", "(Pdb rank 1) "], prompts
+    assert "rank 1 stopped in pdb" in text and "200" in text, text
+    assert "y 3" in text and "y 6" in text
+
+
+def test_breakpoint_without_stdin_goes_on_with_a_note(kernel):
+    # papermill and nbconvert execute with allow_stdin=False: no box can appear
+    msgs, reply = _run(kernel, "%%dp\nbreakpoint()\nprint('went on')\n", allow_stdin=False)
+    text = _texts(msgs)
+    assert reply["content"]["status"] == "ok", text
+    assert "cannot prompt" in text and "went on" in text
 
 
 def test_kernel_restart_leaves_no_process_and_start_works_at_once(manager, kernel):

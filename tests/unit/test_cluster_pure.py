@@ -131,23 +131,22 @@ def test_nccl_two_ranks_on_one_gpu_is_refused_before_any_process_starts():
     assert check_start_args(2, "gloo", "local", 30.0, None, "0,0") == [0, 0]
 
 
-MISMATCH_0 = ("Detected mismatch between collectives on ranks. Rank 0 is running collective: "
-              "CollectiveFingerPrint(SequenceNumber=0, OpType=ALLREDUCE, TensorShape=[4], "
-              "TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), "
-              "device=cpu)), but Rank 1 is running collective: CollectiveFingerPrint(...)")
-MISMATCH_1 = MISMATCH_0.replace("Rank 0 is running", "Rank 1 is running").replace(
-    "TensorShape=[4]", "TensorShape=[5]")
-
-
 def test_mismatch_names_each_ranks_op_shape_dtype_and_line():
+    from dpnb.engine.collcheck import CollectiveMismatchError
+
+    table = {0: {"call": "all_reduce [4] float32", "at": "cell line 2", "check": 1},
+             1: {"call": "all_reduce [5] float32", "at": "cell line 2", "check": 1}}
+    msg = str(CollectiveMismatchError("all_reduce", table))
     tb = "Cell In[3], line 2\n      1 t = torch.ones(4 + rank)\n----> 2 dist.all_reduce(t)\n"
-    res = _res(r0=dict(status="error", ename="RuntimeError", evalue=MISMATCH_0, traceback=tb),
-               r1=dict(status="error", ename="RuntimeError", evalue=MISMATCH_1, traceback=tb))
+    res = _res(r0=dict(status="error", ename="CollectiveMismatchError", evalue=msg, traceback=tb),
+               r1=dict(status="error", ename="CollectiveMismatchError", evalue=msg, traceback=tb))
     d = classify(res)
-    assert d.mismatch == [0, 1] and d.culprits == [0, 1] and d.needs_reform
+    # no collective ran: the group is as good as before, nothing to re-form
+    assert d.mismatch == [0, 1] and d.culprits == [0, 1] and not d.needs_reform
     err = remote_error(res, d, timeout_s=30, reform_msg="", reformed=False)
-    assert "rank 0: allreduce [4] Float at cell line 2: dist.all_reduce(t)" in err.report
-    assert "rank 1: allreduce [5] Float at cell line 2" in err.report
+    assert "rank 0: all_reduce [4] float32 at cell line 2" in err.report
+    assert "rank 1: all_reduce [5] float32 at cell line 2" in err.report
+    assert err.report.count("rank 1: all_reduce [5]") == 1  # the table is shown once
     assert err.summary == "ranks 0-1 called different collectives"
 
 

@@ -6,12 +6,12 @@ interrupted; ranks in Python code at the timeout are the culprits."""
 
 import sys
 
-from dpnb.cluster import transport as T
+from dpnb.cluster import waiting as W
 from dpnb.engine import sidedoor
 
 
 class FakeTransport:
-    """Just what ``_Waiting`` uses: answers to ``where``, and a record of
+    """Just what ``Waiting`` uses: answers to ``where``, and a record of
     interrupts and releases."""
 
     def __init__(self, answers: dict, timeout_s: float = 6.0):
@@ -41,7 +41,7 @@ ANSWERS = {
 
 def test_timeout_marks_the_rank_in_python_code_and_spares_the_reporting_one():
     t = FakeTransport(ANSWERS)
-    w = T._Waiting(t, [0, 1, 2], "execute", timeout=9.0)
+    w = W.Waiting(t, [0, 1, 2], "execute", timeout=9.0)
     w.step(w.t0 + 9.5)
     assert {r: o.status for r, o in w.outcomes.items()} == {0: "pending", 1: "pending", 2: "timeout"}
     assert t.interrupted == [{0, 2}]
@@ -49,7 +49,7 @@ def test_timeout_marks_the_rank_in_python_code_and_spares_the_reporting_one():
 
 def test_peer_failure_releases_but_a_reporting_rank_is_not_late():
     t = FakeTransport({0: ANSWERS[0], 1: ANSWERS[1], 2: ANSWERS[2], 3: ANSWERS[1]})
-    w = T._Waiting(t, [0, 1, 2, 3], "execute", timeout=None)
+    w = W.Waiting(t, [0, 1, 2, 3], "execute", timeout=None)
     w.outcomes[3].status, w.outcomes[3].collective = "error", True
     w.pending.discard(3)
     w.step(w.t0 + 1.0)  # notices the failure
@@ -60,15 +60,15 @@ def test_peer_failure_releases_but_a_reporting_rank_is_not_late():
 
 def test_wait_lasts_longer_only_while_every_rank_left_is_reporting():
     t = FakeTransport(ANSWERS)
-    w = T._Waiting(t, [1], "execute", timeout=None)
+    w = W.Waiting(t, [1], "execute", timeout=None)
     w._capture_where()
     w.released, w.released_at = True, w.t0
-    assert w.step(w.t0 + T.RELEASED_GRACE_S + 1) is False
-    assert w.step(w.t0 + T.RELEASED_GRACE_S + T.REPORT_GRACE_S + 1) is True
-    w2 = T._Waiting(FakeTransport(ANSWERS), [1, 2], "execute", timeout=None)
+    assert w.step(w.t0 + W.RELEASED_GRACE_S + 1) is False
+    assert w.step(w.t0 + W.RELEASED_GRACE_S + W.REPORT_GRACE_S + 1) is True
+    w2 = W.Waiting(FakeTransport(ANSWERS), [1, 2], "execute", timeout=None)
     w2._capture_where()
     w2.released, w2.released_at = True, w2.t0
-    assert w2.step(w2.t0 + T.RELEASED_GRACE_S + 1) is True
+    assert w2.step(w2.t0 + W.RELEASED_GRACE_S + 1) is True
 
 
 def _frame_in(filename: str, name: str):
@@ -91,7 +91,7 @@ FINISHING = {
 
 
 def _failed_elsewhere(t, kind="execute"):
-    w = T._Waiting(t, [0, 1, 2], kind, timeout=None)
+    w = W.Waiting(t, [0, 1, 2], kind, timeout=None)
     w.outcomes[2].status = "error"
     w.pending.discard(2)
     return w
@@ -107,7 +107,7 @@ def test_ranks_finishing_their_own_error_are_not_released_until_one_enters_the_c
     # rank 1 had not started the cell: now it waits in a collective for rank 2
     t.answers[1] = {"collective": {"op": "all_reduce"}, "reporting": False, "in_cell": True,
                     "top": "wait"}
-    w.step(w.t0 + 1.2 + T.FINISHING_POLL_S + 0.01)
+    w.step(w.t0 + 1.2 + W.FINISHING_POLL_S + 0.01)
     assert t.released and w.outcomes[0].status == "pending"
 
 
@@ -117,7 +117,7 @@ def test_finishing_ranks_are_released_after_the_bound_and_calls_release_at_once(
     w.step(w.t0 + 1.0)
     w.step(w.t0 + 1.2)
     assert not t.released
-    w.step(w.t0 + 1.0 + T.FINISHING_MAX_S + 0.1)
+    w.step(w.t0 + 1.0 + W.FINISHING_MAX_S + 0.1)
     assert t.released
     t2 = FakeTransport(dict(FINISHING))
     w2 = _failed_elsewhere(t2, kind="apply")

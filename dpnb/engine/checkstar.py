@@ -1,0 +1,241 @@
+"""The check connections: a star of TCP connections, rank 0 the hub.
+
+See :mod:`dpnb.engine.collcheck` for what is checked and why.  Formed on
+every rank at once right after each (re-)formation of the process group: rank
+0 listens on the group's store address, publishes the port in the group's
+store, admits exactly one connection per other rank -- each proving it knows
+the cluster's token with an HMAC of the formation and its rank -- and then
+closes the listening socket, so nobody can connect later.
+
+Who sends what, per checked call: every other rank sends ``(number,
+digest, proposal)`` (24 bytes) to the hub; the hub compares them with its own
+and answers 0 (all equal) or 1 (8 bytes) to each.  After a 1 every rank
+sends its readable call and receives the table of all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import select
+import socket
+import struct
+import time
+from typing import Any
+
+from .collcheck import CheckReleased, CollectiveMismatchError, Pattern
+
+log = logging.getLogger("dpnb.engine.checkstar")
+
+_CHECK = struct.Struct("<qqq")  # number, digest, proposed period
+_VERDICT = struct.Struct("<q")
+_LEN = struct.Struct("<I")
+_HELLO = struct.Struct("<i32s")  # rank, HMAC-SHA256(token, "formation:rank")
+#: cap on a readable call or table sent after a mismatch
+MAX_TABLE_BYTES = 1 << 20
+
+
+def _recv_exact(sock: socket.socket, n: int, peer: str = "a peer") -> bytes:
+    """``n`` bytes from ``sock``.  Waiting here is waiting for a peer in a
+    collective, and ends as gloo's wait does: at the group timeout (the
+    socket's timeout), or when a release shuts the connection.  Ctrl-C (or the
+    notebook's interrupt at a cell timeout) ends it as a collective error, not
+    as this rank's own KeyboardInterrupt: the rank was only waiting."""
+    buf = bytearray()
+    while len(buf) < n:
+        try:
+            chunk = sock.recv(n - len(buf))
+        except socket.timeout:
+            raise CheckReleased(f"Timed out after {sock.gettimeout():g} s (the group timeout) "
+                                f"waiting for {peer} in dpnb's collective check") from None
+        except KeyboardInterrupt:
+            raise CheckReleased(f"interrupted while waiting for {peer} in dpnb's collective "
+                                f"check") from None
+        if not chunk:
+            raise CheckReleased("Connection closed by peer during dpnb's collective check "
+                                "(the group was released, or a peer's engine is gone)")
+        buf += chunk
+    return bytes(buf)
+
+
+def _send_blob(sock: socket.socket, obj: Any) -> None:
+    data = json.dumps(obj).encode()[:MAX_TABLE_BYTES]
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def _recv_blob(sock: socket.socket) -> Any:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if n > MAX_TABLE_BYTES:
+        raise CheckReleased(f"collective check: a {n}-byte table is over the limit")
+    return json.loads(_recv_exact(sock, n))
+
+
+def _hello_mac(token: str, formation: int, rank: int) -> bytes:
+    return hmac.new(token.encode(), f"{formation}:{rank}".encode(), hashlib.sha256).digest()
+
+
+class Star:
+    """One rank's end of the check connections of one group formation."""
+
+    def __init__(self, rank: int, world: int, spokes: dict[int, socket.socket],
+                 hub: socket.socket | None, timeout_s: float | None = None):
+        self.rank, self.world = rank, world
+        self.spokes = spokes  # rank 0: other rank -> its connection
+        self.hub = hub  # other ranks: the connection to rank 0
+        for sock in [*spokes.values(), *([hub] if hub is not None else [])]:
+            sock.settimeout(timeout_s)  # a check waits for a peer as long as gloo would
+        self.seq = 0  # calls on the default group since it formed, checked or not
+        self.pattern = Pattern()
+        self.broken: str | None = None  # why the channel cannot be trusted any more
+        # while a check waits: the hub, the ranks not heard from yet; another
+        # rank, True until its verdict is in (read by the side door's where)
+        self._awaiting: tuple[int, ...] | bool = ()
+
+    # -- formation (every rank at once, right after the group formed) -------
+    @classmethod
+    def form(cls, store, rank: int, world: int, addr: str, token: str, formation: int,
+             timeout_s: float) -> "Star":
+        """Every rank at once; ``formation`` names this formation of the group (the
+        same number on every rank), so an old hello cannot be replayed."""
+        key = f"dpnb/collcheck/{formation}"
+        if world == 1:
+            return cls(rank, world, {}, None)
+        if rank == 0:
+            return cls._form_hub(store, key, world, addr, token, formation, timeout_s)
+        port = int(store.get(key).decode())
+        s = socket.create_connection((addr, port), timeout=timeout_s)
+        s.sendall(_HELLO.pack(rank, _hello_mac(token, formation, rank)))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(rank, world, {}, s, timeout_s)
+
+    @classmethod
+    def _form_hub(cls, store, key, world, addr, token, formation, timeout_s) -> "Star":
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        lsock = socket.socket(family, socket.SOCK_STREAM)
+        spokes: dict[int, socket.socket] = {}
+        try:
+            lsock.bind((addr, 0))
+            lsock.listen(world)
+            store.set(key, str(lsock.getsockname()[1]))
+            deadline = time.monotonic() + timeout_s
+            while len(spokes) < world - 1:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"collective check: {world - 1 - len(spokes)} ranks did "
+                                       f"not connect within {timeout_s:g} s")
+                lsock.settimeout(left)
+                conn, peer = lsock.accept()
+                r = cls._admit(conn, peer, world, token, formation, spokes, left)
+                if r is not None:
+                    spokes[r] = conn
+        except BaseException:
+            for c in spokes.values():
+                c.close()
+            raise
+        finally:
+            lsock.close()  # nobody can connect once every rank has
+        return cls(0, world, spokes, None, timeout_s)
+
+    @staticmethod
+    def _admit(conn, peer, world, token, formation, spokes, left) -> int | None:
+        """The rank of an authenticated new connection, or None (closed, logged)."""
+        try:
+            conn.settimeout(min(left, 5.0))
+            r, mac = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+            if 0 < r < world and r not in spokes and \
+                    hmac.compare_digest(mac, _hello_mac(token, formation, r)):
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return r
+            log.warning("collective check: refused a connection from %s (bad hello)", peer)
+        except (OSError, CheckReleased, struct.error) as e:
+            log.warning("collective check: dropped a connection from %s: %s", peer, e)
+        conn.close()
+        return None
+
+    # -- one call -----------------------------------------------------------
+    def call(self, op: str, text: str, digest: int, where) -> bool:
+        """Number this call; check it against every rank's unless it repeats the
+        agreed period.  Raises :class:`CollectiveMismatchError` on a mismatch;
+        ``where()`` gives the user's line for the table.  True if checked."""
+        self.seq += 1
+        if self.world == 1 or self.pattern.repeats(digest):
+            self.pattern.record(digest)
+            return False
+        if self.broken:
+            raise CheckReleased(f"dpnb's collective check cannot continue ({self.broken}); the "
+                                f"group is re-formed after this cell (or run %dp reform)")
+        proposal = self.pattern.proposal(digest)
+        mine = (self.seq, digest, proposal)
+        try:
+            same = self._hub_round(mine) if self.rank == 0 else self._spoke_round(mine)
+            if same:
+                self.pattern.record(digest, proposal)
+                return True
+            table = self._tables({"call": text, "at": where(), "check": self.seq})
+        except OSError as e:  # a send on a connection a release shut
+            self.broken = f"{type(e).__name__} during call #{self.seq}"
+            raise CheckReleased(f"Connection closed by peer during dpnb's collective check "
+                                f"({e})") from None
+        except BaseException as e:
+            # a half-done exchange leaves the peers' streams out of step
+            self.broken = f"{type(e).__name__} during call #{self.seq}"
+            raise
+        finally:
+            self._awaiting = ()
+        raise CollectiveMismatchError(op, {int(r): t for r, t in table.items()})
+
+    def awaiting(self) -> list[int] | None:
+        """Who this rank's check waits for now: rank 0, the ranks whose call has
+        not arrived; another rank, ``[0]`` while its verdict is not in (and not
+        merely unread); None when not waiting.  Safe from another thread."""
+        a = self._awaiting
+        if a is True:
+            hub = self.hub
+            try:
+                ready = hub is not None and bool(select.select([hub], [], [], 0)[0])
+            except (OSError, ValueError):  # closed meanwhile
+                ready = True
+            return None if ready else [0]
+        return list(a) if a else None
+
+    def _spoke_round(self, mine: tuple) -> bool:
+        self.hub.sendall(_CHECK.pack(*mine))
+        self._awaiting = True
+        (verdict,) = _VERDICT.unpack(_recv_exact(self.hub, _VERDICT.size, "rank 0"))
+        return verdict == 0
+
+    def _hub_round(self, mine: tuple) -> bool:
+        same = True
+        order = sorted(self.spokes)
+        for i, r in enumerate(order):
+            self._awaiting = tuple(order[i:])
+            if _CHECK.unpack(_recv_exact(self.spokes[r], _CHECK.size, f"rank {r}")) != mine:
+                same = False
+        self._awaiting = ()
+        verdict = _VERDICT.pack(0 if same else 1)
+        for r in order:
+            self.spokes[r].sendall(verdict)
+        return same
+
+    def _tables(self, info: dict) -> dict:
+        if self.rank != 0:
+            _send_blob(self.hub, info)
+            return _recv_blob(self.hub)
+        table = {0: info}
+        for r in sorted(self.spokes):
+            table[r] = _recv_blob(self.spokes[r])
+        for r in sorted(self.spokes):
+            _send_blob(self.spokes[r], table)
+        return table
+
+    def close(self) -> None:
+        for s in [*self.spokes.values(), *([self.hub] if self.hub else [])]:
+            try:
+                s.close()
+            except OSError as e:  # already shut by a release
+                log.debug("closing a check connection: %s", e)
+        self.spokes, self.hub = {}, None
+        self.broken = "closed"

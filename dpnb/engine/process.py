@@ -1,0 +1,118 @@
+"""The engine process itself: it ends with its kernel, stops fast on SIGTERM, and
+shows figures inline.  Called once by :func:`dpnb.engine.setup.init_rank`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger("dpnb.engine")
+
+
+def watch_parent(ppid: int, period: float = 1.0) -> None:
+    """Exit when the notebook kernel that started this engine is gone.
+
+    A kernel killed with SIGKILL runs no atexit handler, so ipyparallel cannot
+    stop its engines; without this they would hold CPUs/GPUs forever.
+    """
+
+    def loop() -> None:
+        while True:
+            time.sleep(period)
+            if os.getppid() != ppid:
+                os._exit(3)
+
+    threading.Thread(target=loop, name="dpnb-parent-watch", daemon=True).start()
+
+
+def exit_fast_on_sigterm() -> None:
+    """SIGTERM (every stop: ``%dp stop``, ipyparallel's, the host agent's,
+    the reaper's) ends this engine at once.
+
+    ipyparallel's own handler stops the kernel's loop and lets Python wind
+    down: with torch imported and a gloo group that took 1.2-1.7 s per engine
+    here, and a cell still running delayed it until ipyparallel's SIGKILL.
+    The user's ``atexit`` hooks (a logger's flush) still run; the interpreter's
+    module teardown, which a process about to vanish does not need, does not.
+    Main thread only (``signal.signal``); ``init_rank`` runs there.
+    """
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum, frame):
+        import atexit
+        import sys
+
+        try:
+            atexit._run_exitfuncs()
+        except BaseException as e:  # dying anyway: say why a hook failed, then go
+            log.warning("atexit hook failed during stop: %s: %s", type(e).__name__, e)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed or redirected stream: nothing left to save
+                pass
+        # die of the signal itself, so a death report (Slurm's time limit, a
+        # kill by hand) still says "killed by signal 15 (SIGTERM)"
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)  # not reached: the default action ends the process
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def setup_inline_figures() -> None:
+    """Make matplotlib figures made in ``%%dp`` cells come back as images.
+
+    Naming the inline backend in ``MPLBACKEND`` is enough: when a cell
+    first imports pyplot, matplotlib-inline hooks itself into the engine's
+    IPython.  Importing matplotlib here instead would add about a second to
+    every ``%dp start`` for clusters that never plot.
+    """
+    import sys
+
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    if "matplotlib" not in sys.modules:
+        return
+    try:  # already imported (a restart keeps the process): switch it now
+        from IPython import get_ipython
+
+        get_ipython().run_line_magic("matplotlib", "inline")
+    except Exception as e:  # matplotlib is optional for plain training cells
+        log.info("inline figures not switched on: %s: %s", type(e).__name__, e)
+
+
+class _TextTqdm:
+    """Import hook: ``tqdm.autonotebook`` (and so ``tqdm.auto``) gives the text bar.
+
+    In a terminal the notebook cannot show an engine's widgets; tqdm would
+    still pick its widget bar, because an engine is a kernel.
+    """
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "tqdm.autonotebook":
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        from tqdm.std import tqdm, trange
+
+        module.tqdm, module.trange = tqdm, trange
+        module.__all__ = ["tqdm", "trange"]
+
+
+def text_progress_bars() -> None:
+    """Make ``tqdm.auto`` bars text bars on this engine (once)."""
+    import sys
+
+    if not any(isinstance(f, _TextTqdm) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TextTqdm())

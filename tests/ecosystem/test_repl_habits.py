@@ -1,0 +1,90 @@
+"""What people do at a REPL all day -- breakpoint(), exit(), sys.exit(), a
+tqdm.auto bar, a rank dying -- costs no engine and leaves nothing wedged."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from helpers.shell import magics_on
+
+import dpnb
+from dpnb.errors import RemoteCellError
+
+NATIVE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d", re.M)
+
+
+def test_breakpoint_on_a_rank_prompts_in_the_notebook(c, capsys):
+    from dpnb.cluster.debugging import scripted
+
+    pids = [r.pid for r in c.ranks]
+    c.transport.ask = scripted(["p x * 10", "x = -1", "n", "p y", "c"])
+    try:
+        res = c.run("x = rank + 4\nif rank == 1:\n    breakpoint()\ny = x * 2\nz = y + 1\n",
+                    display=False)
+    finally:
+        del c.transport.ask  # back to the class's: input()
+    assert res.ok
+    out = capsys.readouterr().out
+    assert "dpnb: rank 1 stopped in pdb; commands go to rank 1" in out
+    assert "(Pdb rank 1) p x * 10\n50" in out  # evaluated on rank 1, in the cell's frame
+    assert "-> y = x * 2" in out and "-> z = y + 1" in out  # `next` stepped the cell
+    assert "(Pdb rank 1) p y\n-2" in out
+    assert c.pull("y") == [8, -2]  # the assignment typed at the prompt took effect
+    assert [r.pid for r in c.ranks] == pids
+
+
+def test_breakpoint_where_nobody_can_answer_goes_on_with_one_note(c, capsys):
+    c.transport.ask = lambda prompt: None  # papermill / nbconvert: no stdin
+    try:
+        t0 = time.monotonic()
+        res = c.run("for i in range(3):\n    breakpoint()\ndone = True", display=False)
+        took = time.monotonic() - t0
+    finally:
+        del c.transport.ask  # back to the class's: input()
+    assert res.ok and took < 5 and c.pull("done") == [True, True]
+    out = capsys.readouterr().out
+    assert out.count("cannot prompt") == 1  # once, then the ranks go on
+
+
+def test_exit_and_sys_exit_end_the_cell_not_the_engine(c):
+    pids = [r.pid for r in c.ranks]
+    for code, said in (("exit()", "exit() / sys.exit()"), ("quit(3)", "sys.exit(3)"),
+                       ("import sys\nsys.exit(2)", "sys.exit(2)")):
+        with pytest.raises(RemoteCellError) as ei:
+            c.run(code, display=False)
+        assert f"ranks 0-1: exit() / sys.exit(" in ei.value.report and said.split()[-1] \
+            in ei.value.report, ei.value.report
+    # what used to kill both engines: exit(), then an error in the next cell
+    with pytest.raises(RemoteCellError) as ei:
+        c.run("raise ValueError('next')", display=False)
+    assert ei.value.summary == "ranks 0-1 raised ValueError"
+    assert c.run("alive = True", display=False).ok and c.pull("alive") == [True, True]
+    assert [r.pid for r in c.ranks] == pids and not c.dead
+
+
+def test_a_reports_text_has_no_native_log_lines_and_no_empty_rank_lists():
+    with dpnb.start(2, timeout=6) as c2:
+        with pytest.raises(RemoteCellError) as ei:
+            c2.run("t = torch.ones(1)\nif rank == 1:\n    raise ValueError('typo')\n"
+                   "dist.all_reduce(t)", display=False)
+        assert not NATIVE.search(ei.value.report), ei.value.report
+        assert "monitoredBarrier" not in ei.value.report
+        # every rank dies: the report must not say "ranks  keep their state"
+        with pytest.raises(RemoteCellError) as ei:
+            c2.run("import os\nos._exit(5)", display=False)
+        assert ei.value.died == {0: "exit code 5", 1: "exit code 5"}
+        assert "no rank survived, so nothing on the engines was kept" in ei.value.report
+        assert "ranks  " not in ei.value.report
+
+
+def test_tqdm_auto_on_the_ranks_is_text_in_a_terminal_and_breaks_nothing(c, capsys):
+    with magics_on(c) as ip:
+        ip.run_cell_magic("dp", "", "from tqdm.auto import tqdm\nfor i in tqdm(range(3)):\n"
+                                    "    pass\nbar = type(tqdm).__module__")
+        ip.run_cell_magic("dp", "", "print('the next cell prints')")
+    out = capsys.readouterr()
+    assert "the next cell prints" in out.out and "AttributeError" not in out.err
+    assert "3/3" in out.out + out.err
+    assert c.pull("bar")[0] != "tqdm.notebook"

@@ -1,0 +1,46 @@
+"""Helpers of the ecosystem tier: scripts, real torchrun, "the cluster is whole"."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ecosystem",
+                       "scripts")
+
+
+def script(name: str) -> str:
+    return os.path.join(SCRIPTS, name)
+
+
+def torchrun(name: str, *args: str, cwd: str) -> str:
+    """The script under real torchrun, 2 processes on this host: its output."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--standalone", script(name), *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def numbers(text: str, key: str) -> list[float]:
+    """Every number printed after ``key`` (``loss 0.123``)."""
+    return [float(x) for x in re.findall(rf"{key} (-?[0-9.]+(?:e-?\d+)?)", text)]
+
+
+def assert_whole(c, pids: list[int]) -> None:
+    """Nothing was lost: the same engines, a working group, new_group, reform, restart."""
+    assert [r.pid for r in c.ranks] == pids and not c.dead
+    c.run("_whole = rank * 3", display=False)
+    r = c.run("t = torch.ones(2)\ndist.all_reduce(t)\ng = dist.new_group()\n"
+              "u = torch.ones(1)\ndist.all_reduce(u, group=g)\n"
+              "_ok = (t.tolist(), u.item(), dist.get_world_size(g))", display=False)
+    assert r.ok and c.pull("_ok") == [([2.0, 2.0], 2.0, 2)] * 2
+    gen = c.generation
+    c.reform()
+    msg = c.restart()
+    assert c.generation >= gen + 2 and "replaced" not in msg
+    assert [r.pid for r in c.ranks] == pids
+    assert c.pull("_whole") == [0, 3]
