@@ -31,7 +31,7 @@ import os
 import shlex
 import stat
 
-from .cluster.restart import cell_summary
+from .core.cellgraph import cell_summary
 from .errors import DpnbError
 
 _T = "dpnb.engine.training."

@@ -430,7 +430,8 @@ def _run():
 @magic_arguments()
 @argument("--clear", action="store_true", help="forget every recorded setup step")
 def _setup():
-    """List what restart --resume would replay: %%dp --setup cells, wrap and data calls."""
+    """What restart --resume would replay now: the cells that built the model and data
+    (marked --setup or found in the history), then the wrap and data calls."""
 
 
 @sub("log")

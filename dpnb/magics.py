@@ -431,9 +431,12 @@ class DPMagics(Magics):
             c.setup_log.clear()
             print("dpnb: setup log cleared; restart --resume will replay nothing")
             return
-        lines = c.setup_log.describe()
-        print("dpnb: restart --resume replays, in order:\n  " + "\n  ".join(lines) if lines
-              else "dpnb: nothing recorded yet: mark cells that build state with %%dp --setup")
+        from .cluster.resume import describe
+
+        lines = describe(c) if c.setup_log.has_call("dpnb.engine.training.wrap") else []
+        print("dpnb: restart --resume would replay, in order:\n  " + "\n  ".join(lines) if lines
+              else "dpnb: nothing to replay yet: %dp wrap a model first (the cells that built "
+                   "it are then found in this session's history)")
 
     def _do_log(self, a):
         from . import log as dlog

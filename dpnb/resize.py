@@ -36,15 +36,9 @@ _WRAP = "dpnb.engine.training.wrap"
 
 
 def _check_model(cluster) -> None:
-    entries = list(cluster.setup_log.entries)
-    wraps = [i for i, e in enumerate(entries) if e.dotted == _WRAP]
-    if not wraps:
+    if not cluster.setup_log.has_call(_WRAP):
         raise DpnbError("resize moves a training job, and no model was wrapped: %dp wrap one "
                         "first (to change an empty cluster's size, %dp stop and %dp start -n M)")
-    if not any(e.kind == "cell" for e in entries[:wraps[-1]]):
-        raise DpnbError("resize rebuilds the model on every rank by replaying the cells that "
-                        "built it, and none is marked: run those cells again with %%dp --setup "
-                        "(see %dp setup)")
 
 
 def plan(cluster, n: int, keep: str = "batch", lr_rule: str = "linear") -> ResizePlan:
@@ -71,12 +65,14 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     hand-over checkpoint goes (default: a folder in the cluster's profile on
     one host; give shared storage for a cluster on several hosts).
     """
+    from .cluster import resume
     from .cluster.resize import check_target, resize_world
-    from .cluster.restart import replay_and_load
 
     cluster._check_running()
     check_target(cluster, n)
     _check_model(cluster)
+    rebuild = resume.make_plan(cluster)
+    resume.refuse_if_incomplete(cluster, rebuild)  # before any engine starts or stops
     p = plan(cluster, n, keep, lr_rule)
     hosts = {r.host for r in cluster.ranks}
     if checkpoint_dir is None and (len(hosts) > 1 or not cluster.local):
@@ -88,7 +84,11 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     saved = cluster.call("dpnb.engine.checkpoint.save", path).values[0]
     step = saved.get("step")
     world = resize_world(cluster, n)
-    loaded = replay_and_load(cluster, path)
+    loaded = resume.replay_and_load(cluster, path, rebuild, world["added"])
+    if cluster.keep_s:  # a kept cluster's record follows its ranks
+        from .cluster.keep import hold
+
+        hold(cluster, cluster.keep_s)
     lr = None
     last_scale = (cluster.last_train or {}).get("lr_scale", "none")
     if keep == "lr" and last_scale == "none":

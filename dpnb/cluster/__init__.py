@@ -248,7 +248,7 @@ class Cluster(TrainingMethods):
     # ------------------------------------------------------------------ run
     def run(self, code: str, ranks=None, *, timeout: float | None = None, stream: bool = True,
             display: bool = True, raise_errors: bool = True, setup: bool = False,
-            unchecked: bool = False) -> CellResult:
+            unchecked: bool = False, history: bool = True) -> CellResult:
         """Run ``code`` on the selected ranks (all by default), like ``%%dp``.
 
         Each rank runs the cell in its own namespace with IPython (so
@@ -259,7 +259,7 @@ class Cluster(TrainingMethods):
         (``%%dp --setup``) records the cell, once it succeeded on every rank,
         for ``restart --resume`` to replay.  ``unchecked=True`` (``%%dp
         --unchecked``): its collectives skip the mismatch check
-        (:mod:`dpnb.engine.cellguard`).
+        (:mod:`dpnb.engine.cellguard`).  ``history=False``: not recorded (a replay).
         """
         sel = self._select(ranks)
         if not isinstance(code, str):
@@ -273,8 +273,9 @@ class Cluster(TrainingMethods):
             show_result(res)
         if res.ok and setup:
             self.setup_log.add_cell(code)
-        self.history.append(CellRecord("cell", code, None if len(sel) == self.world_size
-                                       else tuple(sel), setup, res.ok))
+        if history:
+            self.history.append(CellRecord("cell", code, None if len(sel) == self.world_size
+                                           else tuple(sel), setup, res.ok))
         return self._finish(res, raise_errors)
 
     def run_script(self, path: str, args=(), **kw) -> CellResult:
@@ -425,13 +426,17 @@ class Cluster(TrainingMethods):
     def restart(self, *, hard: bool = False, resume: str | None = None) -> str:
         """Replace dead engines and re-form the group; say what was lost.
 
-        Surviving ranks keep their namespaces; a replacement engine takes the
-        dead rank's number and starts empty.  ``hard=True`` replaces every
-        engine (everything on them is lost).  ``resume=DIR`` then replays the
-        setup log (``%%dp --setup`` cells, wrap and data calls, in order) on
-        every rank and loads the checkpoint in DIR (model, optimizer, step).
+        Survivors keep their namespaces; a replacement takes the dead rank's
+        number and starts empty.  ``hard=True`` replaces every engine.
+        ``resume=DIR``: rebuild what the checkpoint needs from the cells that
+        built it (:mod:`.resume`), wrap, and load DIR (model, optimizer, step).
         """
-        return _restart(self, hard=hard, resume=resume)
+        msg = _restart(self, hard=hard, resume=resume)
+        if self.keep_s:  # a kept cluster's record follows its ranks
+            from .keep import hold
+
+            hold(self, self.keep_s)
+        return msg
 
     def kill_rank(self, r: int) -> None:
         """Stop rank ``r``'s engine: SIGKILL by PID on this host, through its host's

@@ -77,6 +77,9 @@ def record_of(c, ttl_s: float) -> dict:
         "doors": {str(r): list(a) for r, a in c.transport.doors.items()},
         "env": [list(kv) for kv in c.spec.env],
         "setup_log": [_entry(e) for e in c.setup_log.entries],
+        # the cells resume infers its replay from (dpnb.cluster.resume)
+        "history": [{"kind": h.kind, "code": h.code, "ranks": list(h.ranks) if h.ranks else None,
+                     "setup": h.setup, "ok": h.ok, "names": list(h.names)} for h in c.history],
         "train_log": c.train_log, "last_wrap": c.last_wrap, "batch_plan": c.batch_plan,
         "last_train": {k: v for k, v in (c.last_train or {}).items() if k != "progress"} or None,
         "autosave_dir": c.autosave_dir,
@@ -186,7 +189,7 @@ def attach(cls, cluster_id: str | None = None):
 
     from .launch import _quiet_ipp_log
     from .restart import SetupLog
-    from .types import LaunchSpec, RankInfo, SetupEntry
+    from .types import CellRecord, LaunchSpec, RankInfo, SetupEntry
 
     rec = choose(cluster_id)
     try:
@@ -213,6 +216,10 @@ def attach(cls, cluster_id: str | None = None):
         c.setup_log._add(SetupEntry(kind=e["kind"], label=e["label"], code=e["code"],
                                     dotted=e["dotted"], args=tuple(e["args"]),
                                     kwargs=dict(e["kwargs"])))
+    for h in rec.get("history") or []:  # records of older dpnb have none
+        c.history.append(CellRecord(kind=h["kind"], code=h["code"], setup=h["setup"], ok=h["ok"],
+                                    ranks=tuple(h["ranks"]) if h["ranks"] else None,
+                                    names=tuple(h["names"])))
     c.train_log = list(rec.get("train_log") or [])
     c.last_wrap, c.last_train = rec.get("last_wrap"), rec.get("last_train")
     c.batch_plan, c.autosave_dir = rec.get("batch_plan"), rec.get("autosave_dir")

@@ -5,10 +5,11 @@ device) and starts empty; survivors keep their namespaces.  State changes only
 once the step that justifies it succeeded: a rank stops counting as dead when
 its replacement is probed, busy marks go when the group is re-formed.
 
-``resume=DIR`` then rebuilds the training state on every rank by replaying
-the :class:`SetupLog` -- the cells the user marked ``%%dp --setup`` and the
-wrap / data calls, in order, nothing else (a cell that ran ``!rm`` is never
-run again behind the user's back) -- and loads the checkpoint.
+``resume=DIR`` then rebuilds what the checkpoint needs -- from the cells
+that built it, found in the history (:mod:`dpnb.cluster.resume`), on the
+ranks that need it -- replays the wrap and data calls, and loads the
+checkpoint.  A needed name no replayable cell binds stops it before any
+engine is replaced.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from ..core.cellgraph import cell_summary
 from ..errors import DpnbError, StartError
 from ..ranks import rank_label
-from .diagnose import first_error, kept
+from . import resume as resume_mod
+from .diagnose import kept
 from .processes import engine_logs
 from .types import SETUP_LOG_MAX, RankInfo, SetupEntry
 
@@ -29,14 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
 
 log = logging.getLogger("dpnb.restart")
-
-
-def cell_summary(code: str) -> str:
-    """A cell in a few words: its first line (60 characters) and how many follow."""
-    lines = [ln.strip() for ln in code.strip().splitlines() if ln.strip()]
-    if not lines:
-        return ""
-    return lines[0][:60] + (f" (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
 
 
 class SetupLog:
@@ -222,6 +217,8 @@ def restart(c: Cluster, *, hard: bool = False, resume: str | None = None) -> str
         if not c.setup_log.has_call("dpnb.engine.training.wrap"):
             raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
                             "history; build and %dp wrap it, then %dp load DIR")
+        plan = resume_mod.make_plan(c)
+        resume_mod.refuse_if_incomplete(c, plan)  # before any engine is replaced
     c._check_running()
     c.transport.refresh_busy()
     _settle_busy(c, hard)
@@ -245,25 +242,5 @@ def restart(c: Cluster, *, hard: bool = False, resume: str | None = None) -> str
     if info.get("problems"):
         msg += " Not re-bound: " + "; ".join(info["problems"])
     if resume is not None:
-        msg += " " + replay_and_load(c, resume)
+        msg += " " + resume_mod.replay_and_load(c, resume, plan, replace)
     return msg
-
-
-def replay_and_load(c: Cluster, path: str) -> str:
-    """Replay the setup log on every rank, then load the checkpoint at ``path``."""
-    entries = list(c.setup_log.entries)
-    for i, e in enumerate(entries):
-        if e.kind == "cell":
-            res = c.run(e.code, display=False, raise_errors=False)
-            if not res.ok:
-                raise DpnbError(f"resume stopped: replaying setup step {i + 1} ({e.label}) "
-                                f"failed ({first_error(res)}); fix it and %dp load {path}")
-        else:
-            c.call(e.dotted, *e.args, **e.kwargs)
-    info = c.call("dpnb.engine.checkpoint.load", path).values[0]
-    steps = "; ".join(e.label for e in entries)
-    warn = (f" ({c.setup_log.dropped} older setup steps had been dropped from the log)"
-            if c.setup_log.dropped else "")
-    return (f"Resumed from {path} at step {info.get('step')} after replaying "
-            f"{len(entries)} setup step{'s' if len(entries) != 1 else ''} on every rank: "
-            f"{steps}.{warn}")

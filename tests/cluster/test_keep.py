@@ -33,11 +33,15 @@ x = 41 + rank
 c.wrap("net", "ddp", lr=0.05)
 c.set_data("ds")
 s = c.train(steps=2, micro_batch=4, progress=False)
+if sys.argv[2] == "restart-kill":  # rank 1 dies; the kernel replaces it, then is SIGKILLed
+    c.kill_rank(1)
+    c.restart()
 import psutil
 procs = {p: psutil.Process(p).create_time() for p in c._owned_pids()}
 procs[c.procs.reaper.pid] = psutil.Process(c.procs.reaper.pid).create_time()
-print(json.dumps({"procs": procs, "profile": c.profile_dir, "loss": s["loss"]}), flush=True)
-if sys.argv[2] == "kill":
+print(json.dumps({"procs": procs, "profile": c.profile_dir, "loss": s["loss"],
+                  "ranks": [r.pid for r in c.ranks]}), flush=True)
+if sys.argv[2] in ("kill", "restart-kill"):
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -127,6 +131,22 @@ def test_ttl_ends_a_kept_cluster_whose_kernel_was_killed(state):
     assert os.listdir(state / "kept") == []  # the reaper removed the record
     with pytest.raises(DpnbError, match="no kept cluster to attach to"):
         dpnb.Cluster.attach()
+
+
+def test_a_kernel_killed_after_a_restart_is_attached_to_the_engines_it_restarted(state):
+    k = _kernel(state, "120s", "restart-kill")
+    c = dpnb.Cluster.attach()
+    try:
+        assert [r.pid for r in c.ranks] == k["ranks"]  # rank 1 is the replacement engine
+        r = c.run("t = torch.ones(1)\ndist.all_reduce(t)\nout = (rank, t.item())", display=False)
+        assert r.ok and c.pull("out") == [(0, 2.0), (1, 2.0)]
+        assert c.pull("x", rank=0) == 41  # the survivor's state
+    finally:
+        c.stop()
+    deadline = time.monotonic() + 15
+    while _alive(k["procs"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(k["procs"]) == []
 
 
 def test_keep_refuses_bad_ttls_and_other_launchers():
