@@ -85,6 +85,16 @@ def status_columns(rows: list[dict]) -> tuple[str, ...]:
     return STATUS_COLUMNS if len(rows) <= GROUP_ABOVE else ("ranks", "host", "engines") + STATUS_COLUMNS[3:]
 
 
+def host_order(rows: list[dict]) -> str:
+    """``hosts in rank order: node-a: ranks 0-1, node-b: ranks 2-3`` ("" on one host)."""
+    by_host: dict[str, list[int]] = {}
+    for r in sorted(rows, key=lambda r: r["rank"]):
+        by_host.setdefault(str(r.get("host", "")), []).append(r["rank"])
+    if len(by_host) < 2:
+        return ""
+    return "hosts in rank order: " + ", ".join(f"{h}: {rank_label(rs)}" for h, rs in by_host.items())
+
+
 def status_text(rows: list[dict]) -> str:
     table = [list(status_columns(rows))] + status_rows(rows)
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -101,7 +111,9 @@ def status_widget(rows: list[dict]):
         style = "" if row[5] == "yes" else " style='background:#fdd'"
         cells = "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in row)
         body.append(f"<tr{style}>{cells}</tr>")
-    return w.HTML(f"<table class='dpnb-status'><thead><tr>{head}</tr></thead>"
+    order = host_order(rows)
+    caption = f"<caption style='text-align:left'>{html.escape(order)}</caption>" if order else ""
+    return w.HTML(f"<table class='dpnb-status'>{caption}<thead><tr>{head}</tr></thead>"
                   f"<tbody>{''.join(body)}</tbody></table>")
 
 
@@ -111,4 +123,5 @@ def show_status(rows: list[dict]) -> None:
 
         display(status_widget(rows))
     else:
-        print(status_text(rows))
+        order = host_order(rows)
+        print((order + "\n" if order else "") + status_text(rows))

@@ -50,7 +50,7 @@ def sub(name: str, prog: str | None = None):
 @argument("--launcher-arg", action="append", default=None, dest="launcher_args",
           help="launcher setting (repeatable): HOST=N for ssh (N engines on HOST), an "
                "mpiexec option for mpi (e.g. --hostfile F), KEY=VALUE for slurm (queue, "
-               "account, timelimit, qos, options)")
+               "account, timelimit, qos, nodes, options)")
 @argument("--env", action="append", default=None, metavar="KEY=VALUE",
           help="environment variable for every engine on every launcher (repeatable), "
                "e.g. --env GLOO_SOCKET_IFNAME=eth1 --env NCCL_DEBUG=INFO")

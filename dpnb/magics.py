@@ -148,6 +148,8 @@ class DPMagics(Magics):
         print(f"dpnb: {c.world_size} ranks up ({c.backend}, {', '.join(devs)}, "
               f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}, group timeout "
               f"{c.timeout_s:g} s). Use %%dp to run cells on them.")
+        if len(hosts) > 1:
+            print(f"dpnb: {cl.placement.host_layout(c.ranks)}")
         if c.keep_s:
             from .cluster.keep import fmt_duration
 

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from .. import log as _log
 from ..errors import DpnbError, NotRunningError
 from ..ranks import parse_ranks, rank_label
-from . import diagnose, launch
+from . import diagnose, launch, placement
 from .group import Group
 from .processes import Processes, stop_ipp, wait_pids_gone
 from .methods import TrainingMethods
@@ -59,7 +59,7 @@ from .types import (
 __all__ = ["Cluster", "start", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
            "DEFAULT_TIMEOUT_S", "assign_ranks", "describe_exit"]
 
-from .launch import assign_ranks
+from .placement import assign_ranks
 from .processes import describe_exit
 
 log = logging.getLogger("dpnb.cluster")
@@ -185,7 +185,7 @@ class Cluster(TrainingMethods):
         eids = sorted(client.ids)[:n]
         ctl = launch.controller_address(icluster)
         probes = dict(zip(eids, client[eids].apply_sync(setup.probe, ctl)))
-        ranks = launch.assign_ranks(probes)
+        ranks = placement.assign_ranks(probes, **placement.rank_order(spec, n))
         backend = launch.choose_backend(backend, ranks, probes, gpus)
         ranks = launch.with_devices(ranks, backend, gpus)
         if threads is None:

@@ -7,9 +7,10 @@ The start is a fixed sequence, each step here a function:
    engines in a fresh 0700 profile (local engines start together with the
    controller through :mod:`dpnb.engine.boot`);
 3. every engine answers ``probe`` (host, address, PID, GPUs);
-   :func:`assign_ranks` makes ranks contiguous per host, hosts ordered by
-   lowest engine id, like torchrun; :func:`choose_backend` picks NCCL only
-   when every engine has a GPU of its own;
+   :func:`dpnb.cluster.placement.assign_ranks` makes ranks contiguous per
+   host, hosts in the order the user gave, like torchrun;
+   :func:`choose_backend` picks NCCL only when every engine has a GPU of its
+   own;
 4. :func:`rank_init_info` is what each rank's ``init_rank`` receives; then
    rank 0 opens the store socket and every rank joins the group (see
    :mod:`dpnb.cluster.group`).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -369,12 +371,22 @@ def _start_overlapped(icluster, n: int, timeout: float):
     return client
 
 
+def slurm_engine_template(options: Sequence[str]) -> str:
+    """ipyparallel's engine job script with ``options`` as ``#SBATCH`` lines
+    (braces doubled: ipyparallel formats the script)."""
+    lines = "".join(f"#SBATCH {o.replace('{', '{{').replace('}', '}}')}\n" for o in options)
+    return ("#!/bin/sh\n#SBATCH --export=ALL\n#SBATCH --job-name=ipengine-{cluster_id}\n"
+            f"{lines}srun {{program_and_args}}\n")
+
+
 def apply_launcher_args(icluster, engines: str, args: Sequence[str]) -> None:
     """Pass launcher settings through to ipyparallel.
 
     slurm: ``KEY=VALUE`` for ``SlurmEngineSetLauncher`` traits (``queue``
-    (the partition), ``account``, ``timelimit``, ``qos``, ``options``).
-    ssh hosts are read by :func:`dpnb.cluster.agents.parse_hosts`.
+    (the partition), ``account``, ``timelimit``, ``qos``), plus ``nodes`` and
+    ``options`` (sbatch options, e.g. ``--ntasks-per-node=4``), written into
+    the job script here: ipyparallel keeps an ``options`` setting but writes
+    nothing of it.  ssh hosts are read by :func:`dpnb.cluster.agents.parse_hosts`.
     """
     pairs = []
     for a in args:
@@ -384,34 +396,21 @@ def apply_launcher_args(icluster, engines: str, args: Sequence[str]) -> None:
                             f"(e.g. {'queue=gpu' if engines == 'slurm' else 'node1=4'})")
         pairs.append((key.strip(), value.strip()))
     if engines == "slurm":
-        allowed = {"queue", "account", "timelimit", "qos", "options"}
+        allowed = {"queue", "account", "timelimit", "qos", "options", "nodes"}
+        extra = []
         for key, value in pairs:
             if key not in allowed:
                 raise DpnbError(f"--launcher-arg {key}=...: slurm takes {', '.join(sorted(allowed))}")
-            setattr(icluster.config.SlurmEngineSetLauncher, key, value)
+            if key == "nodes":
+                extra.append(f"--nodes={value}")
+            elif key == "options":
+                extra += shlex.split(value)
+            else:
+                setattr(icluster.config.SlurmEngineSetLauncher, key, value)
+        if extra:
+            icluster.config.SlurmEngineSetLauncher.batch_template = slurm_engine_template(extra)
     else:
         raise DpnbError(f"the {engines} launcher takes no --launcher-arg")
-
-
-def assign_ranks(probes: dict[int, dict]) -> list[RankInfo]:
-    """Ranks contiguous per host, hosts ordered by their lowest engine id.
-
-    This is torchrun's layout: ``rank = node_rank * local_world_size +
-    local_rank`` when hosts run equal numbers of engines, and local rank (and
-    so the GPU) comes from the position among the engines on the same host.
-    """
-    by_host: dict[str, list[int]] = {}
-    for eid in sorted(probes):
-        by_host.setdefault(probes[eid]["host"], []).append(eid)
-    ranks: list[RankInfo] = []
-    for node_rank, (host, eids) in enumerate(by_host.items()):
-        for local_rank, eid in enumerate(eids):
-            p = probes[eid]
-            ranks.append(RankInfo(rank=len(ranks), engine_id=eid, host=host, ip=p["ip"],
-                                  pid=p["pid"], local_rank=local_rank,
-                                  local_world_size=len(eids), node_rank=node_rank, device="",
-                                  location=p.get("location", ""), ifname=p.get("ifname", "")))
-    return ranks
 
 
 def choose_backend(backend: str, ranks: list[RankInfo], probes: dict[int, dict],

@@ -18,7 +18,8 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import DpnbError
-from .launch import assign_ranks, with_devices
+from .launch import with_devices
+from .placement import assign_ranks
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
@@ -110,12 +111,17 @@ def resize_world(c: Cluster, m: int) -> dict:
     else:
         keep = list(c.ranks)
         added_eids = _start_more(c, m - n)
-    probes = {ri.engine_id: {"host": ri.host, "ip": ri.ip, "pid": ri.pid,
+    # survivors keep their order (their rank as the key); new engines follow,
+    # each after its host's survivors, hosts new to the cluster last
+    probes = {ri.engine_id: {"host": ri.host, "ip": ri.ip, "pid": ri.pid, "launch_rank": ri.rank,
                              "location": ri.location, "ifname": ri.ifname} for ri in keep}
     if added_eids:
         fresh = c.client[added_eids].apply_sync(setup.probe, controller_address(c._ipp))
-        probes.update(zip(added_eids, fresh))
-    ranks = with_devices(assign_ranks(probes), c.backend, c.gpus)
+        last = {ri.host: ri.rank for ri in keep}
+        for eid, p in zip(added_eids, fresh):
+            p["launch_rank"] = (last.get(p["host"], len(keep) + m) + 0.5 + eid / 1e9)
+            probes[eid] = p
+    ranks = with_devices(assign_ranks(probes, by_launch_rank=True), c.backend, c.gpus)
     c.ranks[:] = ranks
     added = [ri.rank for ri in ranks if ri.engine_id in added_eids]
     for r in list(c.transport.doors):

@@ -75,7 +75,22 @@ def probe(controller_addr: str = "127.0.0.1") -> dict:
         "ppid": os.getppid(),
         "cuda_devices": cuda,
         "cpu_count": os.cpu_count() or 1,
+        "launch_rank": launch_rank(),
     }
+
+
+#: the rank a launcher gave this process: Slurm's task id (nodelist order),
+#: Open MPI's / PMI's world rank (hostfile order)
+LAUNCH_RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def launch_rank() -> int | None:
+    for var in LAUNCH_RANK_VARS:
+        try:
+            return int(os.environ[var])
+        except (KeyError, ValueError):
+            continue
+    return None
 
 
 def route_address(dest: str) -> str:

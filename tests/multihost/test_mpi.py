@@ -32,3 +32,23 @@ def test_mpi_hostfile_across_two_hosts(two_hosts):
     while any(hs.remote_pids(h) for h in hs.hosts) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(hs.remote_pids(h) for h in hs.hosts)
+
+
+def test_mpi_ranks_follow_the_hostfile_order(two_hosts):
+    """The hostfile names b first: rank 0 is on b (Open MPI's world rank decides,
+    not which engine registered first)."""
+    if shutil.which("mpiexec") is None:
+        pytest.skip("mpiexec not installed (apt-get install openmpi-bin)")
+    hs = two_hosts
+    a, b = hs.hosts
+    hf = f"{hs.dir}/hostfile-b-first"
+    with open(hf, "w") as f:
+        f.write(f"{b.ip} slots=2\n{a.ip} slots=2\n")
+    c = dpnb.start(4, engines="mpi", timeout=20, start_timeout=90,
+                   launcher_args=["--hostfile", hf, "--mca", "plm_rsh_agent",
+                                  f"ssh -F {hs.ssh_config}"])
+    try:
+        assert [r.host for r in c.ranks] == [b.name, b.name, a.name, a.name]
+        assert c.master_addr == b.ip
+    finally:
+        c.stop()

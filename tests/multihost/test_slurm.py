@@ -67,3 +67,21 @@ def test_slurm_start_train_restart_stop(two_hosts, slurm, tmp_path, monkeypatch)
     assert slurm.jobs() == []
     assert sorted(os.listdir(tmp_path)) == [], "batch scripts and job output stay in the profile"
     print(f"slurm start {start_s:.1f} s", file=sys.stderr)
+
+
+def test_slurm_ranks_follow_the_nodelist_every_start(two_hosts, slurm):
+    """Ranks in Slurm's task order (SLURM_PROCID): the job's nodelist order, as
+    ``scontrol show hostnames`` gives it, the same every start."""
+    seen = []
+    for _ in range(5):
+        c = dpnb.start(4, engines="slurm", timeout=20, start_timeout=90,
+                       launcher_args=["nodes=2", "options=--ntasks-per-node=2"])
+        try:
+            jobs = slurm.run("squeue", "-h", "-o", "%N").stdout.split()
+            nodes = slurm.run("scontrol", "show", "hostnames", jobs[0]).stdout.split()
+            hosts = [r.host for r in c.ranks]
+            seen.append(hosts)
+            assert hosts == [nodes[0]] * 2 + [nodes[1]] * 2, (hosts, nodes)
+        finally:
+            c.stop()
+    assert all(h == seen[0] for h in seen), seen

@@ -54,9 +54,7 @@ def test_two_hosts_addresses_env_restart_and_stop(two_hosts):
     a, b = hs.hosts
     c = _start(hs, env=["DPNB_TEST_FORWARDED=yes"])
     try:
-        # hosts are ordered by their lowest engine id (whichever registered first)
-        if c.ranks[0].host == b.name:
-            a, b = b, a
+        # hosts in the order of the launcher arguments (a first)
         assert [r.host for r in c.ranks] == [a.name, a.name, b.name, b.name]
         assert [r.local_rank for r in c.ranks] == [0, 1, 0, 1]
         # the address each host reaches the controller by, not what its
@@ -134,3 +132,22 @@ def test_killed_kernel_leaves_no_remote_engine(two_hosts, tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_ranks_land_on_the_hosts_in_the_order_given_every_start(two_hosts):
+    """Rank 0 -- the store, checkpoints, the exported job's first node -- is on the
+    first host named, whichever host's engines register first."""
+    hs = two_hosts
+    a, b = hs.hosts
+    seen = []
+    for first, second in [(a, b)] * 5 + [(b, a)]:
+        c = dpnb.start(4, engines="ssh", ssh_config=hs.ssh_config, timeout=20,
+                       remote_python=sys.executable,
+                       launcher_args=[f"{first.name}=2", f"{second.name}=2"])
+        try:
+            seen.append(([r.host for r in c.ranks], [r.local_rank for r in c.ranks],
+                         c.master_addr))
+        finally:
+            c.stop()
+    assert seen[:5] == [([a.name] * 2 + [b.name] * 2, [0, 1, 0, 1], a.ip)] * 5, seen
+    assert seen[5] == ([b.name] * 2 + [a.name] * 2, [0, 1, 0, 1], b.ip), seen[5]

@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from dpnb.cluster.diagnose import classify, first_error, plain_user_error, remote_error
-from dpnb.cluster.launch import assign_ranks, choose_backend, rank_init_info, with_devices
+from dpnb.cluster.launch import choose_backend, rank_init_info, with_devices
+from dpnb.cluster.placement import assign_ranks
 from dpnb.cluster.processes import describe_exit
 from dpnb.cluster.restart import SetupLog
 from dpnb.cluster.types import CellResult, RankOutcome
@@ -28,6 +29,25 @@ def test_assign_ranks_contiguous_per_host_ordered_by_lowest_engine_id():
         (2, 1, "b", 0, 1), (3, 3, "b", 1, 1),
         (4, 5, "c", 0, 2)]
     assert [r.local_world_size for r in ranks] == [2, 2, 2, 2, 1]
+
+
+def test_hosts_follow_the_order_the_user_gave_not_who_registered_first():
+    # node-b's engines registered first (lower ids); the user listed node-a first
+    probes = {0: dict(_probe("nb"), location="node-b"), 1: dict(_probe("nb"), location="node-b"),
+              2: dict(_probe("na"), location="node-a"), 3: dict(_probe("na"), location="node-a")}
+    ranks = assign_ranks(probes, host_order=["node-a", "node-b"])
+    assert [(r.rank, r.host, r.engine_id, r.local_rank, r.node_rank) for r in ranks] == [
+        (0, "na", 2, 0, 0), (1, "na", 3, 1, 0), (2, "nb", 0, 0, 1), (3, "nb", 1, 1, 1)]
+    from dpnb.cluster.placement import host_layout
+
+    assert host_layout(ranks) == "na: ranks 0-1, nb: ranks 2-3"
+    # Slurm / MPI: the launcher's own rank (nodelist / hostfile order) decides
+    for eid, lr in zip((0, 1, 2, 3), (3, 2, 1, 0)):
+        probes[eid]["launch_rank"] = lr
+    ranks = assign_ranks(probes, by_launch_rank=True)
+    assert [r.engine_id for r in ranks] == [3, 2, 1, 0] and ranks[0].host == "na"
+    probes[0]["launch_rank"] = 1  # not distinct: fall back to engine ids
+    assert [r.engine_id for r in assign_ranks(probes, by_launch_rank=True)] == [0, 1, 2, 3]
 
 
 def test_backend_auto_needs_a_gpu_per_engine_on_every_host():
@@ -179,3 +199,21 @@ def test_preload_is_skipped_when_engines_outnumber_cores(monkeypatch):
     assert setup.preload_modules() == ()
     monkeypatch.setenv(setup.PRELOAD_ENV, "all")
     assert "torch._dynamo" in setup.preload_modules()
+
+
+def test_slurm_nodes_and_options_reach_the_job_script():
+    # ipyparallel keeps an `options` setting but writes nothing of it
+    import types
+
+    from traitlets.config import Config
+
+    from dpnb.cluster.launch import apply_launcher_args
+
+    ic = types.SimpleNamespace(config=Config())
+    apply_launcher_args(ic, "slurm", ["nodes=2", "options=--ntasks-per-node=2 --gres={gpu}:1",
+                                      "queue=debug"])
+    tpl = ic.config.SlurmEngineSetLauncher.batch_template
+    text = tpl.format(cluster_id="c1", program_and_args="ipengine")
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gres={gpu}:1\n" in text
+    assert text.endswith("srun ipengine\n") and "--job-name=ipengine-c1" in text
+    assert ic.config.SlurmEngineSetLauncher.queue == "debug"
