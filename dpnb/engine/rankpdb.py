@@ -40,10 +40,11 @@ DATA_KEY = "dpnb_pdb"
 #: how often a rank waiting for its next pdb line wakes (so Ctrl-C reaches it)
 WAKE_S = 0.2
 #: modules whose frames ``next`` and ``step`` pass over: the kernel and dpnb
-#: around a cell, so stepping goes from one cell statement to the next
+#: around a cell, so stepping goes from one cell statement to the next; and
+#: torch.distributed's wrappers (``dist.breakpoint``'s own barrier among them)
 SKIP = ["IPython.*", "ipykernel.*", "ipyparallel.*", "dpnb.*", "asyncio.*", "tornado.*",
         "zmq.*", "traitlets.*", "concurrent.*", "threading", "contextlib", "codeop",
-        "runpy", "selectors", "queue"]
+        "runpy", "selectors", "queue", "torch.distributed.*"]
 
 
 class Channel(io.TextIOBase):

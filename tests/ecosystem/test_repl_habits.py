@@ -35,6 +35,21 @@ def test_breakpoint_on_a_rank_prompts_in_the_notebook(c, capsys):
     assert [r.pid for r in c.ranks] == pids
 
 
+def test_pdb_set_trace_and_torch_distributed_breakpoint_prompt_too(c, capsys):
+    from dpnb.cluster.debugging import scripted
+
+    c.transport.ask = scripted(["p rank", "c", "p rank", "c"])
+    try:
+        res = c.run("import pdb\nif rank == 0:\n    pdb.set_trace()\n"
+                    "dist.breakpoint(rank=1)\ndone = rank", display=False)
+    finally:
+        del c.transport.ask
+    assert res.ok and c.pull("done") == [0, 1]
+    out = capsys.readouterr().out
+    # pdb.set_trace stopped rank 0; torch's breakpoint(rank=1) stopped rank 1 only
+    assert "(Pdb rank 0) p rank\n0" in out and "(Pdb rank 1) p rank\n1" in out, out
+
+
 def test_breakpoint_where_nobody_can_answer_goes_on_with_one_note(c, capsys):
     c.transport.ask = lambda prompt: None  # papermill / nbconvert: no stdin
     try:

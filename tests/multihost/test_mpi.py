@@ -8,17 +8,22 @@ import pytest
 import dpnb
 
 
-def test_mpi_hostfile_across_two_hosts(two_hosts):
+def _start(hs, hosts, **kw):
+    """4 engines through mpiexec, its hostfile listing ``hosts`` in that order, 2 slots each."""
     if shutil.which("mpiexec") is None:
         pytest.skip("mpiexec not installed (apt-get install openmpi-bin)")
+    hf = f"{hs.dir}/hostfile-{'-'.join(h.name for h in hosts)}"
+    with open(hf, "w") as f:
+        f.write("".join(f"{h.ip} slots=2\n" for h in hosts))
+    return dpnb.start(4, engines="mpi", timeout=20, start_timeout=90,
+                      launcher_args=["--hostfile", hf, "--mca", "plm_rsh_agent",
+                                     f"ssh -F {hs.ssh_config}"], **kw)
+
+
+def test_mpi_hostfile_across_two_hosts(two_hosts):
     hs = two_hosts
     a, b = hs.hosts
-    hf = f"{hs.dir}/hostfile"
-    with open(hf, "w") as f:
-        f.write(f"{a.ip} slots=2\n{b.ip} slots=2\n")
-    c = dpnb.start(4, engines="mpi", timeout=20, start_timeout=90, env=["DPNB_TEST_MPI=1"],
-                   launcher_args=["--hostfile", hf, "--mca", "plm_rsh_agent",
-                                  f"ssh -F {hs.ssh_config}"])
+    c = _start(hs, [a, b], env=["DPNB_TEST_MPI=1"])
     try:
         assert [(r.host, r.ip, r.local_rank) for r in c.ranks] == \
             [(a.name, a.ip, 0), (a.name, a.ip, 1), (b.name, b.ip, 0), (b.name, b.ip, 1)]
@@ -37,16 +42,8 @@ def test_mpi_hostfile_across_two_hosts(two_hosts):
 def test_mpi_ranks_follow_the_hostfile_order(two_hosts):
     """The hostfile names b first: rank 0 is on b (Open MPI's world rank decides,
     not which engine registered first)."""
-    if shutil.which("mpiexec") is None:
-        pytest.skip("mpiexec not installed (apt-get install openmpi-bin)")
-    hs = two_hosts
-    a, b = hs.hosts
-    hf = f"{hs.dir}/hostfile-b-first"
-    with open(hf, "w") as f:
-        f.write(f"{b.ip} slots=2\n{a.ip} slots=2\n")
-    c = dpnb.start(4, engines="mpi", timeout=20, start_timeout=90,
-                   launcher_args=["--hostfile", hf, "--mca", "plm_rsh_agent",
-                                  f"ssh -F {hs.ssh_config}"])
+    a, b = two_hosts.hosts
+    c = _start(two_hosts, [b, a])
     try:
         assert [r.host for r in c.ranks] == [b.name, b.name, a.name, a.name]
         assert c.master_addr == b.ip
