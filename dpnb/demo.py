@@ -66,10 +66,13 @@ def run_demo(out_dir: str = "demo-out", *, n: int = 2, steps: int = 20,
         r = c.run("t = torch.tensor([float(rank + 1)])\ndist.all_reduce(t)\nprint(t.item())",
                   display=False)
         total = sum(range(1, n + 1))
-        got = {r.outcomes[k].stdout.strip() for k in r.ranks}
-        sections.append(("A real all_reduce",
-                         f"each rank contributes rank+1; every rank now holds {got.pop()} "
-                         f"(expected {float(total)})", None))
+        got = {k: r.outcomes[k].stdout.strip() for k in r.ranks}
+        held = sorted(set(got.values()))
+        sections.append(("A real all_reduce", (
+            f"each rank contributes rank+1; every rank now holds {held[0]} "
+            f"(expected {float(total)})" if len(held) == 1 else
+            f"each rank contributes rank+1; the ranks disagree (expected {float(total)}): "
+            + ", ".join(f"rank {k} holds {v}" for k, v in sorted(got.items()))), None))
 
         c.run(MODEL_CELL, display=False)
         bucket = 0.05 if strategy in ("ddp", "zero1") else None

@@ -342,6 +342,13 @@ def tear_down(icluster, client, agents, profile_dir: str) -> None:
     shutil.rmtree(profile_dir, ignore_errors=True)
 
 
+def preload_setting(n: int, cores: int) -> str:
+    """What local engines preload while the cluster starts: everything the first
+    wrap needs (``all``), or -- more engines than cores -- ``torch`` only: the
+    background preload of DDP/FSDP/dynamo would compete with the start itself."""
+    return "all" if n <= cores else "torch"
+
+
 def _start_overlapped(icluster, n: int, timeout: float):
     """Start local engines together with the controller, not after it.
 
@@ -359,9 +366,7 @@ def _start_overlapped(icluster, n: int, timeout: float):
         **dict(launcher.get("environment", {}) or {}),
         "DPNB_CONNECTION_FILE": engine_connection_file(icluster),
         "DPNB_CONNECTION_WAIT": str(timeout),
-        # more engines than cores: the background preload of DDP/FSDP/dynamo
-        # would compete with the start itself
-        PRELOAD_ENV: "all" if n <= (os.cpu_count() or 1) else "torch",
+        PRELOAD_ENV: preload_setting(n, os.cpu_count() or 1),
     }
     icluster.send_engines_connection_env = False
     icluster.start_engines_sync(n)

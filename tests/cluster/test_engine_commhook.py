@@ -59,8 +59,10 @@ def results():
 
 def _last_step_buckets(res, hook):
     steps = res[0][hook]["buckets"]
-    assert steps, f"{hook}: no recorded buckets"
-    return steps[-1]["buckets"]
+    assert steps, f"{hook}: no recorded steps"
+    buckets = steps[-1]["buckets"]
+    assert buckets, f"{hook}: the last step recorded no bucket"  # a loop over [] proves nothing
+    return buckets
 
 
 @pytest.mark.parametrize("hook", ["fp16", "bf16"])

@@ -135,7 +135,8 @@ def test_state_bytes_exact(measured, strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_state_bytes_match_core_exact_model(measured, strategy):
-    memory = pytest.importorskip("dpnb.core.exact_memory")
+    from dpnb.core import exact_memory as memory
+
     specs = [memory.ParamSpec(n, s) for n, s in SHAPES.items()]
     model = memory.exact_rank_bytes(specs, 2, strategy, "adamw", gradient_as_bucket_view=True)
     for rank in (0, 1):

@@ -24,7 +24,7 @@ def test_three_ranks_one_raises_two_wait(c3):
     with pytest.raises(dpnb.RemoteCellError) as ei:
         c3.run("t = torch.ones(1)\nif rank == 1:\n    raise KeyError('only rank 1')\n"
                "dist.all_reduce(t)", display=False)
-    assert time.monotonic() - t0 < TIMEOUT + 8
+    assert time.monotonic() - t0 < TIMEOUT / 2  # released, not the 6 s group timeout
     e = ei.value
     assert e.failures[1][0] == "KeyError" and e.waiting == [0, 2]
     assert "ranks 0,2 were waiting on rank 1" in e.report and e.reformed

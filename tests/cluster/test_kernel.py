@@ -218,6 +218,11 @@ def test_kernel_restart_leaves_no_process_and_start_works_at_once(manager, kerne
     assert not [p for p in pids if psutil.pid_exists(p)
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     kernel.wait_for_ready(timeout=60)
+    t0 = time.monotonic()
     msgs, reply = _run(kernel, "%dp start -n 2 --timeout 8")
+    took = time.monotonic() - t0
     assert reply["content"]["status"] == "ok", _texts(msgs)
     assert "2 ranks up" in _texts(msgs)
+    # at once: no old cluster, port or profile in the way (a start takes 2-5 s here;
+    # waiting for the old engines' 8 s group timeout or a stop would show)
+    assert took < 15, took

@@ -133,7 +133,8 @@ def test_sigterm_ends_an_engine_at_once_after_its_atexit_hooks(tmp_path):
             c.run("dist.barrier()", display=False)
         assert "signal 15" in ei.value.died[1], ei.value.died
         assert mark.read_text() == "ok"
-        assert time.monotonic() - t0 < 20  # not a timeout
+        # noticed as a death, not waited out: the group timeout is 6 s
+        assert time.monotonic() - t0 < 3.0
         owned = c._owned_pids()
     finally:
         c.stop()

@@ -109,9 +109,13 @@ def test_resize_2_3_2_trains_on_like_one_process(c):
     got = c.pull_model()
     for k, v in ref_sd.items():
         assert torch.allclose(got[k], v, atol=1e-5), k
-    # the hand-over checkpoints live in the profile, removed with the cluster
-    assert all(d.startswith("resize-") for d in os.listdir(c.profile_dir)
-               if d.startswith("resize"))
+    # the hand-over checkpoints live in the profile (a stop removes it with its
+    # keys: tests/cluster/test_lifecycle.py), one folder per resize
+    for info in (up, down):
+        assert os.path.dirname(info["checkpoint"]) == c.profile_dir, info["checkpoint"]
+        assert os.path.basename(info["checkpoint"]).startswith("resize-")
+        assert os.path.isfile(os.path.join(info["checkpoint"], ".metadata"))
+    assert up["checkpoint"] != down["checkpoint"]
 
 
 def test_resize_magic_says_one_line(c, capsys):

@@ -197,13 +197,3 @@ def test_engine_death_is_reported_and_restart_restores_world(healthy):
                 "globals().get('survivor'), rank, world_size)", display=False)
     assert res.ok
     assert c.pull("v") == [(2.0, 100, 0, 2), (2.0, None, 1, 2)]
-
-
-def test_sigkill_reports_signal(healthy):
-    c = healthy
-    with pytest.raises(RemoteCellError) as ei:
-        c.run("import os, signal\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-              "import time; time.sleep(0.5)", display=False)
-    assert "killed by signal 9 (SIGKILL)" in ei.value.died[1]
-    c.restart()
-    assert c.run("print(rank)", display=False).ok

@@ -59,7 +59,10 @@ def test_wrap_data_train_check_via_magics(ip, capsys):
     assert verdict and not verdict["ok"] and "2.bias" in str(verdict["mismatches"])
     # x + 1 - 1 is not x in floating point: repair by copying rank 0's tensor
     ip.run_cell_magic("dp", "", "dist.broadcast(net[2].bias.data, src=0)")
-    assert ip.run_line_magic("dp", "check") is None  # back in sync
+    capsys.readouterr()
+    assert ip.run_line_magic("dp", "check") is None  # back in sync: compared again, equal
+    assert "dpnb: OK, 4 tensors in sync across 2 ranks" in capsys.readouterr().out
+    assert c.check()["mismatches"] == []
 
     with pytest.raises(UsageError, match="micro_batch x grad_accum = 1000"):
         ip.run_line_magic("dp", "train --steps 1 --micro-batch 1000")

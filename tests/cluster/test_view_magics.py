@@ -1,21 +1,43 @@
 """The view magics wired to dpnb.widgets (terminal mode: text summaries)."""
 
+import re
+
 import pytest
 from IPython.core.error import UsageError
 
 
 
 
+def _row(out: str, *first: str) -> list[str]:
+    """The cells of the text table row whose first cells are ``first``."""
+    for line in out.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[:len(first)] == list(first):
+            return cells
+    raise AssertionError(f"no row {first!r} in:\n{out}")
+
+
 def test_model_views_need_no_cluster(ip, capsys, tmp_path):
     ip.run_line_magic("dp", "memory --params 7e9 --dp 8")
     out = capsys.readouterr().out
-    assert "112" in out and "14" in out  # 16 B/param unsharded; 16/8 under ZeRO-3 (GB)
+    # bf16-mixed Adam: 2 + 2 + 12 B per parameter; ZeRO-3 shards all of it over 8
+    assert _row(out, "ZeRO-0 (DDP)")[1] == f"{7e9 * 16 / 1e9:g} GB" == "112 GB"
+    assert _row(out, "ZeRO-3")[1] == f"{7e9 * 16 / 8 / 1e9:g} GB" == "14 GB"
     ip.run_line_magic("dp", "batch --micro-batch 2 --dp 16 --grad-accum 4 --seq-len 4096")
-    assert "524,288" in capsys.readouterr().out
+    assert f"{2 * 16 * 4 * 4096:,}" in capsys.readouterr().out  # tokens per step
     ip.run_line_magic("dp", "comm --link ib-hdr-200 --n 8")
-    assert capsys.readouterr().out.strip()
+    # ring all-reduce of 1 GB over 8 ranks at 25 GB/s, 5 us a step: 2(N-1)/N S/B + 2(N-1) a
+    ar = (2 * 7 / 8 * 1e9) / 25e9 + 2 * 7 * 5e-6
+    rs = (7 / 8 * 1e9) / 25e9 + 7 * 5e-6
+    assert _row(capsys.readouterr().out, "1 GB")[1:] == [f"{ar * 1e3:.1f} ms", f"{rs * 1e3:.3g} ms",
+                                                         f"{rs * 1e3:.3g} ms"]
     ip.run_line_magic("dp", "scaling --max-dp 64")
-    assert capsys.readouterr().out.strip()
+    # 200 ms compute, 2 GB all-reduced at 50 GB/s (5 us a step), 60% overlapped
+    comm = (2 * 63 / 64 * 2e9) / 50e9 + 2 * 63 * 5e-6
+    row = _row(capsys.readouterr().out, "64")
+    assert row[:5] == ["64", f"{(0.2 + 0.4 * comm) * 1e3:.4g}", "200", f"{comm * 1e3:.4g}",
+                       f"{0.4 * comm * 1e3:.4g}"]
+    assert row[-1] == f"{0.2 / (0.2 + 0.4 * comm):.1%}"
     ip.run_line_magic("dp", "ring --n 4")
     assert "reduce-scatter" in capsys.readouterr().out.lower()
     png = tmp_path / "mem.png"
@@ -46,7 +68,12 @@ def test_live_views(ip, capsys):
     assert "bucket" in out.lower() and "all-reduce" in out.lower()
     ip.run_line_magic("dp", "memory --live")
     out = capsys.readouterr().out
-    assert "measured" in out.lower()
+    # every rank's tensors counted: 1,153 fp32 parameters, as many gradients, AdamW's two
+    # moments and a 4-byte step per tensor (4 tensors) -- equal to the exact prediction
+    total = 1153 * 4 * 4 + 4 * 4
+    for r in (0, 1):
+        assert _row(out, f"rank {r}", "total")[2:] == [f"{total:,}", f"{total:,}", "0 B"]
+    assert "measured == predicted on every rank, byte for byte" in out
     ip.run_line_magic("dp", "memory --live --no-stages")  # the quick start's: ZeRO is not taught yet
     out = capsys.readouterr().out
     assert out.startswith("Memory per rank") and "byte for byte" in out and "ZeRO" not in out, out
@@ -62,8 +89,14 @@ def test_live_views(ip, capsys):
     ip.run_line_magic("dp", "straggle --rank 1 --delay 50")
     assert "rank 1: 50 ms" in capsys.readouterr().out
     ip.run_line_magic("dp", "train --steps 2 --micro-batch 8")
+    capsys.readouterr()
     ip.run_line_magic("dp", "stragglers")
-    assert "rank 1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "injected delay: rank 1 50 ms" in out
+    # the two delayed steps: rank 1 the slowest, each step at least its 50 ms
+    for step in (out.strip().splitlines()[-2:]):
+        cells = re.split(r"\s{2,}", step.strip())
+        assert cells[-1] == "rank 1" and float(cells[-2].split()[0]) >= 50, step
     ip.run_line_magic("dp", "straggle --clear")
     with pytest.raises(UsageError, match="--rank R --delay MS"):
         ip.run_line_magic("dp", "straggle --rank 1")

@@ -22,10 +22,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 WORLD = 4
 
-try:  # the training code's own meter, where it has landed
-    from dpnb.engine.measure import state_bytes as engine_state_bytes
-except Exception:  # noqa: BLE001 - any import problem just means "not available"
-    engine_state_bytes = None
+from dpnb.engine.measure import state_bytes as engine_state_bytes  # the engines' own meter
 
 
 class Net(torch.nn.Module):
@@ -136,9 +133,8 @@ def measure(strategy: str, optimizer: str, rank: int, bucket_view: bool) -> dict
         out["grad_storage"] = storage_bytes(grads)
         out["optimizer_moments"], out["optimizer_steps"] = opt_bytes(state)
         out["owned"] = sorted(names[id(p)] for p in state)
-        if engine_state_bytes is not None:
-            eb = engine_state_bytes(net, opt)
-            out["engine"] = {k: eb[k] for k in ("params", "grads", "optimizer", "total")}
+        eb = engine_state_bytes(net, opt)
+        out["engine"] = {k: eb[k] for k in ("params", "grads", "optimizer", "total")}
         out["specs"] = [[n, list(p.shape), str(p.dtype), p.requires_grad] for n, p in net.named_parameters()]
         return out
     finally:

@@ -193,8 +193,13 @@ def test_a_release_always_means_re_forming():
 
 
 def test_preload_is_skipped_when_engines_outnumber_cores(monkeypatch):
+    from dpnb.cluster.launch import preload_setting
     from dpnb.engine import setup
 
+    # the launcher's rule: engines <= cores preload everything, more engines torch only
+    assert [preload_setting(n, 2) for n in (1, 2, 3, 32)] == ["all", "all", "torch", "torch"]
+    assert preload_setting(16, 16) == "all"
+    # ... and what an engine makes of it
     monkeypatch.setenv(setup.PRELOAD_ENV, "torch")
     assert setup.preload_modules() == ()
     monkeypatch.setenv(setup.PRELOAD_ENV, "all")

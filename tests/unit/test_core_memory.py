@@ -76,7 +76,6 @@ def test_10b_mixed_precision_does_not_fit_an_h100() -> None:
     assert m.optimizer_states == pytest.approx(120 * GB)
     assert m.total == pytest.approx(160 * GB)
     assert not m.fits(H100_BYTES)
-    assert 20 * GB + 20 * GB + 60 * GB > H100_BYTES
 
 
 def test_70b_mixed_adam_is_1_1_to_1_4_tb() -> None:

@@ -51,9 +51,8 @@ def test_dispatch_without_cluster_never_tracebacks(magics, line):
 @settings(max_examples=100, deadline=None)
 @given(line=ARGS, cell=st.text(max_size=20))
 def test_cell_magic_without_cluster_says_start_first(magics, line, cell):
-    try:
+    with pytest.raises(UsageError) as ei:  # a cell with no cluster never runs quietly
         magics.dp(line, cell)
-    except UsageError as e:
-        msg = str(e)
-        assert "%dp start" in msg or "%dp (cell)" in msg or "see %dp?" in msg or \
-            "cell is empty" in msg
+    msg = str(ei.value)
+    assert "%dp start" in msg or "%dp (cell)" in msg or "see %dp?" in msg or \
+        "cell is empty" in msg

@@ -52,8 +52,18 @@ def test_the_notebooks_ask_by_id_and_never_hold_an_answer():
 
 
 def test_options_are_shuffled_the_same_way_every_time_and_answers_spread():
+    import os
+    import subprocess
+    import sys
+
     qs = [quiz.get(q.qid) for q in _all()]
-    assert [q.options for q in qs] == [quiz.get(q.qid).options for q in qs]
+    # the same order in every process (a salted hash or a time seed would differ)
+    code = ("from dpnb import quiz\nprint([quiz.get(q).options for q in "
+            f"{[q.qid for q in qs]!r}])")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env=dict(os.environ, PYTHONHASHSEED=seed)).stdout
+            for seed in ("1", "2")}
+    assert runs == {f"{[q.options for q in qs]!r}\n"}
     pos = collections.Counter(q.answer for q in qs)
     assert max(pos.values()) <= 0.4 * len(qs), pos
     assert sum(q.answer != a.answer for q, a in zip(qs, _all())) >= len(qs) // 2

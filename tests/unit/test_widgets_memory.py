@@ -10,6 +10,12 @@ from helpers.recorded import SPECS, snapshots32
 
 
 def snapshots(strategy, optimizer="adamw", extra_grad_rank1=0, phase="after_step"):
+    """Plumbing: "measured" snapshots made from the predictor itself, so the view's
+    agreement with it is true by construction here.  These tests prove the view
+    reads, compares and draws what it is given (and shows a difference when one
+    is planted); that real tensors match the prediction is proved on real DDP /
+    ZeRO / FSDP2 objects by test_core_exact_memory.py::test_exact_mode_matches_*
+    and tests/cluster/test_engine_measure.py."""
     specs = [ParamSpec(n, tuple(s), d, r) for n, s, d, r in SPECS]
     pred = exact_rank_bytes(specs, 2, strategy, optimizer, gradient_as_bucket_view=True)
     return [{"rank": p.rank, "world_size": 2, "strategy": strategy, "optimizer": optimizer, "mixed_precision": "none",
@@ -51,7 +57,7 @@ def test_figure_bar_heights_and_capacity_line():
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3"])
-def test_live_exact_agreement(strategy):
+def test_plumbing_live_agreement_is_read_and_said(strategy):
     lm = memory.live_data(snapshots(strategy))
     assert lm.agrees
     assert all(r.diff == {"params": 0, "grads": 0, "optimizer": 0, "total": 0} for r in lm.ranks)
@@ -75,7 +81,7 @@ def test_live_difference_is_shown_in_bytes():
     assert top == pytest.approx(sum(lm.ranks[1].measured.values()))
 
 
-def test_between_steps_predicts_no_gradients():
+def test_plumbing_between_steps_predicts_no_gradients():
     lm = memory.live_data(snapshots("ddp", phase="now"))
     assert lm.agrees and all(r.predicted["grads"] == 0 for r in lm.ranks)
 

@@ -57,37 +57,47 @@ def test_no_records_message():
 
 
 class FakeCluster:
-    """Records what inject() asks of the ranks (no engines)."""
+    """Records what inject() asks of the ranks (no engines); the ranks' answers to
+    ``straggle_state`` are fixed here, so the test sees inject pass them on."""
 
     world_size = 3
+    STATE = [0.5, 0.25, 0.12]  # what the ranks report, in seconds
 
     def __init__(self):
-        self.delays = [0.0] * 3
         self.calls = []
 
     def call(self, dotted, *args, ranks=None, raise_errors=True, **kw):
         self.calls.append((dotted, args, ranks))
         sel = list(range(3)) if ranks is None else list(ranks)
-        vals = []
-        for r in sel:
-            if dotted.endswith("set_straggle"):
-                self.delays[r] = args[0] / 1000
-            vals.append({"rank": r, "delay_s": self.delays[r]})
 
         class Res:
             ok = True
-            values = vals
+            values = [{"rank": r, "delay_s": self.STATE[r]} for r in sel]
         return Res()
 
 
-def test_inject_only_touches_the_chosen_rank():
+def test_inject_tells_only_the_chosen_rank_then_reports_every_rank():
     c = FakeCluster()
-    assert stragglers.inject(c, 2, 120) == [0.0, 0.0, 0.12]
-    assert c.calls[0] == ("dpnb.engine.views.set_straggle", (120.0,), [2])
+    assert stragglers.inject(c, 2, 120) == FakeCluster.STATE  # in rank order, as reported
+    assert c.calls == [("dpnb.engine.views.set_straggle", (120.0,), [2]),
+                       ("dpnb.engine.views.straggle_state", (), None)]
     with pytest.raises(stragglers.C.ViewError, match="out of range"):
         stragglers.inject(c, 5, 10)
     stragglers.clear(c)
-    assert c.delays == [0.0, 0.0, 0.0]
+    assert c.calls[-1] == ("dpnb.engine.views.set_straggle", (0.0,), None)  # every rank
+
+
+def test_a_rank_stores_the_delay_in_seconds():
+    from dpnb.engine import views
+    from dpnb.engine.state import EngineState
+
+    ns = {"_dpnb": EngineState(rank=1, world_size=2, local_rank=1, local_world_size=2,
+                               node_rank=0, backend="gloo", device="cpu", master_addr="x",
+                               master_port=1, timeout_s=1.0)}
+    views.set_straggle(ns, 120)
+    assert views.straggle_state(ns) == {"rank": 1, "delay_s": 0.12}
+    with pytest.raises(Exception, match="--delay must be >= 0 milliseconds"):
+        views.set_straggle(ns, -1)
 
 
 def test_widget_p_slider():
