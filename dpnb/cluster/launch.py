@@ -378,9 +378,12 @@ def _start_overlapped(icluster, n: int, timeout: float):
 
 def slurm_engine_template(options: Sequence[str]) -> str:
     """ipyparallel's engine job script with ``options`` as ``#SBATCH`` lines
-    (braces doubled: ipyparallel formats the script)."""
+    (braces doubled: ipyparallel formats the script).  ``--output`` is
+    written here because ipyparallel adds it only to its own template: without
+    it Slurm writes ``slurm-JOBID.out`` into the notebook's folder."""
     lines = "".join(f"#SBATCH {o.replace('{', '{{').replace('}', '}}')}\n" for o in options)
     return ("#!/bin/sh\n#SBATCH --export=ALL\n#SBATCH --job-name=ipengine-{cluster_id}\n"
+            "#SBATCH --output={output_file}\n"
             f"{lines}srun {{program_and_args}}\n")
 
 
