@@ -4,11 +4,13 @@
 (real ipyparallel engines or multi-process gloo groups), ``ecosystem/`` (code
 written the way other projects write it -- torchrun scripts, DDP/FSDP/ZeRO
 built in cells, Accelerate -- on real clusters), ``multihost/``
-(two hosts from network namespaces: ssh, Slurm, Open MPI), ``notebook/``
+(two hosts from network namespaces: ssh, Slurm, Open MPI), ``shared/`` (a
+second unix user and a third namespace host attack a running cluster; root
+only), ``notebook/``
 (nbclient), ``browser/`` (JupyterLab in Chromium), ``slow/`` (fresh virtual
 environments, the benchmark smoke run), ``gpu/`` (one CUDA GPU; skipped
 without one).  Each test gets its folder's marker here, so
-``-m "not cluster and not ecosystem and not multihost and not notebook and not browser and not slow"``
+``-m "not cluster and not ecosystem and not multihost and not shared and not notebook and not browser and not slow"``
 selects the fast tier.  Shared helpers are the package ``tests/helpers``.
 
 IPython/Jupyter state is kept out of the user's home.
@@ -30,7 +32,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TESTS = pathlib.Path(__file__).resolve().parent
-TIERS = ("unit", "cluster", "ecosystem", "multihost", "notebook", "browser", "slow", "gpu")
+TIERS = ("unit", "cluster", "ecosystem", "multihost", "shared", "notebook", "browser", "slow",
+         "gpu")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -461,13 +461,14 @@ def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: 
                    env: dict[str, str] | None = None, nnodes: int = 1) -> dict[str, Any]:
     """What :func:`dpnb.engine.setup.init_rank` receives for rank ``ri``.
 
-    ``token`` opens the engine's side door (:mod:`dpnb.engine.sidedoor`), on
-    loopback for local clusters and on the rank's own address otherwise.
+    ``token`` opens the engine's side door (:mod:`dpnb.engine.sidedoor`), a
+    UNIX socket in the owner's private folder for local clusters and a port
+    on the rank's own address otherwise.
     """
     return dict(rank=ri.rank, world_size=world_size, local_rank=ri.local_rank,
                 local_world_size=ri.local_world_size, node_rank=ri.node_rank,
                 backend=backend, device_index=device_index(ri), master_addr=master_addr,
                 master_port=master_port, timeout_s=timeout_s, threads=threads,
                 local_cluster=local, watch_ppid=watch_ppid, token=token,
-                door_addr="127.0.0.1" if local else ri.ip, ifname=ri.ifname,
+                door_addr="unix" if local else ri.ip, ifname=ri.ifname,
                 env=dict(env or {}), nnodes=nnodes, widgets=in_kernel())

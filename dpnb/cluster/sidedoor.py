@@ -1,30 +1,35 @@
 """Knocking on the engines' side doors (see :mod:`dpnb.engine.sidedoor`).
 
-A plain TCP connection to each rank's door, one JSON line each way, the
-cluster's token as the password; all ranks are asked in parallel and each
-answer is awaited for at most ``timeout`` seconds.  This channel works while
-an engine's main thread is blocked in a collective, when ipyparallel's does
-not.
+One connection to each rank's door -- a UNIX socket path for local clusters,
+``(address, port)`` across hosts -- the handshake of :mod:`dpnb.engine.wire`
+(proving the cluster's token without sending it), then one JSON request and
+one answer.  All ranks are asked in parallel and each answer is awaited for
+at most ``timeout`` seconds.  This channel works while an engine's main
+thread is blocked in a collective, when ipyparallel's does not.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 
+from ..engine import wire
+
 log = logging.getLogger("dpnb.sidedoor")
+
+#: an answer (``where`` with a long cell line) stays far below this
+MAX_ANSWER = 16 << 20
 
 
 def knock(addr: str, port: int, token: str, cmd: str, timeout: float = 2.0,
           **extra) -> dict | None:
     """One command to one door; its answer, or None if the door did not answer."""
     try:
-        with socket.create_connection((addr, port), timeout=timeout) as s:
-            s.sendall((json.dumps({"token": token, "cmd": cmd, **extra}) + "\n").encode())
-            line = s.makefile("r").readline()
-        return json.loads(line) if line else None
+        with wire.connect(addr, port, timeout) as s:
+            wire.client_handshake(s, token)
+            wire.send_frame(s, json.dumps({"cmd": cmd, **extra}).encode())
+            return json.loads(wire.recv_frame(s, MAX_ANSWER))
     except (OSError, ValueError) as e:
         log.info("side door %s:%s (%s) did not answer: %s", addr, port, cmd, e)
         return None
@@ -37,9 +42,9 @@ def is_closed(addr: str, port: int, timeout: float = 1.0) -> bool:
     for engines whose launcher reports no exits (slurm, mpi).
     """
     try:
-        socket.create_connection((addr, port), timeout=timeout).close()
+        wire.connect(addr, port, timeout).close()
         return False
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, FileNotFoundError):
         return True
     except OSError as e:  # unreachable or slow: not proof of death
         log.info("side door %s:%s not checked: %s", addr, port, e)

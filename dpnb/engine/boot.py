@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 
@@ -73,6 +74,13 @@ def main() -> None:
         if text is not None:
             os.environ["IPP_CONNECTION_INFO"] = text
         # else: ipyparallel looks for the file itself and says it never came
+    # ipyparallel's engine would bind an unauthenticated ZMQ socket on
+    # 127.0.0.1 to watch the controller's heartbeat, and run a Python callback
+    # in the engine's main loop for every message any local user sends to it:
+    # a stranger streaming bytes there starved the main thread (a re-formation
+    # took 6.6 s instead of 0.04 s).  dpnb watches its engines' lives itself
+    # (the reaper, the host agents, the side doors), so that listener is off.
+    sys.argv.append("--IPEngine.max_heartbeat_misses=0")
     engine_main()
 
 

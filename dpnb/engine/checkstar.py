@@ -20,6 +20,7 @@ import hmac
 import json
 import logging
 import select
+import selectors
 import socket
 import struct
 import time
@@ -33,6 +34,8 @@ _CHECK = struct.Struct("<qqq")  # number, digest, proposed period
 _VERDICT = struct.Struct("<q")
 _LEN = struct.Struct("<I")
 _HELLO = struct.Struct("<i32s")  # rank, HMAC-SHA256(token, "formation:rank")
+#: how long a connection to the hub may take to send its hello (from accept)
+HELLO_S = 5.0
 #: cap on a readable call or table sent after a mismatch
 MAX_TABLE_BYTES = 1 << 20
 
@@ -112,48 +115,87 @@ class Star:
 
     @classmethod
     def _form_hub(cls, store, key, world, addr, token, formation, timeout_s) -> "Star":
+        """Admit one authenticated connection per other rank.  Connections are
+        read side by side (a selector), each with its own short deadline, so a
+        stranger that connects and stays silent delays no rank's hello."""
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         lsock = socket.socket(family, socket.SOCK_STREAM)
         spokes: dict[int, socket.socket] = {}
+        pending: dict[socket.socket, list] = {}  # conn -> [peer, bytes so far, deadline]
+        sel = selectors.DefaultSelector()
         try:
             lsock.bind((addr, 0))
-            lsock.listen(world)
+            lsock.listen(max(world, 64))
+            lsock.setblocking(False)
+            sel.register(lsock, selectors.EVENT_READ)
             store.set(key, str(lsock.getsockname()[1]))
             deadline = time.monotonic() + timeout_s
             while len(spokes) < world - 1:
-                left = deadline - time.monotonic()
-                if left <= 0:
+                now = time.monotonic()
+                if now > deadline:
                     raise TimeoutError(f"collective check: {world - 1 - len(spokes)} ranks did "
                                        f"not connect within {timeout_s:g} s")
-                lsock.settimeout(left)
-                conn, peer = lsock.accept()
-                r = cls._admit(conn, peer, world, token, formation, spokes, left)
-                if r is not None:
-                    spokes[r] = conn
+                wake = min([deadline, *(p[2] for p in pending.values())])
+                for k, _ in sel.select(max(wake - now, 0.0)):
+                    if k.fileobj is lsock:
+                        cls._accept(lsock, sel, pending, min(deadline, now + HELLO_S))
+                    else:
+                        cls._read_hello(k.fileobj, sel, pending, spokes, world, token, formation)
+                now = time.monotonic()
+                for conn in [c for c, p in pending.items() if p[2] < now]:
+                    cls._drop(conn, sel, pending, f"no hello within {HELLO_S:g} s")
         except BaseException:
             for c in spokes.values():
                 c.close()
             raise
         finally:
+            for c in list(pending):
+                c.close()
+            sel.close()
             lsock.close()  # nobody can connect once every rank has
         return cls(0, world, spokes, None, timeout_s)
 
     @staticmethod
-    def _admit(conn, peer, world, token, formation, spokes, left) -> int | None:
-        """The rank of an authenticated new connection, or None (closed, logged)."""
+    def _accept(lsock, sel, pending, deadline) -> None:
         try:
-            conn.settimeout(min(left, 5.0))
-            r, mac = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
-            if 0 < r < world and r not in spokes and \
-                    hmac.compare_digest(mac, _hello_mac(token, formation, r)):
-                conn.settimeout(None)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return r
-            log.warning("collective check: refused a connection from %s (bad hello)", peer)
-        except (OSError, CheckReleased, struct.error) as e:
-            log.warning("collective check: dropped a connection from %s: %s", peer, e)
+            conn, peer = lsock.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(False)
+        sel.register(conn, selectors.EVENT_READ)
+        pending[conn] = [peer, b"", deadline]
+
+    @staticmethod
+    def _drop(conn, sel, pending, why: str) -> None:
+        peer = pending.pop(conn)[0]
+        sel.unregister(conn)
         conn.close()
-        return None
+        log.warning("collective check: dropped a connection from %s: %s", peer, why)
+
+    @classmethod
+    def _read_hello(cls, conn, sel, pending, spokes, world, token, formation) -> None:
+        """More of a pending connection's hello; admit it once complete and right."""
+        peer, buf, _ = p = pending[conn]
+        try:
+            chunk = conn.recv(_HELLO.size - len(buf))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            return cls._drop(conn, sel, pending, str(e))
+        if not chunk:
+            return cls._drop(conn, sel, pending, "closed before its hello")
+        p[1] = buf = buf + chunk
+        if len(buf) < _HELLO.size:
+            return
+        r, mac = _HELLO.unpack(buf)
+        if not (0 < r < world and r not in spokes
+                and hmac.compare_digest(mac, _hello_mac(token, formation, r))):
+            return cls._drop(conn, sel, pending, "bad hello")
+        pending.pop(conn)
+        sel.unregister(conn)
+        conn.setblocking(True)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        spokes[r] = conn
 
     # -- one call -----------------------------------------------------------
     def call(self, op: str, text: str, digest: int, where) -> bool:

@@ -197,6 +197,10 @@ def init_rank(info: dict) -> dict:
     sys.argv[:] = ["cell"]
     # --env KEY=VALUE: set before any group exists, on every launcher
     os.environ.update({str(k): str(v) for k, v in (info.get("env") or {}).items()})
+    # compile caches out of the shared /tmp, unless the user chose where (--env)
+    from .private import private_caches
+
+    private_caches()
     if info.get("local_cluster"):
         # Keep gloo's pair connections on loopback: a container's hostname
         # often resolves to an address that is not routable from itself.
@@ -233,6 +237,7 @@ def init_rank(info: dict) -> dict:
     )
     if old is not None:  # a restart keeps what higher layers registered
         state.carry_from(old)
+    state.token = info.get("token")
     ns[STATE_NAME] = state
     ns.update(rank=rank, world_size=world, local_rank=state.local_rank,
               device=device, torch=torch, dist=dist)
@@ -246,12 +251,44 @@ def init_rank(info: dict) -> dict:
     if info.get("token"):
         from . import cellguard, lifecycle, rankpdb, sidedoor
 
-        door = sidedoor.open_door(state, info.get("door_addr") or "127.0.0.1", info["token"])
+        door = sidedoor.open_door(state, info.get("door_addr") or "unix", info["token"])
         cellguard.install(state)
         lifecycle.install(state)
         rankpdb.install(state)
     return {"rank": rank, "device": str(device), "threads": torch.get_num_threads(),
             "door": door}
+
+
+def _open_store(st, timeout: timedelta):
+    """This formation's rendezvous store: rank 0 serves it on the socket
+    :func:`listen_store` bound, every rank connects to it.
+
+    With the cluster's token (always, from the notebook) it is dpnb's
+    authenticated store (:mod:`dpnb.engine.authstore`): a stranger who reaches
+    the port can neither read nor write a key.  Without one (an engine set up
+    by hand) it is torch's ``TCPStore``.
+    """
+    import torch.distributed as dist
+
+    sock = st.store_sock if st.rank == 0 else None
+    mine = sock is not None and sock.getsockname()[1] == st.master_port
+    if mine:
+        st.store_sock = None
+    if st.token:
+        from .authstore import AuthStore, StoreServer
+
+        if mine:
+            if st.store_server is not None:  # the last formation's: its groups are gone
+                st.store_server.close()
+            st.store_server = StoreServer(sock, st.token)
+        return AuthStore(st.master_addr, st.master_port, st.token, timeout)
+    if mine:
+        # the store's server takes ownership of the descriptor and closes it
+        # when the group goes away, so Python must let go of it
+        return dist.TCPStore(st.master_addr, st.master_port, st.world_size, True,
+                             timeout=timeout, master_listen_fd=sock.detach())
+    return dist.TCPStore(st.master_addr, st.master_port, st.world_size, False,
+                         timeout=timeout)
 
 
 def form_group(master_port: int | None = None) -> dict:
@@ -274,16 +311,7 @@ def form_group(master_port: int | None = None) -> dict:
     if st.backend == "nccl":
         kwargs["device_id"] = st.device
     timeout = timedelta(seconds=st.timeout_s)
-    sock = st.store_sock if st.rank == 0 else None
-    if sock is not None and sock.getsockname()[1] == st.master_port:
-        st.store_sock = None
-        # the store's server takes ownership of the descriptor and closes it
-        # when the group goes away, so Python must let go of it
-        store = dist.TCPStore(st.master_addr, st.master_port, st.world_size, True,
-                              timeout=timeout, master_listen_fd=sock.detach())
-    else:
-        store = dist.TCPStore(st.master_addr, st.master_port, st.world_size, False,
-                              timeout=timeout)
+    store = st.store = _open_store(st, timeout)
     # torch's own: a cell's init_process_group is dpnb's adopting one (lifecycle)
     torch_fn("init_process_group")(backend=st.backend, store=store, rank=st.rank,
                                    world_size=st.world_size, timeout=timeout, **kwargs)

@@ -10,9 +10,10 @@ called from another thread of the blocked process released nothing until the
 ``shutdown(SHUT_RDWR)`` of the group's TCP connections from another thread
 released both ranks 10 ms later, and a new group formed at once.
 
-So every engine runs one daemon thread, the side door, listening on a port of
-its own address.  The notebook knocks with the cluster's token and one
-command:
+So every engine runs one daemon thread, the side door, listening on a UNIX
+socket in its owner's private folder (local clusters) or a port of its own
+address (multi-host).  The notebook proves it holds the cluster's token
+(:mod:`dpnb.engine.wire`) and sends one command:
 
 ``release``
     shut down every TCP connection this process opened since its first
@@ -27,9 +28,10 @@ command:
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
+import os
+import secrets
 import socket
 import sys
 import threading
@@ -37,7 +39,7 @@ from typing import Any
 
 import psutil
 
-from . import frames, rankpdb
+from . import frames, rankpdb, wire
 from .collcheck import COLLECTIVES
 
 log = logging.getLogger("dpnb.engine.sidedoor")
@@ -189,44 +191,84 @@ def _busy(frame) -> bool:
     return False
 
 
-class SideDoor(threading.Thread):
-    """The listening thread; one per engine process."""
+#: a request is one small JSON object (a pdb line at most); larger is refused
+MAX_REQUEST = 64 << 10
+
+
+class SideDoor:
+    """The door of one engine process: an authenticated listener in its own thread.
+
+    Local clusters listen on a UNIX socket in the owner's private folder
+    (:func:`dpnb.engine.private.private_dir`, mode 0700): no other user can
+    even connect.  Multi-host clusters listen on the rank's address, where the
+    handshake of :mod:`dpnb.engine.wire` turns strangers away within a
+    deadline and without delaying anyone else.
+    """
 
     def __init__(self, state, addr: str, token: str, keep: set[tuple]):
-        super().__init__(name="dpnb-side-door", daemon=True)
-        self.state, self.token, self.keep = state, token, keep
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind((addr, 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
+        self.state, self.keep = state, keep
+        if addr == "unix":
+            from .private import private_dir
 
-    def run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError as e:  # the listening socket was closed: the engine is going
-                log.info("side door closed: %s", e)
-                return
-            try:
-                self._serve(conn)
-            except Exception as e:  # one bad knock must not close the door
-                log.warning("side door request failed: %s: %s", type(e).__name__, e, exc_info=True)
-            finally:
-                conn.close()
+            folder = private_dir()
+            _prune_doors(folder)
+            path = os.path.join(folder, f"door-{os.getpid()}-{secrets.token_hex(4)}")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(path)
+            os.chmod(path, 0o600)
+            self.address = (path, 0)
+        else:
+            sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET,
+                                 socket.SOCK_STREAM)
+            sock.bind((addr, 0))
+            self.address = (addr, sock.getsockname()[1])
+        sock.listen(64)
+        self.server = wire.Server("dpnb-side-door", sock, token, self._serve)
 
-    def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(2.0)
-        line = conn.makefile("r").readline()
-        req = json.loads(line or "{}")
-        if not hmac.compare_digest(str(req.get("token", "")), self.token):
-            conn.sendall(b'{"error": "bad token"}\n')
+    @property
+    def token(self) -> str:
+        return self.server.token
+
+    @token.setter
+    def token(self, value: str) -> None:
+        self.server.token = value
+
+    def start(self) -> None:
+        self.server.start()
+
+    def is_alive(self) -> bool:
+        return self.server.is_alive()
+
+    def close(self) -> None:
+        self.server.close()
+        if self.address[0].startswith("/"):
+            try:
+                os.unlink(self.address[0])
+            except OSError as e:
+                log.debug("side door socket %s: %s", self.address[0], e)
+
+    async def _serve(self, reader, writer) -> None:
+        """One request, one answer; the connection then ends."""
+        data = await wire.read_frame(reader, MAX_REQUEST)
+        if data is None:
             return
+        try:
+            req = json.loads(data)
+            out = self.answer(req, writer.get_extra_info("sockname"),
+                              writer.get_extra_info("peername"))
+        except Exception as e:  # one bad request must not close the door
+            log.warning("side door request failed: %s: %s", type(e).__name__, e, exc_info=True)
+            out = {"error": f"{type(e).__name__}: {e}"}
+        writer.write(wire.frame(json.dumps(out, default=str).encode()))
+        await writer.drain()
+
+    def answer(self, req: dict, sockname, peername) -> dict:
         cmd = req.get("cmd")
         if cmd == "release":
             # the asking connection itself must survive the release
-            me = (tuple(conn.getsockname()[:2]), tuple(conn.getpeername()[:2]))
-            out = {"released": release_connections(self.keep, me)}
+            me = (tuple(sockname[:2]), tuple(peername[:2])) \
+                if isinstance(sockname, tuple) and isinstance(peername, tuple) else None
+            out: dict = {"released": release_connections(self.keep, me)}
             if getattr(self.state, "backend", None) == "nccl":
                 # NCCL waits on the GPU, not on a socket: abort its communicators
                 # (NCCL's abort is made to be called from another thread)
@@ -234,17 +276,35 @@ class SideDoor(threading.Thread):
 
                 out["aborted"] = compat.abort_groups()
             log.info("released %d group connections", out["released"])
-        elif cmd == "where":
-            out = where(self.state)
-        elif cmd == "pdb":  # a line for this rank's debugger (None: go on without it)
-            out = {"fed": rankpdb.feed(self.state, req.get("line"))}
-        else:
-            out = {"error": f"unknown command {cmd!r}"}
-        conn.sendall((json.dumps(out, default=str) + "\n").encode())
+            return out
+        if cmd == "where":
+            return where(self.state)
+        if cmd == "pdb":  # a line for this rank's debugger (None: go on without it)
+            return {"fed": rankpdb.feed(self.state, req.get("line"))}
+        return {"error": f"unknown command {cmd!r}"}
+
+
+def _prune_doors(folder: str) -> None:
+    """Remove the sockets of this user's engines that are gone (an engine
+    killed, or ended by ``os._exit``, leaves its socket file behind)."""
+    for name in os.listdir(folder):
+        if not name.startswith("door-"):
+            continue
+        try:
+            pid = int(name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if not psutil.pid_exists(pid):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError as e:  # another engine pruned it first
+                log.debug("stale side door %s: %s", name, e)
 
 
 def open_door(state, addr: str, token: str) -> tuple[str, int]:
-    """Start this engine's side door once (later calls update the token); return its address."""
+    """Start this engine's side door once (later calls update the token); return
+    its address: ``(path, 0)`` for a UNIX socket (``addr == "unix"``), else
+    ``(addr, port)``."""
     door = getattr(state, "side_door", None)
     if door is None or not door.is_alive():
         keep = tcp_connections()  # ipyparallel's own connections: never released
@@ -253,4 +313,4 @@ def open_door(state, addr: str, token: str) -> tuple[str, int]:
         state.side_door = door
     door.token = token
     door.state = state
-    return addr, door.port
+    return door.address

@@ -47,6 +47,11 @@ class EngineState:
     stop_requested: bool = False  # the Stop button: end training at a step boundary
     stop_file: str | None = None  # ... or this file appearing (any rank)
     store_sock: Any = None  # rank 0: the listening socket of the next group's store
+    store_server: Any = None  # rank 0: dpnb.engine.authstore.StoreServer of the current group
+    token: str | None = None  # the cluster's secret: store, side door and check star
+    # the current group's store as a Python object: torch holds only its C++
+    # half, and a store written in Python answers only while this one lives
+    store: Any = None
     side_door: Any = None  # dpnb.engine.sidedoor.SideDoor: release / where, from any thread
     cell_guard: Any = None  # dpnb.engine.cellguard.Guard: counts and checks cells' collectives
     cell_calls: dict = field(default_factory=dict)  # collectives run by the current cell, by op
@@ -73,8 +78,8 @@ class EngineState:
         self.on_reform = old.on_reform
         self.generation = old.generation
         for name in ("train", "pending_data", "watch", "straggle_delay_s", "stop_requested",
-                     "stop_file", "store_sock", "side_door", "cell_guard", "lifecycle",
-                     "pdb_hooks"):
+                     "stop_file", "store_sock", "store_server", "store", "side_door",
+                     "cell_guard", "lifecycle", "pdb_hooks"):
             setattr(self, name, getattr(old, name))
 
 

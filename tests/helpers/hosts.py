@@ -236,3 +236,15 @@ class Hosts(TornDownOnFailure):
             _sh("ip", "netns", "del", h.ns, check=False)
         _sh("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def hosts_or_skip(n: int, tier: str):
+    """``n`` hosts for a module's fixture, or a skip that says why not here."""
+    import pytest
+
+    why = missing()
+    if why:
+        pytest.skip(f"{tier}: {why}")
+    with Hosts(n) as hs:
+        yield hs

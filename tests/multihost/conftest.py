@@ -6,8 +6,5 @@ from helpers import hosts as _hosts
 
 @pytest.fixture(scope="module")
 def two_hosts():
-    why = _hosts.missing()
-    if why:
-        pytest.skip(f"multi-host tier: {why}")
-    with _hosts.Hosts(2) as hs:
+    with _hosts.hosts_or_skip(2, "multi-host tier") as hs:
         yield hs

@@ -218,7 +218,9 @@ def test_slurm_nodes_and_options_reach_the_job_script():
     apply_launcher_args(ic, "slurm", ["nodes=2", "options=--ntasks-per-node=2 --gres={gpu}:1",
                                       "queue=debug"])
     tpl = ic.config.SlurmEngineSetLauncher.batch_template
-    text = tpl.format(cluster_id="c1", program_and_args="ipengine")
+    text = tpl.format(cluster_id="c1", program_and_args="ipengine", output_file="/p/e.out")
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n#SBATCH --gres={gpu}:1\n" in text
+    # the job's output goes where ipyparallel says (the profile), not into the cwd
+    assert "#SBATCH --output=/p/e.out\n" in text
     assert text.endswith("srun ipengine\n") and "--job-name=ipengine-c1" in text
     assert ic.config.SlurmEngineSetLauncher.queue == "debug"

@@ -163,3 +163,20 @@ def test_no_module_over_500_lines():
     long = {str(p.relative_to(PKG.parent)): n for p in PKG.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 500}
     assert not long, long
+
+
+def test_every_module_is_named_in_the_architecture_doc():
+    """Each file by its path, by its name in a row that names its folder, or
+    inside a folder the doc names whole (``dpnb/core/``, ``dpnb/widgets/``)."""
+    doc = (PKG.parent / "docs" / "architecture.md").read_text()
+    whole = ("core", "widgets", "data")
+    missing = []
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(PKG.parent)
+        if rel.parts[1] in whole or p.name == "__init__.py" and len(rel.parts) > 2:
+            continue
+        folder = "/".join(rel.parts[:-1]) + "/"
+        rows = [line for line in doc.splitlines() if folder in line]
+        if str(rel) not in doc and not any(f"`{p.name}`" in r for r in rows):
+            missing.append(str(rel))
+    assert not missing, f"add these to docs/architecture.md: {missing}"

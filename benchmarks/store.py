@@ -1,0 +1,117 @@
+"""What the authenticated rendezvous store costs at group formation.
+
+    python benchmarks/store.py --ns 2,4,8 --rounds 7
+
+N long-lived worker processes form a gloo group again and again:
+``init_process_group`` + one ``new_group`` + a barrier, then tear it down.
+Each round forms once through torch's ``TCPStore`` and once through dpnb's
+``AuthStore`` (:mod:`dpnb.engine.authstore`), in alternating order; a
+formation's time is the slowest rank's.  The ratio is the median of the
+per-round ratios.  The store is used only while a group forms (and by
+``new_group``), never on the training path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TOKEN = "benchmark-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, n: int, q_in, q_out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from dpnb.engine.authstore import AuthStore, StoreServer
+
+    torch.set_num_threads(1)
+    timeout = timedelta(seconds=60)
+    while True:
+        msg = q_in.get()
+        if msg is None:
+            return
+        kind, port = msg
+        server = None
+        t0 = time.perf_counter()
+        if kind == "tcp":
+            store = dist.TCPStore("127.0.0.1", port, n, rank == 0, timeout=timeout)
+        else:
+            if rank == 0:
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", port))
+                sock.listen(1024)
+                server = StoreServer(sock, TOKEN)
+            store = AuthStore("127.0.0.1", port, TOKEN, timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=timeout)
+        g = dist.new_group()
+        dist.barrier(group=g)
+        dt = time.perf_counter() - t0
+        dist.barrier()
+        dist.destroy_process_group()
+        del store
+        if server is not None:
+            server.close()
+        q_out.put((rank, dt))
+
+
+def bench(n: int, rounds: int) -> dict:
+    ctx = mp.get_context("spawn")
+    q_out = ctx.Queue()
+    qs = [ctx.Queue() for _ in range(n)]
+    procs = [ctx.Process(target=_worker, args=(r, n, qs[r], q_out), daemon=True)
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    times: dict[str, list[float]] = {"tcp": [], "auth": []}
+    try:
+        for i in range(rounds + 1):  # round 0 warms both paths up, not counted
+            order = ("tcp", "auth") if i % 2 else ("auth", "tcp")
+            for kind in order:
+                port = _free_port()
+                for q in qs:
+                    q.put((kind, port))
+                worst = max(q_out.get(timeout=120)[1] for _ in range(n))
+                if i:
+                    times[kind].append(worst)
+    finally:
+        for q in qs:
+            q.put(None)
+        for p in procs:
+            p.join(10)
+    ratios = [a / t for a, t in zip(times["auth"], times["tcp"])]
+    return {"n": n, "tcp_ms": statistics.median(times["tcp"]) * 1000,
+            "auth_ms": statistics.median(times["auth"]) * 1000,
+            "ratio": statistics.median(ratios)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ns", default="2,4,8")
+    ap.add_argument("--rounds", type=int, default=7)
+    a = ap.parse_args()
+    print("| ranks | TCPStore formation (ms) | dpnb AuthStore (ms) | ratio |")
+    print("|---|---|---|---|")
+    for n in (int(x) for x in a.ns.split(",")):
+        r = bench(n, a.rounds)
+        print(f"| {n} | {r['tcp_ms']:.1f} | {r['auth_ms']:.1f} | {r['ratio']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
