@@ -99,18 +99,18 @@ def main(argv: list[str]) -> int:
             p = psutil.Process(pid)
             if abs(p.create_time() - started) < 0.01:
                 procs.append(p)
-        except psutil.Error:
+        except psutil.Error:  # gone already (or never ours): nothing to stop
             pass
     for p in procs:
         try:
             p.terminate()
-        except psutil.Error:
+        except psutil.Error:  # it ended between the check and the signal
             pass
     _, alive = psutil.wait_procs(procs, timeout=5)
     for p in alive:
         try:
             p.kill()
-        except psutil.Error:
+        except psutil.Error:  # it ended after all
             pass
     # The profile holds the cluster's keys; the kernel could not remove it.
     profile = os.path.dirname(os.path.abspath(path))

@@ -63,8 +63,8 @@ def run_demo(out_dir: str = "demo-out", *, n: int = 2, steps: int = 20,
         r = c.run("print(f'rank {rank} of {world_size} on {device}')", display=False)
         sections.append(("Every rank runs the cell",
                          "\n".join(r.outcomes[k].stdout.strip() for k in r.ranks), None))
-        r = c.run("t = torch.tensor([float(rank + 1)])\ndist.all_reduce(t)\nprint(t.item())",
-                  display=False)
+        r = c.run("t = torch.tensor([float(rank + 1)], device=device)\n"
+                  "dist.all_reduce(t)\nprint(t.item())", display=False)
         total = sum(range(1, n + 1))
         got = {k: r.outcomes[k].stdout.strip() for k in r.ranks}
         held = sorted(set(got.values()))

@@ -186,8 +186,8 @@ class HostAgent:
                 log.warning("host %s: agent stop: %s", self.host, e)
         try:
             self.proc.stdin.close()
-        except OSError:
-            pass
+        except OSError as e:  # ssh already gone: the wait below returns at once
+            log.debug("host %s: agent stdin: %s", self.host, e)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

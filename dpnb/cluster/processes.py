@@ -115,8 +115,8 @@ def wait_pids_gone(procs: dict[int, float], timeout: float) -> None:
         if same_process(pid, started):
             try:
                 live.append(psutil.Process(pid))
-            except psutil.Error:
-                pass
+            except psutil.Error as e:  # gone since the check: nothing to stop
+                log.debug("pid %s: %s", pid, e)
     alive = _wait_exited(live, timeout)
     for p in alive:
         log.warning("pid %s outlived the stop by %.0f s: SIGKILL", p.pid, timeout)

@@ -205,7 +205,8 @@ def save(ns: dict, path: str) -> dict:
     # all ranks must agree on whether optimizer state is part of the save; a
     # ZeRO-1 rank that owns no parameter has nothing to add and agrees
     owned = [p for g in inner.param_groups for p in g["params"]]
-    has = torch.tensor([1 if (_has_state(inner) or not owned) else 0])
+    # on the communication device: an NCCL group reduces GPU tensors only
+    has = torch.tensor([1 if (_has_state(inner) or not owned) else 0], device=es.comm_device)
     dist.all_reduce(has, op=dist.ReduceOp.MIN)
     with_optim = bool(has.item())
     sd: dict = {"model": msd}

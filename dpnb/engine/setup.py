@@ -88,7 +88,7 @@ def launch_rank() -> int | None:
     for var in LAUNCH_RANK_VARS:
         try:
             return int(os.environ[var])
-        except (KeyError, ValueError):
+        except (KeyError, ValueError):  # not set by this launcher, or not a number: next one
             continue
     return None
 

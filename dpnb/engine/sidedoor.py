@@ -292,7 +292,7 @@ def _prune_doors(folder: str) -> None:
             continue
         try:
             pid = int(name.split("-")[1])
-        except (IndexError, ValueError):
+        except (IndexError, ValueError):  # not a door's name: not ours to remove
             continue
         if not psutil.pid_exists(pid):
             try:

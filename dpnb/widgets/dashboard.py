@@ -90,7 +90,7 @@ def progress_from_client(client, also: dict | None = None) -> dict:
         try:
             ids = list(client.outstanding) + list(also or ())
             break
-        except RuntimeError:
+        except RuntimeError:  # "changed size during iteration": read it again
             continue
     else:
         log.info("outstanding ids kept changing; progress read next time")

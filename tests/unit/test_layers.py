@@ -180,3 +180,29 @@ def test_every_module_is_named_in_the_architecture_doc():
         if str(rel) not in doc and not any(f"`{p.name}`" in r for r in rows):
             missing.append(str(rel))
     assert not missing, f"add these to docs/architecture.md: {missing}"
+
+
+#: outcomes a handler may expect and drop without a word: the folder exists,
+#: the file or process is gone, the queue is empty
+EXPECTED = {"FileExistsError", "FileNotFoundError", "ProcessLookupError",
+            "psutil.NoSuchProcess", "queue.Empty"}
+
+
+def test_no_exception_is_dropped_without_a_reason():
+    """An ``except`` whose body only passes or continues catches an expected
+    outcome, or says on its lines why dropping the error is right (the others
+    log it with its cause, re-raise, or turn it into the caller's answer)."""
+    silent = []
+    for p in PKG.rglob("*.py"):
+        lines = p.read_text().splitlines()
+        for n in ast.walk(ast.parse("\n".join(lines))):
+            if not (isinstance(n, ast.ExceptHandler)
+                    and all(isinstance(s, (ast.Pass, ast.Continue)) for s in n.body)):
+                continue
+            caught = n.type.elts if isinstance(n.type, ast.Tuple) else [n.type]
+            if n.type is not None and all(ast.unparse(c) in EXPECTED for c in caught):
+                continue
+            span = lines[n.lineno - 1:n.body[-1].end_lineno]
+            if not any("#" in line for line in span):
+                silent.append(f"{p.relative_to(PKG.parent)}:{n.lineno}")
+    assert not silent, f"log these (or say why not): {silent}"
