@@ -30,6 +30,7 @@ import time
 from datetime import timedelta
 
 from . import process
+from .netplan import backend_env, interface_of, launch_rank, route_address
 from .lifecycle import torch_fn  # torch-free at import, like this module
 from .state import STATE_NAME, EngineState, get_state
 
@@ -77,46 +78,6 @@ def probe(controller_addr: str = "127.0.0.1") -> dict:
         "cpu_count": os.cpu_count() or 1,
         "launch_rank": launch_rank(),
     }
-
-
-#: the rank a launcher gave this process: Slurm's task id (nodelist order),
-#: Open MPI's / PMI's world rank (hostfile order)
-LAUNCH_RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
-
-
-def launch_rank() -> int | None:
-    for var in LAUNCH_RANK_VARS:
-        try:
-            return int(os.environ[var])
-        except (KeyError, ValueError):  # not set by this launcher, or not a number: next one
-            continue
-    return None
-
-
-def route_address(dest: str) -> str:
-    """This host's source address towards ``dest`` (a UDP connect sends nothing)."""
-    try:
-        family = socket.AF_INET6 if ":" in dest else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((dest, 9))
-            return s.getsockname()[0]
-    except OSError as e:
-        log.warning("no route to the controller at %s (%s); using the hostname's address",
-                    dest, e)
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-def interface_of(ip: str) -> str:
-    """The name of the interface that holds ``ip`` ("" if none does)."""
-    import psutil  # a dependency of ipyparallel
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] == ip for a in addrs):
-            return name
-    return ""
 
 
 def listen_store(addr: str = "127.0.0.1") -> int:
@@ -201,15 +162,8 @@ def init_rank(info: dict) -> dict:
     from .private import private_caches
 
     private_caches()
-    if info.get("local_cluster"):
-        # Keep gloo's pair connections on loopback: a container's hostname
-        # often resolves to an address that is not routable from itself.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    elif info.get("ifname"):
-        # gloo would bind to the hostname's address (127.0.1.1 on a stock
-        # Debian node); the interface that reaches the controller reaches
-        # the other hosts too.  An explicit --env GLOO_SOCKET_IFNAME wins.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", info["ifname"])
+    for key, value in backend_env(info).items():  # an explicit --env wins
+        os.environ.setdefault(key, value)
     # Two engines on two cores each spawning a full intra-op pool oversubscribe
     # the CPU: a DDP step runs about twice as slow as with one thread each.
     torch.set_num_threads(max(1, int(info["threads"])))

@@ -1,0 +1,82 @@
+"""Where a rank is on the network, and which interfaces its libraries use.
+
+Read by :func:`dpnb.engine.setup.probe` (the launcher's rank, the address
+towards the controller, its interface) and :func:`dpnb.engine.setup.init_rank`
+(the communication settings each rank gets unless the user set them).
+Standard library only at import; runs on the ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+log = logging.getLogger("dpnb.engine.setup")
+
+
+#: the rank a launcher gave this process: Slurm's task id (nodelist order),
+#: Open MPI's / PMI's world rank (hostfile order)
+LAUNCH_RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def launch_rank() -> int | None:
+    for var in LAUNCH_RANK_VARS:
+        try:
+            return int(os.environ[var])
+        except (KeyError, ValueError):  # not set by this launcher, or not a number: next one
+            continue
+    return None
+
+
+def route_address(dest: str) -> str:
+    """This host's source address towards ``dest`` (a UDP connect sends nothing)."""
+    try:
+        family = socket.AF_INET6 if ":" in dest else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((dest, 9))
+            return s.getsockname()[0]
+    except OSError as e:
+        log.warning("no route to the controller at %s (%s); using the hostname's address",
+                    dest, e)
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def interface_of(ip: str) -> str:
+    """The name of the interface that holds ``ip`` ("" if none does)."""
+    import psutil  # a dependency of ipyparallel
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == ip for a in addrs):
+            return name
+    return ""
+
+
+def backend_env(info: dict) -> dict[str, str]:
+    """The communication settings a rank gets unless the user set them (``--env``).
+
+    * ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``: gloo binds its pair
+      sockets, and NCCL its bootstrap, to the hostname's address (127.0.1.1
+      on a stock Debian node; on a multi-NIC node maybe one the others cannot
+      reach, and ``ncclCommInitRank`` hangs).  A local cluster stays on
+      loopback (a container's hostname often resolves to an address that is
+      not routable from itself); across hosts, the interface that reaches the
+      controller reaches the other hosts too.
+    * ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (clean up only): torch's default
+      (3) tears the whole process down when an NCCL op outlives the group
+      timeout -- a slow checkpoint or one rank compiling would cost the
+      engine and everything built on it.  With 2 the watchdog aborts the
+      communicators and the op raises; dpnb then re-forms the group.
+    """
+    ifname = "lo" if info.get("local_cluster") else info.get("ifname") or ""
+    out = {}
+    if ifname:
+        out["GLOO_SOCKET_IFNAME"] = ifname
+    if info.get("backend") == "nccl":
+        if ifname:
+            out["NCCL_SOCKET_IFNAME"] = ifname
+        out["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+    return out
