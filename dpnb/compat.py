@@ -76,8 +76,8 @@ def abort_groups() -> bool:
 
     try:
         _need(c10d, "_abort_process_group", "aborting NCCL groups")()
-    except RuntimeError as e:  # already torn down
-        log.info("abort of the process groups: %s", e)
+    except (RuntimeError, ValueError) as e:  # already torn down (a second release: ValueError)
+        log.info("abort of the process groups: %s: %s", type(e).__name__, e)
         return False
     return True
 

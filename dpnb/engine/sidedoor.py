@@ -262,21 +262,34 @@ class SideDoor:
         writer.write(wire.frame(json.dumps(out, default=str).encode()))
         await writer.drain()
 
+    def release(self, sockname, peername) -> dict:
+        """Fail every collective of this process at once (see the module docstring).
+
+        Counted first, so a training step that was inside its gradient sync
+        refuses its optimizer step (:func:`dpnb.engine.step.optimizer_gate`).
+        Under NCCL the communicators are aborted *before* the sockets shut:
+        NCCL's watchdog must not see a broken connection before its abort
+        flag is set (it would tear the process down).
+        """
+        self.state.releases = getattr(self.state, "releases", 0) + 1
+        out: dict = {}
+        if getattr(self.state, "backend", None) == "nccl":
+            # NCCL waits on the GPU, not on a socket: abort its communicators
+            # (NCCL's abort is made to be called from another thread)
+            from .. import compat
+
+            out["aborted"] = compat.abort_groups()
+        # the asking connection itself must survive the release
+        me = (tuple(sockname[:2]), tuple(peername[:2])) \
+            if isinstance(sockname, tuple) and isinstance(peername, tuple) else None
+        out["released"] = release_connections(self.keep, me)
+        log.info("released %d group connections", out["released"])
+        return out
+
     def answer(self, req: dict, sockname, peername) -> dict:
         cmd = req.get("cmd")
         if cmd == "release":
-            # the asking connection itself must survive the release
-            me = (tuple(sockname[:2]), tuple(peername[:2])) \
-                if isinstance(sockname, tuple) and isinstance(peername, tuple) else None
-            out: dict = {"released": release_connections(self.keep, me)}
-            if getattr(self.state, "backend", None) == "nccl":
-                # NCCL waits on the GPU, not on a socket: abort its communicators
-                # (NCCL's abort is made to be called from another thread)
-                from .. import compat
-
-                out["aborted"] = compat.abort_groups()
-            log.info("released %d group connections", out["released"])
-            return out
+            return self.release(sockname, peername)
         if cmd == "where":
             return where(self.state)
         if cmd == "pdb":  # a line for this rank's debugger (None: go on without it)

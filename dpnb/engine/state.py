@@ -52,6 +52,7 @@ class EngineState:
     # the current group's store as a Python object: torch holds only its C++
     # half, and a store written in Python answers only while this one lives
     store: Any = None
+    releases: int = 0  # side-door releases of this process's groups (the optimizer-step gate)
     side_door: Any = None  # dpnb.engine.sidedoor.SideDoor: release / where, from any thread
     cell_guard: Any = None  # dpnb.engine.cellguard.Guard: counts and checks cells' collectives
     cell_calls: dict = field(default_factory=dict)  # collectives run by the current cell, by op
@@ -78,7 +79,7 @@ class EngineState:
         self.on_reform = old.on_reform
         self.generation = old.generation
         for name in ("train", "pending_data", "watch", "straggle_delay_s", "stop_requested",
-                     "stop_file", "store_sock", "store_server", "store", "side_door",
+                     "stop_file", "store_sock", "store_server", "store", "releases", "side_door",
                      "cell_guard", "lifecycle", "pdb_hooks"):
             setattr(self, name, getattr(old, name))
 

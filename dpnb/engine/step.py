@@ -104,6 +104,24 @@ def plan(ns, es, data, *, steps, epochs, micro_batch, grad_accum, lr_scale, ref_
                 step_arity=_arity(step_fn) if step_fn is not None else 0)
 
 
+def optimizer_gate(es, since: int, dev) -> None:
+    """Refuse the optimizer step if the group was released during this step.
+
+    Under gloo a release makes the gradient all-reduce raise, so the step is
+    never reached.  Under NCCL the all-reduce only *queues* a kernel: the
+    optimizer's kernels are queued behind it, and an abort makes that kernel
+    exit early -- the optimizer would apply partly reduced gradients and
+    nothing would say so.  So: wait for the device's queued work (the
+    all-reduce included), then compare the release count with the step's
+    start.  Checked after the wait, since a release may land during it.
+    """
+    device.synchronize(dev)
+    if es.releases != since:
+        raise TrainError("the process group was released during this step's gradient sync: "
+                         "its optimizer step was not applied (the gradients may be only partly "
+                         "reduced), so the weights are those before the step")
+
+
 class _Loop:
     """One ``train`` call's running state on this rank."""
 
@@ -183,10 +201,13 @@ class _Loop:
             )
         return loss
 
-    def optimizer_step(self, i: int, step_idx: int) -> tuple[dict | None, float]:
-        """Step, count the bytes (when recording), zero the gradients."""
+    def optimizer_step(self, i: int, step_idx: int,
+                       since: int = 0) -> tuple[dict | None, float]:
+        """Step, count the bytes (when recording), zero the gradients.
+        ``since``: the process's release count when the step began."""
         st, dev = self.st, self.dev
         tc = time.perf_counter()
+        optimizer_gate(self.es, since, dev)
         if st.scaler is not None:
             st.scaler.step(st.optimizer)
             st.scaler.update()
@@ -294,8 +315,9 @@ class _Loop:
         t0 = time.perf_counter()
         if self.rec is not None:
             self.rec.begin_step(step_idx, origin=wall0)
+        since = self.es.releases
         loss_acc, compute, n_local, delay = self.micro_batches()
-        nbytes, opt_s = self.optimizer_step(i, step_idx)
+        nbytes, opt_s = self.optimizer_step(i, step_idx, since)
         compute += opt_s
         stop_local = stop.reason()
         work, gathered = self.issue_stats(loss_acc, compute, n_local, stop_local)
