@@ -12,13 +12,7 @@ import pytest
 import torch
 
 import dpnb
-
-SETUP = """
-import dpnb.data
-torch.manual_seed(0)
-ds = dpnb.data.SyntheticRegression(n=512, in_dim=32, out_dim=4, seed=0)
-net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
-"""
+from helpers.gpuruns import SETUP, assert_resumes_exactly
 
 
 def test_nccl_start_and_cuda_cell(gpu_cluster):
@@ -46,11 +40,7 @@ def test_wrap_train_check_save_load(gpu_cluster, strategy, tmp_path):
     # have moved the weights instead)
     after = c.pull_model()
     assert any(not torch.equal(before[k], after[k]) for k in before)
-    c.save(str(tmp_path / "ck"))
-    ref = c.train(steps=2, micro_batch=16, progress=False)["losses"]
-    c.load(str(tmp_path / "ck"))
-    again = c.train(steps=2, micro_batch=16, progress=False)["losses"]
-    assert again == pytest.approx(ref, rel=1e-5, abs=1e-6)
+    assert_resumes_exactly(c, str(tmp_path / "ck"))
 
 
 def test_memory_measured_beside_exact_prediction(gpu_cluster):
