@@ -59,12 +59,11 @@ def _torch_default(var: str) -> str | None:
     return None
 
 
-def private_caches() -> dict[str, str]:
-    """Point the compile caches into the private folder, unless the user chose
-    them (a value equal to torch's own ``/tmp`` default is not a choice: the
-    kernel's torch sets it on first use, and the engines inherit it).
-    Returns what was set."""
-    base = None
+def private_caches(base: str | None = None) -> dict[str, str]:
+    """Point the compile caches into the private folder ``base`` (found here if
+    not given), unless the user chose them (a value equal to torch's own
+    ``/tmp`` default is not a choice: the kernel's torch sets it on first use,
+    and the engines inherit it).  Returns what was set."""
     out = {}
     for var, sub in CACHE_VARS.items():
         cur = os.environ.get(var)

@@ -158,10 +158,12 @@ def init_rank(info: dict) -> dict:
     sys.argv[:] = ["cell"]
     # --env KEY=VALUE: set before any group exists, on every launcher
     os.environ.update({str(k): str(v) for k, v in (info.get("env") or {}).items()})
-    # compile caches out of the shared /tmp, unless the user chose where (--env)
-    from .private import private_caches
+    # compile caches and the side door out of the shared /tmp, in one folder
+    # found once (unless the user chose where the caches go: --env)
+    from .private import private_caches, private_dir
 
-    private_caches()
+    folder = private_dir()
+    private_caches(folder)
     for key, value in backend_env(info).items():  # an explicit --env wins
         os.environ.setdefault(key, value)
     # Two engines on two cores each spawning a full intra-op pool oversubscribe
@@ -205,7 +207,8 @@ def init_rank(info: dict) -> dict:
     if info.get("token"):
         from . import cellguard, lifecycle, rankpdb, sidedoor
 
-        door = sidedoor.open_door(state, info.get("door_addr") or "unix", info["token"])
+        door = sidedoor.open_door(state, info.get("door_addr") or "unix", info["token"],
+                                  folder)
         cellguard.install(state)
         lifecycle.install(state)
         rankpdb.install(state)

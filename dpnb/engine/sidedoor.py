@@ -205,12 +205,14 @@ class SideDoor:
     deadline and without delaying anyone else.
     """
 
-    def __init__(self, state, addr: str, token: str, keep: set[tuple]):
+    def __init__(self, state, addr: str, token: str, keep: set[tuple],
+                 folder: str | None = None):
         self.state, self.keep = state, keep
         if addr == "unix":
-            from .private import private_dir
+            if folder is None:
+                from .private import private_dir
 
-            folder = private_dir()
+                folder = private_dir()
             _prune_doors(folder)
             path = os.path.join(folder, f"door-{os.getpid()}-{secrets.token_hex(4)}")
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -314,14 +316,14 @@ def _prune_doors(folder: str) -> None:
                 log.debug("stale side door %s: %s", name, e)
 
 
-def open_door(state, addr: str, token: str) -> tuple[str, int]:
+def open_door(state, addr: str, token: str, folder: str | None = None) -> tuple[str, int]:
     """Start this engine's side door once (later calls update the token); return
-    its address: ``(path, 0)`` for a UNIX socket (``addr == "unix"``), else
-    ``(addr, port)``."""
+    its address: ``(path, 0)`` for a UNIX socket in ``folder`` (the owner's
+    private folder; ``addr == "unix"``), else ``(addr, port)``."""
     door = getattr(state, "side_door", None)
     if door is None or not door.is_alive():
         keep = tcp_connections()  # ipyparallel's own connections: never released
-        door = SideDoor(state, addr, token, keep)
+        door = SideDoor(state, addr, token, keep, folder)
         door.start()
         state.side_door = door
     door.token = token

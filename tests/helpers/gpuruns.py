@@ -19,3 +19,18 @@ def assert_resumes_exactly(c, path: str, steps: int = 2) -> None:
     c.load(path)
     again = c.train(steps=steps, micro_batch=16, progress=False)["losses"]
     assert again == pytest.approx(ref, rel=1e-5, abs=1e-6)
+
+
+def bucket_records_after_training(c) -> list:
+    """Wrap with DDP and a 0.05 MB bucket cap, train 3 steps; each rank's last
+    bucket record, checked: several buckets (none forgotten), ordered times."""
+    c.run(SETUP, display=False)
+    c.wrap("net", "ddp", bucket_cap_mb=0.05)
+    c.set_data("ds")
+    c.train(steps=3, micro_batch=16, progress=False)
+    last = []
+    for recs in c.call("dpnb.engine.training.bucket_records", 1).values:
+        assert recs and len(recs[-1]["buckets"]) > 1
+        assert all(b["end"] >= b["start"] >= 0 for b in recs[-1]["buckets"])
+        last.append(recs[-1])
+    return last

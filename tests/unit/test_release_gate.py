@@ -25,7 +25,7 @@ def test_gate_passes_a_quiet_step_and_refuses_a_released_one():
 
 
 def test_gate_checks_after_waiting_for_the_device(monkeypatch):
-    es = SimpleNamespace(releases=0)
+    es = SimpleNamespace(releases=0, backend="nccl")
 
     def sync(_dev):  # the abort lands while the all-reduce kernel is still running
         es.releases += 1
@@ -59,3 +59,12 @@ def test_a_second_abort_is_reported_not_raised(monkeypatch):
 
     monkeypatch.setattr(c10d, "_abort_process_group", gone)
     assert compat.abort_groups() is False
+
+
+def test_gate_waits_for_the_device_only_under_nccl(monkeypatch):
+    waited = []
+    monkeypatch.setattr(step.device, "synchronize", waited.append)
+    step.optimizer_gate(SimpleNamespace(releases=0, backend="gloo"), 0, "cuda:0")
+    assert waited == []  # gloo raises in the all-reduce itself: no stall per step
+    step.optimizer_gate(SimpleNamespace(releases=0, backend="nccl"), 0, "cuda:0")
+    assert waited == ["cuda:0"]
