@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from .. import log as _log
 from ..errors import DpnbError, NotRunningError
 from ..ranks import parse_ranks, rank_label
-from . import diagnose, launch, placement
+from . import diagnose, gpuplan, launch, placement
 from .group import Group
 from .processes import Processes, stop_ipp, wait_pids_gone
 from .methods import TrainingMethods
@@ -186,8 +186,8 @@ class Cluster(TrainingMethods):
         ctl = launch.controller_address(icluster)
         probes = dict(zip(eids, client[eids].apply_sync(setup.probe, ctl)))
         ranks = placement.assign_ranks(probes, **placement.rank_order(spec, n))
-        backend = launch.choose_backend(backend, ranks, probes, gpus)
-        ranks = launch.with_devices(ranks, backend, gpus)
+        backend = gpuplan.choose_backend(backend, ranks, probes, gpus)
+        ranks = gpuplan.with_devices(ranks, backend, gpus, probes)
         if threads is None:
             cpu = min(probes[e]["cpu_count"] for e in eids)
             threads = max(1, cpu // max(r.local_world_size for r in ranks))

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..engine.collcheck import DEVICE_WAIT_OP
 from ..errors import DpnbError, RemoteCellError
 from ..ranks import rank_label
 from .types import USER_ENAMES, CellResult, RankOutcome
@@ -139,6 +140,9 @@ def _blocked_line(r: int, a: dict) -> str:
     c = a["collective"]
     seq = f" #{c['seq']}" if c.get("seq") else ""
     shape = f" (shape {c['shape']}, {c.get('dtype')})" if c.get("shape") is not None else ""
+    if c.get("device_wait"):  # NCCL: the collective is queued on the GPU, not in a c10d frame
+        return (f"rank {r} is waiting for its GPU's queued work (a {c['op']}; under NCCL, most "
+                f"likely a collective a peer has not joined){_at(a, inside=False)}")
     head = f"rank {r} is blocked in {c['op']}{seq}{shape}{_at(a, inside=False)}"
     if c.get("phase") == "check" and c.get("awaiting"):
         head += (f" (in dpnb's check before it, waiting for rank "
@@ -149,6 +153,8 @@ def _blocked_line(r: int, a: dict) -> str:
 def _never_came(a: dict, op: str) -> str:
     if not a.get("selected", True):
         return "does not run this cell (not among its --ranks)"
+    if op == DEVICE_WAIT_OP:
+        return "finished the cell"
     done = (a.get("cell_calls") or {}).get(op, 0)
     if op in ("send", "recv"):
         other = "recv" if op == "send" else "send"

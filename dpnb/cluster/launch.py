@@ -27,6 +27,7 @@ from typing import Any
 
 from ..env import in_kernel
 from ..errors import DpnbError
+from .gpuplan import device_index
 from .types import BACKENDS, LAUNCHERS, LaunchSpec, RankInfo
 
 log = logging.getLogger("dpnb.launch")
@@ -421,40 +422,6 @@ def apply_launcher_args(icluster, engines: str, args: Sequence[str]) -> None:
         raise DpnbError(f"the {engines} launcher takes no --launcher-arg")
 
 
-def choose_backend(backend: str, ranks: list[RankInfo], probes: dict[int, dict],
-                   gpus: list[int] | None) -> str:
-    """``auto`` -> nccl when every host has a GPU per engine, else gloo; check ``nccl``."""
-    gpus_on = {r.host: probes[r.engine_id]["cuda_devices"] for r in ranks}
-    per_host = {r.host: r.local_world_size for r in ranks}
-    if backend == "auto":
-        if not all(gpus_on.values()):
-            return "gloo"
-        enough = all(gpus_on[h] >= (len(gpus) if gpus else per_host[h]) >= per_host[h]
-                     for h in per_host)
-        return "nccl" if enough else "gloo"
-    if backend == "nccl":
-        for h, g in gpus_on.items():
-            if g < per_host[h] or (gpus is not None and len(gpus) < per_host[h]):
-                raise DpnbError(f"--backend nccl needs one GPU per engine, but host {h} runs "
-                                f"{per_host[h]} engines and has {g} GPUs: use fewer engines or gloo")
-    return backend
-
-
-def with_devices(ranks: list[RankInfo], backend: str, gpus: list[int] | None) -> list[RankInfo]:
-    """Each rank's device: ``cuda:<gpus[local_rank]>`` under NCCL, else ``cpu``."""
-    out = []
-    for r in ranks:
-        dev = "cpu"
-        if backend == "nccl":
-            dev = f"cuda:{gpus[r.local_rank] if gpus else r.local_rank}"
-        out.append(RankInfo(**{**r.__dict__, "device": dev}))
-    return out
-
-
-def device_index(ri: RankInfo) -> int | None:
-    return int(ri.device.split(":")[1]) if ri.device.startswith("cuda:") else None
-
-
 def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: str,
                    master_port: int, timeout_s: float, threads: int, local: bool,
                    watch_ppid: int | None, token: str | None = None,
@@ -467,7 +434,9 @@ def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: 
     """
     return dict(rank=ri.rank, world_size=world_size, local_rank=ri.local_rank,
                 local_world_size=ri.local_world_size, node_rank=ri.node_rank,
-                backend=backend, device_index=device_index(ri), master_addr=master_addr,
+                backend=backend, device_index=device_index(ri),
+                visible_devices=ri.visible_devices, device_fallback=ri.device_fallback,
+                master_addr=master_addr,
                 master_port=master_port, timeout_s=timeout_s, threads=threads,
                 local_cluster=local, watch_ppid=watch_ppid, token=token,
                 door_addr="unix" if local else ri.ip, ifname=ri.ifname,

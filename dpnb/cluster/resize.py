@@ -18,7 +18,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import DpnbError
-from .launch import with_devices
+from .gpuplan import GPU_PROBE_KEYS, with_devices
 from .placement import assign_ranks
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,13 +115,18 @@ def resize_world(c: Cluster, m: int) -> dict:
     # each after its host's survivors, hosts new to the cluster last
     probes = {ri.engine_id: {"host": ri.host, "ip": ri.ip, "pid": ri.pid, "launch_rank": ri.rank,
                              "location": ri.location, "ifname": ri.ifname} for ri in keep}
+    if c.backend == "nccl":  # the survivors' view of the GPUs, for the device plan
+        seen = c.client[[ri.engine_id for ri in keep]].apply_sync(setup.probe,
+                                                                 controller_address(c._ipp))
+        for ri, p in zip(keep, seen):
+            probes[ri.engine_id].update({k: p.get(k) for k in GPU_PROBE_KEYS})
     if added_eids:
         fresh = c.client[added_eids].apply_sync(setup.probe, controller_address(c._ipp))
         last = {ri.host: ri.rank for ri in keep}
         for eid, p in zip(added_eids, fresh):
             p["launch_rank"] = (last.get(p["host"], len(keep) + m) + 0.5 + eid / 1e9)
             probes[eid] = p
-    ranks = with_devices(assign_ranks(probes, by_launch_rank=True), c.backend, c.gpus)
+    ranks = with_devices(assign_ranks(probes, by_launch_rank=True), c.backend, c.gpus, probes)
     c.ranks[:] = ranks
     added = [ri.rank for ri in ranks if ri.engine_id in added_eids]
     for r in list(c.transport.doors):

@@ -184,7 +184,9 @@ def place_replacements(old: list[RankInfo], ranks: list[int],
                               pid=p["pid"], local_rank=o.local_rank,
                               local_world_size=o.local_world_size, node_rank=o.node_rank,
                               device=o.device, location=o.location,
-                              ifname=p.get("ifname", o.ifname))
+                              ifname=p.get("ifname", o.ifname),
+                              visible_devices=o.visible_devices,
+                              device_fallback=o.device_fallback)
     return out
 
 

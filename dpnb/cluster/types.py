@@ -36,6 +36,10 @@ class RankInfo:
     device: str
     location: str = ""  # the ssh destination its host agent was reached by ("" elsewhere)
     ifname: str = ""    # the interface holding ``ip`` on its host
+    # CUDA_VISIBLE_DEVICES its engine is given (--gpus, as torchrun users set
+    # it: ``device`` then counts within it); "" leaves the engine's own
+    visible_devices: str = ""
+    device_fallback: int | None = None  # the ordinal in the engine's own numbering
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,12 @@ SPECS: dict[str, tuple[tuple[str, str], ...]] = {
 POINT_TO_POINT = frozenset({"send", "recv"})
 #: every torch.distributed function the cell guard wraps
 COLLECTIVES = frozenset(SPECS) | POINT_TO_POINT
+#: the device waits a rank blocks in with a GPU (torch's and dpnb's own):
+#: under NCCL a rank whose peer never joins an all-reduce sits in one of
+#: these, not in a c10d frame -- the collective was only queued on the stream
+DEVICE_WAITS = frozenset({"synchronize", "wait_stream", "wait_event"})
+#: how ``%dp where`` names such a wait, in place of a collective's name
+DEVICE_WAIT_OP = "device synchronize"
 
 
 class CollectiveMismatchError(RuntimeError):

@@ -140,8 +140,13 @@ class Agent:
         return {"pids": pids}
 
     def _check_fork_safe(self) -> None:
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
+        if "torch" not in sys.modules:
+            return
+        from .device import driver_loaded
+
+        # not torch.cuda.is_initialized(): is_available() without NVML already
+        # ran cuInit, and a child forked after that cannot use the GPU either
+        if sys.modules["torch"].cuda.is_initialized() or driver_loaded():
             raise RuntimeError("CUDA was initialised in the zygote before forking; its engines "
                                "could not use the GPU: start with --no-zygote")
 

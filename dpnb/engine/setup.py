@@ -60,9 +60,11 @@ def probe(controller_addr: str = "127.0.0.1") -> dict:
     wait_preload()
     host = socket.gethostname()
     ip = route_address(controller_addr)
-    try:
-        from .device import device_count
+    from .device import device_count, gpu_ids, inherited_visible
 
+    ids = None
+    try:
+        ids = gpu_ids()  # NVML: CUDA stays uninitialised, so --gpus can still apply
         cuda = device_count()
     except Exception as e:  # a broken accelerator install must not stop a CPU cluster
         log.warning("accelerator not usable on %s: %s: %s", host, type(e).__name__, e)
@@ -75,6 +77,8 @@ def probe(controller_addr: str = "127.0.0.1") -> dict:
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "cuda_devices": cuda,
+        "gpu_ids": list(ids) if ids else None,
+        "cuda_visible": inherited_visible(),
         "cpu_count": os.cpu_count() or 1,
         "launch_rank": launch_rank(),
     }
@@ -124,7 +128,9 @@ def init_rank(info: dict) -> dict:
     """Give this engine its identity before the group is formed.
 
     ``info`` carries rank, world_size, local_rank, local_world_size,
-    node_rank, backend, device_index (GPU ordinal or None), master_addr,
+    node_rank, backend, device_index (GPU ordinal or None; with
+    visible_devices, the CUDA_VISIBLE_DEVICES to show first, and
+    device_fallback, the ordinal should CUDA already be initialised), master_addr,
     master_port, timeout_s, threads, watch_ppid, local_cluster.
     """
     wait_preload()
@@ -171,9 +177,12 @@ def init_rank(info: dict) -> dict:
     torch.set_num_threads(max(1, int(info["threads"])))
 
     if info["backend"] == "nccl":
-        from .device import NCCL_DEVICE, set_device
+        from .device import NCCL_DEVICE, set_device, show_gpus
 
-        device = torch.device(NCCL_DEVICE, int(info["device_index"]))
+        index = int(info["device_index"])
+        if info.get("visible_devices") and not show_gpus(info["visible_devices"]):
+            index = int(info["device_fallback"])  # the old numbering still holds
+        device = torch.device(NCCL_DEVICE, index)
         set_device(device)
     else:
         device = torch.device("cpu")

@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 
 from . import frames, rankpdb, wire
-from .collcheck import COLLECTIVES
+from .collcheck import COLLECTIVES, DEVICE_WAIT_OP, DEVICE_WAITS
 
 log = logging.getLogger("dpnb.engine.sidedoor")
 
@@ -125,6 +125,22 @@ def _collective_frame(frame) -> dict | None:
     return out
 
 
+def _device_wait(state, frame) -> dict | None:
+    """The NCCL rank's wait for its GPU's queued work, as a collective the
+    diagnosis can reason about (its group unknown: taken as the world)."""
+    if getattr(state, "backend", None) != "nccl" or frame is None:
+        return None
+    path = frame.f_code.co_filename.replace("\\", "/")
+    if frame.f_code.co_name not in DEVICE_WAITS or not ("/torch/" in path or
+                                                        path.endswith("dpnb/engine/device.py")):
+        return None
+    from . import device
+
+    if not device.queued_work(state.device):
+        return None
+    return {"op": DEVICE_WAIT_OP, "group": None, "device_wait": True}
+
+
 def _current(state) -> dict | None:
     """The collective the cell guard noted for the main thread, made plain."""
     cur = getattr(state, "current_collective", None)
@@ -140,13 +156,13 @@ def _current(state) -> dict | None:
     return out
 
 
-def where(state) -> dict:
-    """What the main thread is doing now (safe from any thread)."""
-    main = threading.main_thread()
-    frame = sys._current_frames().get(main.ident)
+def where(state, ident: int | None = None) -> dict:
+    """What the main thread (or thread ``ident``) is doing now (safe from any thread)."""
+    frame = sys._current_frames().get(ident or threading.main_thread().ident)
     cell = frames.cell_frame(frame) if frame is not None else None
     user = frames.user_frame(frame) if frame is not None else None
-    coll = _current(state) or (_collective_frame(frame) if frame is not None else None)
+    coll = _current(state) or (_collective_frame(frame) if frame is not None else None) \
+        or _device_wait(state, frame)
     dbg = getattr(state, "debugger", None)
     return {
         "rank": getattr(state, "rank", None),

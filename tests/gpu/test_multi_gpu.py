@@ -61,13 +61,19 @@ def test_every_rank_records_its_buckets(two_gpus):
     assert len(bucket_records_after_training(two_gpus)) == 2
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29, defect 7: with --gpus, LOCAL_RANK does not "
-                                       "index the rank's GPU (not fixed yet)")
 def test_user_code_picking_its_gpu_by_local_rank_gets_the_ranks_gpu():
+    """Issue 29, defect 7: --gpus 1,0 -- rank 0 must drive physical GPU 1, and
+    set_device(LOCAL_RANK) in user code (as Accelerate does) must pick it."""
     c = dpnb.start(2, backend="nccl", gpus="1,0", timeout=20)
     try:
         c.run("import os\ntorch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"
-              "same = torch.cuda.current_device() == device.index", display=False)
+              "same = torch.cuda.current_device() == device.index\n"
+              "mine = 'GPU-' + str(torch.cuda.get_device_properties(device).uuid)\n"
+              "every = torch.cuda._raw_device_uuid_nvml()\n"
+              "shown = os.environ['CUDA_VISIBLE_DEVICES']", display=False)
         assert c.pull("same") == [True, True]
+        assert c.pull("shown") == ["1,0", "1,0"]
+        every = c.pull("every")[0]
+        assert c.pull("mine") == [every[1], every[0]]
     finally:
         c.stop()

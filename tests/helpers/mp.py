@@ -139,14 +139,20 @@ def _child(rank, world_size, port, path, name, args, kwargs, q):
         q.put(("ok", rank, pickle.dumps(out)))
     except BaseException:  # report everything, including KeyboardInterrupt
         q.put(("err", rank, traceback.format_exc()))
-    finally:
-        try:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        except Exception:
-            pass
+    # Send the report, then leave without tearing the namespace down.  Freeing
+    # a DDP whose Reducer holds the last reference to a gloo group joins the
+    # group's worker threads with the GIL held (the Reducer's binding does not
+    # release it), while a worker still freeing its last work's tensors waits
+    # for the GIL: both ranks hang for good (torch issue #56297; seen here as
+    # "ranks [0] did not report", the queue's feeder thread being stuck behind
+    # the same GIL with the report unsent).  Nothing a test checks happens in
+    # that teardown.
+    q.close()
+    q.join_thread()  # waits with the GIL released: the report is on the pipe
+    faulthandler.cancel_dump_traceback_later()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn, *args, world_size: int = 2, timeout: float = 120, **kwargs):

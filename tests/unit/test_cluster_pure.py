@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from dpnb.cluster.diagnose import classify, first_error, plain_user_error, remote_error
-from dpnb.cluster.launch import choose_backend, rank_init_info, with_devices
+from dpnb.cluster.gpuplan import choose_backend, with_devices
+from dpnb.cluster.launch import rank_init_info
 from dpnb.cluster.placement import assign_ranks
 from dpnb.cluster.processes import describe_exit
 from dpnb.cluster.restart import SetupLog
@@ -61,10 +62,13 @@ def test_backend_auto_needs_a_gpu_per_engine_on_every_host():
     r2 = assign_ranks(two)
     assert choose_backend("auto", r2, two, None) == "nccl"
     devs = with_devices(r2, "nccl", [1, 0])
-    assert [d.device for d in devs] == ["cuda:1", "cuda:0"]
+    # --gpus 1,0 as a torchrun user does it: both engines shown "1,0", each
+    # driving cuda:<local_rank> of that list (so LOCAL_RANK names its GPU)
+    assert [(d.device, d.visible_devices) for d in devs] == [("cuda:0", "1,0"), ("cuda:1", "1,0")]
     info = rank_init_info(devs[0], world_size=2, backend="nccl", master_addr="x", master_port=5,
                           timeout_s=3.0, threads=1, local=True, watch_ppid=None)
-    assert info["device_index"] == 1 and info["local_rank"] == 0 and info["master_port"] == 5
+    assert info["device_index"] == 0 and info["local_rank"] == 0 and info["master_port"] == 5
+    assert info["visible_devices"] == "1,0" and info["device_fallback"] == 1
 
 
 def test_describe_exit():

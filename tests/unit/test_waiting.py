@@ -9,27 +9,7 @@ import sys
 from dpnb.cluster import waiting as W
 from dpnb.engine import sidedoor
 
-
-class FakeTransport:
-    """Just what ``Waiting`` uses: answers to ``where``, and a record of
-    interrupts and releases."""
-
-    def __init__(self, answers: dict, timeout_s: float = 6.0):
-        self.ranks = list(answers)
-        self.answers = answers
-        self.timeout_s = timeout_s
-        self.interrupted: list[set] = []
-        self.released: list[list] = []
-
-    def where(self, ranks):
-        return {r: self.answers[r] for r in ranks}
-
-    def interrupt(self, ranks):
-        self.interrupted.append(set(ranks))
-
-    def release(self, ranks):
-        self.released.append(list(ranks))
-        return True
+from helpers.waiting import FakeTransport
 
 
 ANSWERS = {

@@ -1,0 +1,23 @@
+"""A stand-in for the transport a cell's wait (:mod:`dpnb.cluster.waiting`) talks to."""
+
+
+class FakeTransport:
+    """Just what ``Waiting`` uses: answers to ``where``, and a record of
+    interrupts and releases."""
+
+    def __init__(self, answers: dict, timeout_s: float = 6.0):
+        self.ranks = list(answers)
+        self.answers = answers
+        self.timeout_s = timeout_s
+        self.interrupted: list[set] = []
+        self.released: list[list] = []
+
+    def where(self, ranks):
+        return {r: self.answers[r] for r in ranks}
+
+    def interrupt(self, ranks):
+        self.interrupted.append(set(ranks))
+
+    def release(self, ranks):
+        self.released.append(list(ranks))
+        return True
