@@ -10,8 +10,11 @@ Needs a CUDA GPU (it says so and exits 0 without one).  World size 1, NCCL:
   zero2, zero3 (median of per-step times; both sides synchronise the device
   inside the step: dpnb before timing the step, the plain loop by
   ``loss.item()``);
-* memory: CUDA bytes allocated after the optimizer step (measured on the
-  rank) beside :func:`dpnb.core.exact_rank_bytes` for the same parameters;
+* memory: the model states the rank holds after the optimizer step
+  (parameters, gradients, optimizer state, counted from its tensors) beside
+  :func:`dpnb.core.exact_rank_bytes` for the same parameters -- like for
+  like; CUDA's allocated bytes are shown apart, as they also hold the
+  activations, DDP's buckets and the allocator's rounding;
 * all-reduce busbw at world size 1 (a sanity floor: no link is crossed).
 
 Prints a markdown table; the numbers belong in RESULTS.md with the GPU named.
@@ -103,14 +106,14 @@ def main(argv=None) -> int:
     plain = _plain_side(a.steps)
     print(f"GPU: {info['gpu']}, torch {torch.__version__}, world size 1, NCCL")
     print(f"start to a ready group: {info['start_s']:.2f} s")
-    print("| model | strategy | dpnb step ms | torchrun step ms | ratio | CUDA allocated "
-          "| predicted model states |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | strategy | dpnb step ms | torchrun step ms | ratio | model states "
+          "measured | predicted | CUDA allocated (all) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         base = plain[(r["model"], r["strategy"])]
         print(f"| {r['model']} | {r['strategy']} | {r['step_ms']:.2f} | {base:.2f} | "
-              f"{r['step_ms'] / base:.3f} | {r['measured'].get('allocated')} | "
-              f"{_predicted(r['snapshot'])} |")
+              f"{r['step_ms'] / base:.3f} | {r['measured'].get('total')} | "
+              f"{_predicted(r['snapshot'])} | {r['measured'].get('allocated')} |")
     print("all-reduce (world size 1):", json.dumps(info["allreduce"])[:400])
     if a.json:
         with open(a.json, "w") as f:

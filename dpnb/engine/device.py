@@ -192,9 +192,20 @@ def is_event(x: Any) -> bool:
     return isinstance(x, torch.Event)
 
 
-def grad_scaler(dev: Any) -> Any:
-    """Loss scaling for fp16 on ``dev``'s device type."""
-    return torch.amp.GradScaler(torch.device(dev).type)
+def grad_scaler(dev: Any, group: Any = None) -> Any:
+    """Loss scaling for fp16 on ``dev``'s device type.
+
+    With ``group`` (FSDP: each rank holds a shard of the gradients, so each
+    sees only its own overflow) the found-inf flags are all-reduced over it,
+    and every rank skips the same steps -- with a per-rank scaler they skip
+    different ones and the shards silently part ways.  Flags of shards
+    offloaded to the CPU travel on ``dev`` (an NCCL group has no CPU side)."""
+    kind = torch.device(dev).type
+    if group is None:
+        return torch.amp.GradScaler(kind)
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(kind, process_group=group)
 
 
 def ddp_device_ids(dev: Any) -> list[int] | None:

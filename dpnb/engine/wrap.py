@@ -230,7 +230,8 @@ def wrap(
         model_name=model_name, model_out=model_out, optimizer_out=optimizer_out,
         module=module, wrapped=wrapped, optimizer=opt, world_size=es.world_size,
         generation=es.generation, device=dev, mesh=mesh, recorder=recorder,
-        scaler=device.grad_scaler(dev) if mp == "fp16" else None, ddp_kwargs=ddp_kwargs,
+        scaler=device.grad_scaler(dev, mesh.get_group() if mesh is not None else None)
+        if mp == "fp16" else None, ddp_kwargs=ddp_kwargs,
     )
     # The new wrapper exists: only now let go of the old one.
     old = es.train
@@ -389,7 +390,12 @@ def _rebind_fsdp(st: TrainState, es) -> None:
         compat.refresh_mesh_info(info)
     reset = getattr(st.wrapped, "reset_iter_state", None)
     if reset is not None:
-        reset()
+        try:
+            reset()
+        except AttributeError as e:  # no forward yet: FSDP's lazy state is not built
+            log.info("FSDP has no iteration state to reset (not run since the wrap): %s", e)
+    if st.scaler is not None and hasattr(st.scaler, "process_group"):  # fp16: agree on overflow
+        st.scaler.process_group = st.mesh.get_group()
 
 
 def rebind(ns: dict) -> dict:
