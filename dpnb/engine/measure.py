@@ -166,12 +166,12 @@ def _recording_allreduce_hook(rec, bucket):  # no annotations: DDP checks them l
         }
         rec.current_buckets.append(entry)
     fut, sent = rec.hook.send(bucket)
-    if entry is not None:
-        entry["sent_bytes"] = sent
+    if entry is None:  # not recording this step: no second callback per bucket
+        return fut
+    entry["sent_bytes"] = sent
 
     def _done(f):
-        if entry is not None:
-            entry["end"] = rec.clock.now()
+        entry["end"] = rec.clock.now()
         return f.value()
 
     return fut.then(_done)

@@ -165,6 +165,24 @@ def test_no_module_over_500_lines():
     assert not long, long
 
 
+def test_no_function_over_100_lines():
+    """Code lines from ``def`` to the end, the docstring not counted (a long
+    story of who communicates what is welcome; a long body is not)."""
+    long = {}
+    for p in PKG.rglob("*.py"):
+        for n in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            size = n.end_lineno - n.lineno + 1
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                size -= first.end_lineno - first.lineno + 1
+            if size > 100:
+                long[f"{p.relative_to(PKG.parent)}:{n.lineno} {n.name}"] = size
+    assert not long, long
+
+
 def test_every_module_is_named_in_the_architecture_doc():
     """Each file by its path, by its name in a row that names its folder, or
     inside a folder the doc names whole (``dpnb/core/``, ``dpnb/widgets/``)."""

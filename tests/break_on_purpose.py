@@ -1,0 +1,117 @@
+"""Break each behaviour on purpose, run the test that claims it, expect a failure.
+
+    python tests/break_on_purpose.py [WORD ...]
+
+Each entry below is one deliberate break of dpnb (a changed constant, a
+skipped call, a removed branch) and the tests that must fail because of it
+-- the proof that those tests are not vacuous (tests/README.md).  The file is
+changed in place and restored afterwards, even on Ctrl-C; run it on a clean
+checkout (it refuses a tree with uncommitted changes to the files it breaks).
+With WORDs, only the entries whose name contains one of them run.  Exits 1
+if a break was not caught (its tests passed) or could not be applied.
+Not part of the pytest run: each entry starts its own pytest, clusters
+included (a few minutes in all; the Slurm entry needs the multihost tier's
+root and packages).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+
+#: (what the tests claim, file, text to change, the broken text, the tests)
+MUTATIONS = [
+ ("quiz order fixed across processes", "dpnb/quiz.py",
+  'seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")', "seed = hash(key)",
+  ["tests/unit/test_quiz.py::test_options_are_shuffled_the_same_way_every_time_and_answers_spread"]),
+ ("batch message suggests alternatives", "dpnb/core/batch.py",
+  "    if alts:\n        msg +=", "    if False:\n        msg +=",
+  ["tests/unit/test_core_batch.py::test_inexact_samples_suggests_exact_alternatives"]),
+ ("preload rule engines vs cores", "dpnb/cluster/launch.py",
+  'return "all" if n <= cores else "torch"', 'return "all"',
+  ["tests/unit/test_cluster_pure.py::test_preload_is_skipped_when_engines_outnumber_cores"]),
+ ("cell magic without a cluster says so", "dpnb/magics.py",
+  '        args = _parse(_cell, "(cell)", line)\n        c = self._need()',
+  '        args = _parse(_cell, "(cell)", line)\n        if self.cluster is None:\n            return None\n        c = self._need()',
+  ["tests/unit/test_magic_parsers.py::test_cell_magic_without_cluster_says_start_first"]),
+ ("engine meter importable, not skipped", "dpnb/engine/measure.py",
+  "def state_bytes(", "def state_bytes_gone(",
+  ["tests/unit/test_core_exact_memory.py::test_exact_mode_matches_training_meter"]),
+ ("core exact model importable, not skipped", "dpnb/core/exact_memory.py",
+  "def exact_rank_bytes(", "def exact_rank_bytes_gone(",
+  ["tests/cluster/test_engine_measure.py::test_state_bytes_match_core_exact_model"]),
+ ("straggler inject reports what ranks hold", "dpnb/widgets/stragglers.py",
+  'C.call_ok(cluster, "dpnb.engine.views.set_straggle", float(delay_ms), ranks=[int(rank)])',
+  'C.call_ok(cluster, "dpnb.engine.views.set_straggle", float(delay_ms))',
+  ["tests/unit/test_widgets_stragglers.py"]),
+ ("a rank stores the delay in seconds", "dpnb/engine/views.py",
+  "es.straggle_delay_s = d / 1000.0", "es.straggle_delay_s = d",
+  ["tests/unit/test_widgets_stragglers.py::test_a_rank_stores_the_delay_in_seconds"]),
+ ("comm hook records its buckets", "dpnb/engine/measure.py",
+  "        rec.current_buckets.append(entry)", "        pass",
+  ["tests/cluster/test_engine_commhook.py"]),
+ ("model views: ring all-reduce cost", "dpnb/core/comm.py",
+  'return 2 * (n - 1) if kind == "all_reduce" else n - 1', 'return (n - 1) if kind == "all_reduce" else n - 1',
+  ["tests/cluster/test_view_magics.py::test_model_views_need_no_cluster"]),
+ ("demo reports disagreeing ranks", "dpnb/demo.py",
+  '"dist.all_reduce(t)\\nprint(t.item())", display=False)',
+  '"dist.all_reduce(t)\\nprint(t.item() + rank)", display=False)',
+  ["tests/cluster/test_demo.py"]),
+ ("resize checkpoints in the profile", "dpnb/resize.py",
+  'checkpoint_dir = tempfile.mkdtemp(prefix="resize-", dir=cluster.profile_dir)',
+  'checkpoint_dir = tempfile.mkdtemp(prefix="resize-")',
+  ["tests/cluster/test_resize.py::test_resize_2_3_2_trains_on_like_one_process"]),
+ ("%dp check compares again", "dpnb/magics.py",
+  "        v = self._need().check(a.model)\n", "        return None\n        v = self._need().check(a.model)\n",
+  ["tests/cluster/test_training_live.py::test_wrap_data_train_check_via_magics"]),
+ ("3 ranks: released, not the group timeout", "dpnb/cluster/waiting.py",
+  "        if self.failed_at is not None and now - self.failed_at > FAIL_GRACE_S \\",
+  "        if False and self.failed_at is not None and now - self.failed_at > FAIL_GRACE_S \\",
+  ["tests/cluster/test_faults3.py"]),
+ ("SIGTERM ends an engine at once", "dpnb/engine/process.py",
+  "        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n",
+  "        import time\n        time.sleep(5)\n        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n",
+  ["tests/cluster/test_lifecycle.py::test_sigterm_ends_an_engine_at_once_after_its_atexit_hooks"]),
+ ("slurm: both hosts, ranks contiguous per host", "dpnb/cluster/launch.py",
+  "    lines = \"\".join(f\"#SBATCH {o.replace('{', '{{').replace('}', '}}')}\\n\" for o in options)",
+  "    lines = \"\"",
+  ["tests/multihost/test_slurm.py::test_slurm_start_train_restart_stop"]),
+]
+
+
+def main(words: list[str]) -> int:
+    bad = 0
+    for name, f, old, new, tests in MUTATIONS:
+        if words and not any(w in name for w in words):
+            continue
+        path = f"{ROOT}/{f}"
+        dirty = subprocess.run(["git", "diff", "--quiet", "--", f], cwd=ROOT).returncode
+        with open(path) as fh:
+            text = fh.read()
+        if dirty or text.count(old) != 1:
+            why = "uncommitted changes" if dirty else f"{text.count(old)} matches of the text"
+            print(f"NOT RUN  {name}: {f} has {why}")
+            bad += 1
+            continue
+        t0 = time.monotonic()
+        try:
+            with open(path, "w") as fh:
+                fh.write(text.replace(old, new))
+            r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                *tests], cwd=ROOT, capture_output=True, text=True)
+        finally:
+            with open(path, "w") as fh:
+                fh.write(text)
+        lines = [ln for ln in r.stdout.splitlines() if ln.strip()] or [r.stderr.strip()[-200:]]
+        caught = r.returncode != 0
+        bad += not caught
+        print(f"{'caught' if caught else 'MISSED'}  {name} ({time.monotonic() - t0:.0f} s): {lines[-1]}",
+              flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
