@@ -24,6 +24,9 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("dotted engine names resolve", "dpnb/engine/views.py",
+  "def straggle_state(", "def straggle_state_gone(",
+  ["tests/unit/test_entry_points.py"]),
  ("quiz order fixed across processes", "dpnb/quiz.py",
   'seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")', "seed = hash(key)",
   ["tests/unit/test_quiz.py::test_options_are_shuffled_the_same_way_every_time_and_answers_spread"]),
