@@ -7,8 +7,10 @@ line that says what to do.  The magics turn these into IPython ``UsageError``
 
 from __future__ import annotations
 
+from .core.errors import UserError
 
-class DpnbError(Exception):
+
+class DpnbError(UserError):
     """A problem the user can fix; the message says how."""
 
 

@@ -24,6 +24,9 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("user errors are the listed names", "dpnb/engine/lifecycle.py",
+  "class AdoptError(UserError, RuntimeError):", "class AdoptError(RuntimeError):",
+  ["tests/unit/test_user_errors.py"]),
  ("dotted engine names resolve", "dpnb/engine/views.py",
   "def straggle_state(", "def straggle_state_gone(",
   ["tests/unit/test_entry_points.py"]),

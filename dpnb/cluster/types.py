@@ -14,9 +14,11 @@ from typing import Any
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 DEFAULT_TIMEOUT_S = 30.0
-#: engine-side exception types that mean "bad input, say so in one line"
-USER_ENAMES = frozenset({"TrainError", "CheckpointError", "ViewError", "DpnbError", "ConfigError",
-                         "AdoptError"})
+#: exception types that mean "bad input, say so in one line": the names of
+#: every subclass of dpnb.core.errors.UserError (a test holds the two equal;
+#: the engines' classes are not imported here, they bring torch)
+USER_ENAMES = frozenset({"UserError", "ConfigError", "DpnbError", "NotRunningError", "RankSpecError",
+                         "StartError", "RemoteCellError", "TrainError", "ViewError", "AdoptError"})
 #: how many entries ``restart --resume`` may replay (the setup log is bounded)
 SETUP_LOG_MAX = 200
 

@@ -8,7 +8,14 @@ say what to change.
 """
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """Base of every error that means "bad input": a message of one line that
+    says what to do, shown without a traceback wherever it was raised (the
+    notebook, or a rank: :data:`dpnb.cluster.types.USER_ENAMES` names every
+    subclass, held equal by ``tests/unit/test_user_errors.py``)."""
+
+
+class ConfigError(UserError, ValueError):
     """An invalid or unsatisfiable training configuration.
 
     The message shows the arithmetic that failed (every factor) and at least

@@ -33,6 +33,8 @@ import logging
 import sys
 from typing import Any
 
+from ..core.errors import UserError
+
 log = logging.getLogger("dpnb.engine.lifecycle")
 
 _ORIGINAL = "__dpnb_original__"
@@ -46,7 +48,7 @@ def torch_fn(name: str):
     return getattr(fn, _ORIGINAL, fn)
 
 
-class AdoptError(RuntimeError):
+class AdoptError(UserError, RuntimeError):
     """``init_process_group`` asked for a group other than the cluster's."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch.nn as nn
 from torch.utils.data import DistributedSampler, default_collate
 
+from ..core.errors import UserError
 from .measure import BucketRecorder
 from .state import get_state
 
@@ -25,7 +26,7 @@ MAX_RECORDS = 100_000
 BYTES_EVERY = 25
 
 
-class TrainError(RuntimeError):
+class TrainError(UserError, RuntimeError):
     """A mistake the user can fix; the message says what to do."""
 
 
@@ -229,7 +230,7 @@ def require_bound(ns: dict) -> TrainState:
     return st
 
 
-class ViewError(RuntimeError):
+class ViewError(UserError, RuntimeError):
     """A view was asked for something this rank does not have; the message says what to do."""
 
 

@@ -29,6 +29,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..core.errors import UserError
+
 from matplotlib.figure import Figure
 
 from dpnb.core import ConfigError
@@ -59,7 +61,7 @@ COLORS = {
 }
 
 
-class ViewError(ValueError):
+class ViewError(UserError, ValueError):
     """A view cannot be drawn from what it was given; the message says what to do."""
 
 
