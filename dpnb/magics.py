@@ -19,6 +19,7 @@ from . import cluster as cl
 from .errors import DpnbError, RemoteCellError
 from .magic_args import SUBCOMMANDS as _SUBCOMMANDS
 from .magic_args import _cell
+from .cluster.types import Status
 
 log = logging.getLogger("dpnb.magics")
 
@@ -450,7 +451,7 @@ class DPMagics(Magics):
             res = c.call("dpnb.engine.runner.log_records", a.last, raise_errors=False)
             for r in res.ranks:
                 o = res.outcomes[r]
-                got = o.value if o.status == "ok" else [f"(no answer: {o.status})"]
+                got = o.value if o.status == Status.OK else [f"(no answer: {o.status})"]
                 print(f"[rank {r}]\n" + ("\n".join(got) if got else "(empty)"))
 
 

@@ -24,6 +24,9 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("outcomes compared with the enum", "dpnb/cluster/waiting.py",
+  "if status == Status.TIMEOUT:", 'if status == "timeout":',
+  ["tests/unit/test_layers.py::test_rank_outcomes_are_compared_with_the_status_enum"]),
  ("user errors are the listed names", "dpnb/engine/lifecycle.py",
   "class AdoptError(UserError, RuntimeError):", "class AdoptError(RuntimeError):",
   ["tests/unit/test_user_errors.py"]),

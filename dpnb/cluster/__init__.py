@@ -54,6 +54,7 @@ from .types import (
     LaunchSpec,
     RankInfo,
     RankOutcome,
+    Status,
 )
 
 __all__ = ["Cluster", "start", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
@@ -402,7 +403,7 @@ class Cluster(TrainingMethods):
             raise DpnbError(f"{name!r} is not defined on {rank_label(lacking)}{hint}")
         res = self._apply(_runner_fn("get_value"), (name,), sel)
         unsendable = [o for o in res.outcomes.values()
-                      if o.status == "error" and "serialize" in o.traceback]
+                      if o.status == Status.ERROR and "serialize" in o.traceback]
         if unsendable:
             raise DpnbError(f"{name!r} cannot be sent to the notebook ({unsendable[0].ename}: "
                             f"{unsendable[0].evalue}); pull plain values such as tensors, "

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from ..compat import result_metadata
 from ..errors import DpnbError
 from ..ranks import rank_label
+from .types import Status
 
 if TYPE_CHECKING:
     from . import Cluster
@@ -164,7 +165,7 @@ def post_mortem(c: "Cluster", rank: int | None, commands=None) -> str:
     f = c.last_failure
     if f is None:
         raise DpnbError("no cell has failed yet: %dp debug opens pdb on the last failed cell")
-    failed = [r for r in f.ranks if f.outcomes[r].status == "error"
+    failed = [r for r in f.ranks if f.outcomes[r].status == Status.ERROR
               and not f.outcomes[r].collective]
     if rank is None:
         if not failed:

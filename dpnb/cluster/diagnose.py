@@ -17,7 +17,7 @@ from typing import Iterable
 from ..engine.collcheck import DEVICE_WAIT_OP
 from ..errors import DpnbError, RemoteCellError
 from ..ranks import rank_label
-from .types import USER_ENAMES, CellResult, RankOutcome
+from .types import USER_ENAMES, CellResult, RankOutcome, Status
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _CELL_NO = re.compile(r"Cell In\[\d+\]")
@@ -83,7 +83,7 @@ def first_error(res: CellResult) -> str:
     """``rank 1: error: ValueError: ...`` for the lowest rank that did not succeed."""
     for r in res.ranks:
         o = res.outcomes[r]
-        if o.status != "ok":
+        if o.status != Status.OK:
             detail = o.died or f"{o.ename}: {o.evalue}".strip(": ")
             return f"rank {r}: {o.status}: {detail}"
     return "unknown error"
@@ -105,7 +105,7 @@ def plain_user_error(res: CellResult) -> DpnbError | None:
     deserves the one-line message, not a report.
     """
     outs = [res.outcomes[r] for r in res.ranks]
-    if all(o.status == "error" and o.ename in USER_ENAMES for o in outs) and \
+    if all(o.status == Status.ERROR and o.ename in USER_ENAMES for o in outs) and \
             len({o.evalue for o in outs}) == 1:
         return DpnbError(outs[0].evalue)
     return None
@@ -117,7 +117,7 @@ MISMATCH_ENAME = "CollectiveMismatchError"
 
 def is_mismatch(o: RankOutcome) -> bool:
     """The ranks called different collectives and none ran (the cell guard's check)."""
-    return o.status == "error" and o.ename == MISMATCH_ENAME
+    return o.status == Status.ERROR and o.ename == MISMATCH_ENAME
 
 
 def mismatch_report(res: CellResult, ranks: list[int]) -> str:
@@ -231,17 +231,17 @@ def where_report(sel: list[int], answers: dict, *, busy: set, dead: dict) -> str
 
 def classify(res: CellResult) -> Diagnosis:
     oc = res.outcomes
-    failed = {r: o for r, o in oc.items() if o.status != "ok"}
-    died = {r: o.died for r, o in failed.items() if o.status == "died"}
-    timed_out = sorted(r for r, o in failed.items() if o.status == "timeout")
+    failed = {r: o for r, o in oc.items() if o.status != Status.OK}
+    died = {r: o.died for r, o in failed.items() if o.status == Status.DIED}
+    timed_out = sorted(r for r, o in failed.items() if o.status == Status.TIMEOUT)
     mismatch = sorted(r for r, o in failed.items() if is_mismatch(o))
-    own = sorted(r for r, o in failed.items() if o.status == "error" and not o.collective
+    own = sorted(r for r, o in failed.items() if o.status == Status.ERROR and not o.collective
                  and r not in mismatch)
-    coll = sorted(r for r, o in failed.items() if o.status == "error" and o.collective
+    coll = sorted(r for r, o in failed.items() if o.status == Status.ERROR and o.collective
                   and r not in mismatch)
-    interrupted = sorted(r for r, o in failed.items() if o.status == "interrupted")
-    stopped = sorted(r for r, o in failed.items() if o.status == "stopped")
-    stuck = sorted(r for r, o in failed.items() if o.status == "deadlocked")
+    interrupted = sorted(r for r, o in failed.items() if o.status == Status.INTERRUPTED)
+    stopped = sorted(r for r, o in failed.items() if o.status == Status.STOPPED)
+    stuck = sorted(r for r, o in failed.items() if o.status == Status.DEADLOCKED)
     culprits = sorted(set(own) | set(died) | set(timed_out) | set(mismatch) | set(stuck))
     return Diagnosis(died=died, timed_out=timed_out, culprits=culprits,
                      waiting=sorted(set(coll) | set(stopped)) if culprits else [],
@@ -281,14 +281,14 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
     oc = res.outcomes
     lines: list[str] = []
     bits: list[str] = []
-    for r in (r for r in res.ranks if oc[r].status == "died"):
+    for r in (r for r in res.ranks if oc[r].status == Status.DIED):
         lines.append(f"rank {r} died: {oc[r].died}")
         bits.append(f"rank {r} died")
     # Execution counts differ between ranks (``Cell In[7]`` vs ``In[9]``);
     # they must not split an otherwise identical failure.
     errs = {r: _CELL_NO.sub("Cell In[_]", f"{oc[r].ename}: {oc[r].evalue}\n"
                                           f"{strip_ansi(oc[r].traceback)}")
-            for r in res.ranks if oc[r].status == "error" and r not in waiting}
+            for r in res.ranks if oc[r].status == Status.ERROR and r not in waiting}
     mism = [r for r in res.ranks if is_mismatch(oc[r])]
     if mism:
         lines.append("collective mismatch: " + mismatch_report(res, mism))
@@ -307,24 +307,24 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
         if tb:
             lines.append(_indent(tb))
         bits.append(f"{rank_label(ranks)} raised {o.ename}")
-    timed = [r for r in res.ranks if oc[r].status == "timeout"]
+    timed = [r for r in res.ranks if oc[r].status == Status.TIMEOUT]
     if timed:
         lines.append(f"{rank_label(timed)} did not finish within the cell timeout "
                      f"({res.elapsed_s:.1f} s elapsed) and {'was' if len(timed) == 1 else 'were'} "
                      f"interrupted")
         bits.append(f"{rank_label(timed)} timed out")
-    stuck = [r for r in res.ranks if oc[r].status == "deadlocked"]
+    stuck = [r for r in res.ranks if oc[r].status == Status.DEADLOCKED]
     for r in stuck:
         lines.append(f"rank {r} could never complete its collective: {oc[r].note}")
     if stuck:
         bits.append(f"{rank_label(stuck)} blocked in a collective no rank could join")
-    intr = [r for r in res.ranks if oc[r].status == "interrupted"]
+    intr = [r for r in res.ranks if oc[r].status == Status.INTERRUPTED]
     if intr:
         lines.append(f"{rank_label(intr)} interrupted (Ctrl-C)")
         bits.append(f"{rank_label(intr)} interrupted")
     if waiting:
         on = rank_label(culprits) if culprits else "a peer"
-        blocked = [r for r in waiting if oc[r].status != "stopped"]
+        blocked = [r for r in waiting if oc[r].status != Status.STOPPED]
         if blocked:
             o = oc[blocked[0]]
             how = ("the release freed" if res.released else
@@ -333,7 +333,7 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
                 f"{rank_label(blocked)} {'was' if len(blocked) == 1 else 'were'} waiting on {on} "
                 f"in a collective until {how} {'it' if len(blocked) == 1 else 'them'} "
                 f"({o.ename}: {_first_line(o.evalue)})")
-        stopped = [r for r in waiting if oc[r].status == "stopped"]
+        stopped = [r for r in waiting if oc[r].status == Status.STOPPED]
         if stopped:
             lines.append(f"{rank_label(stopped)} {'was' if len(stopped) == 1 else 'were'} "
                          f"stopped (interrupted): {on} had failed, so the cell could not succeed")
@@ -358,6 +358,6 @@ def remote_error(res: CellResult, d: Diagnosis, *, timeout_s: float, reform_msg:
     summary, report = error_report(res, culprits=d.culprits, waiting=d.waiting,
                                    timeout_s=timeout_s, reform_msg=reform_msg)
     failures = {r: (o.ename, o.evalue, o.traceback)
-                for r, o in res.outcomes.items() if o.status != "ok"}
+                for r, o in res.outcomes.items() if o.status != Status.OK}
     return RemoteCellError(summary, report, failures=failures, waiting=d.waiting,
                            died=d.died, timed_out=d.timed_out, reformed=reformed)

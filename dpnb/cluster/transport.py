@@ -23,7 +23,7 @@ from .diagnose import is_collective_error
 from .processes import Processes
 from .render import Streamer, without_native_logs
 from .sidedoor import is_closed, knock_all
-from .types import CellResult, Health, RankInfo, RankOutcome
+from .types import CellResult, Health, RankInfo, RankOutcome, Status
 from .waiting import Waiting
 
 log = logging.getLogger("dpnb.transport")
@@ -154,10 +154,10 @@ class Transport:
         self._settle_flags()
         for r in w.pending:  # gave up waiting: the engine is still busy with it
             o = w.outcomes[r]
-            if o.status in ("pending", "late"):
-                o.status = "timeout"
-            elif o.status == "deadlocked":
-                o.status = "timeout"  # the release did not free it: report it as stuck
+            if o.status in (Status.PENDING, Status.LATE):
+                o.status = Status.TIMEOUT
+            elif o.status == Status.DEADLOCKED:
+                o.status = Status.TIMEOUT  # the release did not free it: report it as stuck
             self._copy_streams(ars[r], o)
             self.health.busy.add(r)
         return CellResult(ranks=sel, outcomes=w.outcomes, elapsed_s=time.monotonic() - w.t0,
@@ -187,7 +187,7 @@ class Transport:
 
     def _mark_dead(self, ars: dict, pending: set, outcomes: dict) -> None:
         for r, how in self.find_dead(pending).items():
-            outcomes[r].status, outcomes[r].died = "died", how
+            outcomes[r].status, outcomes[r].died = Status.DIED, how
             self._copy_streams(ars[r], outcomes[r])
             pending.discard(r)
             self.health.dead[r] = how
@@ -206,7 +206,7 @@ class Transport:
             if kind == "execute":
                 o.value = None
             # a rank that finished after its timeout / interrupt still succeeded
-            o.status = "ok"
+            o.status = Status.OK
         except Exception as e:  # the rank's own error, carried back by ipyparallel
             o.ename = getattr(e, "ename", type(e).__name__)
             o.evalue = str(getattr(e, "evalue", e))
@@ -214,18 +214,18 @@ class Transport:
             o.traceback = tb if isinstance(tb, str) else "\n".join(tb or [])
             o.collective = is_collective_error(o.ename, o.evalue, o.traceback)
             if o.ename == "EngineError":  # ipyparallel noticed the engine vanish
-                o.status, o.died = "died", self.death_cause(r) or o.evalue
+                o.status, o.died = Status.DIED, self.death_cause(r) or o.evalue
                 self.health.dead[r] = o.died
             elif prior == "deadlocked" and o.collective:  # released from a certain deadlock
                 o.status = prior
             elif prior == "late":  # interrupted after a peer's collective failed
-                o.status = "timeout" if o.ename == "KeyboardInterrupt" else "error"
+                o.status = Status.TIMEOUT if o.ename == "KeyboardInterrupt" else Status.ERROR
             elif (prior in ("timeout", "interrupted") and (o.ename == "KeyboardInterrupt"
                                                           or o.collective)) \
                     or (prior == "stopped" and o.ename == "KeyboardInterrupt"):
                 o.status = prior  # stopped by the interrupt, or by the release after it
             else:
-                o.status = "error"
+                o.status = Status.ERROR
 
     @staticmethod
     def _copy_streams(ar, o: RankOutcome) -> None:

@@ -9,6 +9,7 @@ from the engines and what the diagnosis and the output renderer read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -74,14 +75,26 @@ class LaunchSpec:
         return dict(self.env)
 
 
+class Status(StrEnum):
+    """How one rank's part of a cell or call ended (equal to its plain name)."""
+
+    PENDING = "pending"
+    OK = "ok"
+    ERROR = "error"
+    DIED = "died"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"  # Ctrl-C
+    STOPPED = "stopped"  # interrupted because a peer failed
+    LATE = "late"  # still in Python code when a peer's collective failed: a culprit
+    DEADLOCKED = "deadlocked"  # released from a collective no rank could join
+
+
 @dataclass
 class RankOutcome:
     """What one rank did in one cell or call."""
 
     rank: int
-    # ok | error | died | timeout | interrupted (Ctrl-C) | stopped (a peer failed)
-    # | deadlocked (released from a collective no rank could join)
-    status: str = "pending"
+    status: Status = Status.PENDING
     value: Any = None
     ename: str = ""
     evalue: str = ""
@@ -93,6 +106,15 @@ class RankOutcome:
     died: str = ""
     collective: bool = False  # the error came from a collective / the group
     note: str = ""  # deadlocked: why no rank could ever complete its collective
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.OK
+
+    @property
+    def raised(self) -> bool:
+        """The rank's own code (or a collective in it) raised."""
+        return self.status == Status.ERROR
 
 
 @dataclass
@@ -109,7 +131,7 @@ class CellResult:
 
     @property
     def ok(self) -> bool:
-        return all(o.status == "ok" for o in self.outcomes.values())
+        return all(o.status == Status.OK for o in self.outcomes.values())
 
     @property
     def values(self) -> list:

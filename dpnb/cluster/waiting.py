@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from . import deadlock
-from .types import RankOutcome
+from .types import RankOutcome, Status
 
 if TYPE_CHECKING:
     from .transport import Transport
@@ -118,7 +118,7 @@ class Waiting:
         self.released = self.t.release(range(len(self.t.ranks)))
         self.released_at = now
 
-    def _interrupt(self, now: float, status: str) -> None:
+    def _interrupt(self, now: float, status: Status) -> None:
         """SIGINT the pending ranks.  At a cell timeout the culprits are the
         ranks running Python code; those waiting inside a collective for them
         are waiters (unless every pending rank is in a collective)."""
@@ -127,7 +127,7 @@ class Waiting:
         # interrupt would only replace its real error by KeyboardInterrupt
         reporting = self._reporting()
         marked = set(self.pending) - reporting
-        if status == "timeout":
+        if status == Status.TIMEOUT:
             inside = {r for r in self.pending if (self.where.get(r) or {}).get("collective")}
             if inside != marked:
                 marked -= inside
@@ -184,14 +184,14 @@ class Waiting:
         if stable:
             log.info("certain deadlock, releasing: %s", why)
             for r in self.pending:
-                self.outcomes[r].status, self.outcomes[r].note = "deadlocked", why[r]
+                self.outcomes[r].status, self.outcomes[r].note = Status.DEADLOCKED, why[r]
         return stable
 
     def step(self, now: float) -> bool:
         """Act on the clock; True to stop waiting."""
         if not self.pending:
             return False
-        if self.failed_at is None and any(o.status in ("error", "died")
+        if self.failed_at is None and any(o.status in (Status.ERROR, Status.DIED)
                                           for o in self.outcomes.values()):
             self.failed_at = now
         if self.failed_at is None and self.interrupted_at is None and not self.released \
@@ -203,8 +203,8 @@ class Waiting:
             # free them, and stop the ones still in Python code.  If every
             # failure so far is a collective one, the ranks still running are
             # those that never arrived: they are the culprits, not victims.
-            failed = [o for o in self.outcomes.values() if o.status in ("error", "died")]
-            waited = all(o.status == "error" and o.collective for o in failed)
+            failed = [o for o in self.outcomes.values() if o.status in (Status.ERROR, Status.DIED)]
+            waited = all(o.status == Status.ERROR and o.collective for o in failed)
             self._release(now)
             # ranks inside a collective now fail by themselves (released): waiters;
             # a rank in pdb is the user's to continue, never interrupted
@@ -212,11 +212,11 @@ class Waiting:
                 | self._reporting()
             rest = [r for r in self.pending if r not in inside]
             for r in rest:  # "late": a culprit unless it turns out to have been waiting too
-                self.outcomes[r].status = "late" if waited else "stopped"
+                self.outcomes[r].status = Status.LATE if waited else Status.STOPPED
             self.t.interrupt(rest)
         if self.timeout and self.interrupted_at is None and \
                 now - self.t0 - self.paused > self.timeout:
-            self._interrupt(now, "timeout")
+            self._interrupt(now, Status.TIMEOUT)
         if self.interrupted_at is not None and now - self.interrupted_at > RELEASE_AFTER_S[self.kind]:
             self._release(now)
         if self.released_at is not None:
@@ -231,7 +231,7 @@ class Waiting:
         """Ctrl-C: interrupt; a second one releases; a third stops waiting."""
         self.presses += 1
         if self.presses == 1:
-            self._interrupt(now, "interrupted")
+            self._interrupt(now, Status.INTERRUPTED)
             return False
         if self.presses == 2 and not self.released:
             self._release(now)

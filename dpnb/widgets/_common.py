@@ -364,7 +364,7 @@ def call_ok(cluster, dotted: str, *args: Any, ranks=None, **kw: Any) -> list:
         err = getattr(res, "error", None)
         for r in res.ranks:
             o = res.outcomes[r]
-            if o.status != "ok":
+            if not o.ok:
                 raise ViewError(f"{dotted} failed on rank {r}: {o.ename}: {o.evalue}".rstrip(": ")
-                                + (f"\n{err}" if err is not None and o.status != "error" else ""))
+                                + (f"\n{err}" if err is not None and not o.raised else ""))
     return res.values

@@ -183,6 +183,20 @@ def test_no_function_over_100_lines():
     assert not long, long
 
 
+def test_rank_outcomes_are_compared_with_the_status_enum():
+    """``o.status == "eror"`` would be silently false; ``Status.EROR`` fails at once."""
+    bare = []
+    for p in PKG.rglob("*.py"):
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.Compare) and isinstance(n.left, ast.Attribute) \
+                    and n.left.attr == "status":
+                consts = [c for c in n.comparators for c in ast.walk(c)
+                          if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+                if consts:
+                    bare.append(f"{p.relative_to(PKG.parent)}:{n.lineno}")
+    assert not bare, bare
+
+
 def test_every_module_is_named_in_the_architecture_doc():
     """Each file by its path, by its name in a row that names its folder, or
     inside a folder the doc names whole (``dpnb/core/``, ``dpnb/widgets/``)."""
