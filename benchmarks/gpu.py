@@ -38,7 +38,7 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 
 def _dpnb_side(steps: int) -> tuple[dict, list[dict]]:
     import dpnb
-    import dpnb.train
+    import dpnb.session.verbs
     from suite import SETUP_CELL
 
     t0 = time.perf_counter()
@@ -54,7 +54,7 @@ def _dpnb_side(steps: int) -> tuple[dict, list[dict]]:
                 mb = int(c.pull("mb", rank=0))
                 c.train(steps=5, micro_batch=mb, progress=False)  # warm-up
                 c.train(steps=steps, micro_batch=mb, progress=False)
-                recs = dpnb.train.records(c, last=steps)[0]
+                recs = dpnb.session.verbs.records(c, last=steps)[0]
                 snap = c.call("dpnb.engine.views.memory_snapshot").values[0]
                 rows.append({"model": name, "strategy": strategy, "micro_batch": mb,
                              "step_ms": 1e3 * statistics.median(r["step_time_s"] for r in recs),

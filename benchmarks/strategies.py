@@ -36,7 +36,7 @@ def run(n: int, steps: int, warmup: int, d: int, layers: int, seq: int, micro_ba
                 c.set_data("ds")
                 s = c.train(steps=warmup + steps, micro_batch=micro_batch, seq_len=seq,
                             record=record, progress=False)
-                recs = dpnb.train.records(c, last=steps)[0]
+                recs = dpnb.session.verbs.records(c, last=steps)[0]
                 times = [r["step_time_s"] for r in recs]
                 rows.append({
                     "strategy": strategy, "record": record, "params": info["n_params"],

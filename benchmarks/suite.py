@@ -357,7 +357,7 @@ def bench_train(ctx: Context) -> list[Row]:
     dpnb, the loop after a barrier for torchrun.  The final losses of the
     two sides must agree: it is the same training.
     """
-    import dpnb.train
+    import dpnb.session.verbs
 
     sh, c = ctx.shell, ctx.cluster
     configs = [(m, s) for m in MODELS for s in STRATEGIES]
@@ -375,7 +375,7 @@ def bench_train(ctx: Context) -> list[Row]:
                     sh.run_line_magic("dp", f"train --steps {n} --micro-batch {mb}")
                     wall = time.perf_counter() - t0
                 s = c.last_train["summary"]
-                recs = dpnb.train.records(c, last=n)[0]
+                recs = dpnb.session.verbs.records(c, last=n)[0]
                 return {"step_times_s": [r["step_time_s"] for r in recs], "wall_s": wall,
                         "samples": s["global_batch"] * n, "final_loss": s["loss"]}
 
@@ -594,7 +594,7 @@ def _size(s: int) -> str:
 def bench_instrumentation(ctx: Context) -> list[Row]:
     """Step time with recording on (bucket timelines, per-step bytes) vs off,
     alternating blocks of steps on the same wrapped model."""
-    import dpnb.train
+    import dpnb.session.verbs
 
     sh, c = ctx.shell, ctx.cluster
     steps = 2 if ctx.smoke else 8
@@ -607,7 +607,7 @@ def bench_instrumentation(ctx: Context) -> list[Row]:
             def go():
                 with quiet():
                     sh.run_line_magic("dp", f"train --steps {steps} --micro-batch {mb} {flag}")
-                return [r["step_time_s"] for r in dpnb.train.records(c, last=steps)[0]]
+                return [r["step_time_s"] for r in dpnb.session.verbs.records(c, last=steps)[0]]
             return go
 
         res = alternate([("on", block("")), ("off", block("--no-record"))], rounds, warmup=1)
@@ -628,7 +628,7 @@ def bench_scaling(ctx: Context) -> list[Row]:
     rank and with ``n`` ranks, micro-batch fixed per rank (weak scaling).
     Efficiency = throughput(n) / (n x throughput(1))."""
     import dpnb
-    import dpnb.train
+    import dpnb.session.verbs
 
     big = ctx.cluster
     steps = 2 if ctx.smoke else 15
@@ -641,7 +641,7 @@ def bench_scaling(ctx: Context) -> list[Row]:
             def go():
                 s = c.train(steps=steps, micro_batch=mbs[c], progress=False)
                 return [s["global_batch"] / r["step_time_s"]
-                        for r in dpnb.train.records(c, last=steps)[0]]
+                        for r in dpnb.session.verbs.records(c, last=steps)[0]]
             return go
 
         for c in (one, big):

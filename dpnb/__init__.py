@@ -11,7 +11,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .cluster import CellResult, Cluster, RankInfo, start  # noqa: E402
+from .cluster import CellResult, RankInfo  # noqa: E402
+from .session import Cluster, start  # noqa: E402
 from .errors import DpnbError, RemoteCellError  # noqa: E402
 
 __all__ = ["start", "attach", "Cluster", "CellResult", "RankInfo", "DpnbError", "RemoteCellError",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator
 
-log = logging.getLogger("dpnb.compat")
+log = logging.getLogger(__name__)
 
 
 class CompatError(RuntimeError):

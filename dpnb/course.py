@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("dpnb.course")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

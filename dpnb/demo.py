@@ -17,7 +17,7 @@ import io
 import os
 import time
 
-from .cluster import Cluster
+from .session import Cluster
 
 MODEL_CELL = """
 import dpnb.data

@@ -1,7 +1,8 @@
 """The ``%dp`` line magic and ``%%dp`` cell magic.
 
 They only parse arguments (IPython ``magic_arguments``) and delegate to the
-Python API in :mod:`dpnb.cluster` (and the training/view layers); anything a
+Python API in :mod:`dpnb.session` (the runtime :mod:`dpnb.cluster` under it,
+and the view layers); anything a
 magic does can be done from a script with ``dpnb.start(...)``.
 """
 
@@ -16,12 +17,14 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import parse_argstring
 
 from . import cluster as cl
+from . import session
+from .session.resume import describe as describe_resume
 from .errors import DpnbError, RemoteCellError
 from .magic_args import SUBCOMMANDS as _SUBCOMMANDS
 from .magic_args import _cell
 from .cluster.types import Status
 
-log = logging.getLogger("dpnb.magics")
+log = logging.getLogger(__name__)
 
 
 def _is_dpnb_error(e: Exception) -> bool:
@@ -64,7 +67,7 @@ class DPMagics(Magics):
 
     def __init__(self, shell=None):
         super().__init__(shell)
-        self.cluster: cl.Cluster | None = None
+        self.cluster: session.Cluster | None = None
         self.dashboard = None  # the live dashboard widget, if one is shown
         self.warm = None  # a zygote importing torch ahead of %dp start (agents.WarmZygote)
 
@@ -116,7 +119,7 @@ class DPMagics(Magics):
         args = _parse(stub, name, rest)
         return getattr(self, "_do_" + name.replace("-", "_"))(args)
 
-    def _need(self) -> cl.Cluster:
+    def _need(self) -> session.Cluster:
         if self.cluster is None or not self.cluster.running:
             raise UsageError("no dpnb cluster is running: start one with %dp start -n 2")
         return self.cluster
@@ -135,7 +138,7 @@ class DPMagics(Magics):
             c = self.cluster
             raise UsageError(f"a dpnb cluster is already running ({c.world_size} ranks, "
                              f"{c.backend}): %dp stop it first, or %dp restart")
-        c = cl.Cluster.start(a.n, backend=a.backend, engines=a.engines, gpus=a.gpus,
+        c = session.Cluster.start(a.n, backend=a.backend, engines=a.engines, gpus=a.gpus,
                              timeout=a.timeout, threads=a.threads,
                              launcher_args=a.launcher_args, controller_ip=a.controller_ip,
                              env=a.env, remote_python=a.remote_python,
@@ -161,10 +164,10 @@ class DPMagics(Magics):
         if self.cluster is not None and self.cluster.running:
             raise UsageError("a dpnb cluster is already running in this kernel: %dp stop it "
                              "first (a kept one: end this kernel, and it stays)")
-        c = self.cluster = cl.Cluster.attach(a.id)
-        print(f"dpnb: attached to kept cluster {c._ipp.cluster_id}: {c.world_size} ranks "
+        c = self.cluster = session.Cluster.attach(a.id)
+        print(f"dpnb: attached to kept cluster {c.cluster_id}: {c.world_size} ranks "
               f"({c.backend}), everything on the engines as it was; "
-              f"{len(c.setup_log)} setup steps and {len(c.train_log)} train calls known.")
+              f"{len(c.setup_log)} setup steps and {len(c.training.train_log)} train calls known.")
 
     def _do_list(self, a):
         from .cluster import keep
@@ -434,9 +437,7 @@ class DPMagics(Magics):
             c.setup_log.clear()
             print("dpnb: setup log cleared; restart --resume will replay nothing")
             return
-        from .cluster.resume import describe
-
-        lines = describe(c) if c.setup_log.has_call("dpnb.engine.training.wrap") else []
+        lines = describe_resume(c) if c.setup_log.has_call("dpnb.engine.training.wrap") else []
         print("dpnb: restart --resume would replay, in order:\n  " + "\n  ".join(lines) if lines
               else "dpnb: nothing to replay yet: %dp wrap a model first (the cells that built "
                    "it are then found in this session's history)")

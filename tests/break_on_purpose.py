@@ -24,6 +24,15 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("the runtime knows nothing of training", "dpnb/cluster/keep.py",
+  "from ..errors import DpnbError\n", "from ..errors import DpnbError\nfrom ..session import state  # noqa: F401\n",
+  ["tests/unit/test_layers.py::test_the_runtime_imports_nothing_above_it"]),
+ ("no private runtime attribute from above", "dpnb/magics.py",
+  "{c.cluster_id}", "{c._ipp.cluster_id}",
+  ["tests/unit/test_layers.py::test_no_module_outside_the_runtime_touches_its_private_attributes"]),
+ ("kept records keep their keys", "dpnb/session/state.py",
+  '"last_wrap": self.last_wrap.to_record()', '"wrap": self.last_wrap.to_record()',
+  ["tests/unit/test_session_state.py"]),
  ("outcomes compared with the enum", "dpnb/cluster/waiting.py",
   "if status == Status.TIMEOUT:", 'if status == "timeout":',
   ["tests/unit/test_layers.py::test_rank_outcomes_are_compared_with_the_status_enum"]),
@@ -69,7 +78,7 @@ MUTATIONS = [
   '"dist.all_reduce(t)\\nprint(t.item())", display=False)',
   '"dist.all_reduce(t)\\nprint(t.item() + rank)", display=False)',
   ["tests/cluster/test_demo.py"]),
- ("resize checkpoints in the profile", "dpnb/resize.py",
+ ("resize checkpoints in the profile", "dpnb/session/resize.py",
   'checkpoint_dir = tempfile.mkdtemp(prefix="resize-", dir=cluster.profile_dir)',
   'checkpoint_dir = tempfile.mkdtemp(prefix="resize-")',
   ["tests/cluster/test_resize.py::test_resize_2_3_2_trains_on_like_one_process"]),

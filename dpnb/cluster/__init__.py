@@ -1,6 +1,6 @@
 """The notebook side of a dpnb cluster: engines, ranks, process group, cells.
 
-A :class:`Cluster` owns one ipyparallel cluster (a controller and one engine
+An :class:`Engines` owns one ipyparallel cluster (a controller and one engine
 per rank) and knows which engine is which rank.  Ranks are assigned once from
 the engines' hosts and sorted engine ids (contiguous per host, like
 torchrun), never from a single engine id, because ids change when engines
@@ -17,8 +17,9 @@ It composes the rooms of this package, each with one job:
 * :mod:`~dpnb.cluster.types` / :mod:`~dpnb.cluster.render` -- results and
   how they are shown.
 
-The training layer (:mod:`dpnb.train`) takes a cluster as an argument; this
-package never imports it.
+This package is the engines runtime: it knows nothing of training.  The
+training session (:mod:`dpnb.session`) builds the public :class:`dpnb.Cluster`
+on top of :class:`Engines`; this package never imports it.
 """
 
 from __future__ import annotations
@@ -36,11 +37,15 @@ from .. import log as _log
 from ..errors import DpnbError, NotRunningError
 from ..ranks import parse_ranks, rank_label
 from . import diagnose, gpuplan, launch, placement
+from . import keep as keeping
+from .debugging import post_mortem
 from .group import Group
 from .processes import Processes, stop_ipp, wait_pids_gone
-from .methods import TrainingMethods
 from .render import show_result
+from .scripts import run_script as _run_script
+from .status import status_rows
 from .restart import SetupLog
+from .restart import Restarted
 from .restart import restart as _restart
 from .transport import Transport, _runner_fn
 from .types import (
@@ -57,26 +62,22 @@ from .types import (
     Status,
 )
 
-__all__ = ["Cluster", "start", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
+__all__ = ["Engines", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
            "DEFAULT_TIMEOUT_S", "assign_ranks", "describe_exit"]
 
 from .placement import assign_ranks
 from .processes import describe_exit
 
-log = logging.getLogger("dpnb.cluster")
+log = logging.getLogger(__name__)
 
 
-def start(n: int = 2, **kwargs) -> Cluster:
-    """Start ``n`` engines joined in one process group; see :meth:`Cluster.start`."""
-    return Cluster.start(n, **kwargs)
-
-
-class Cluster(TrainingMethods):
+class Engines:
     """A running set of engines, one per rank, in one process group.
 
-    Create with :func:`dpnb.start` / :meth:`Cluster.start`.  Methods mirror
-    the ``%dp`` magics: :meth:`run` (``%%dp``), :meth:`call`, :meth:`push`,
-    :meth:`pull`, :meth:`status`, :meth:`restart`, :meth:`stop`.
+    The runtime under :class:`dpnb.Cluster` (which adds the training verbs);
+    create one with :func:`dpnb.start` / :meth:`dpnb.Cluster.start`.  Methods
+    mirror the ``%dp`` magics: :meth:`run` (``%%dp``), :meth:`call`,
+    :meth:`push`, :meth:`pull`, :meth:`status`, :meth:`restart`, :meth:`stop`.
     """
 
     def __init__(self, *, ipp_cluster, client, ranks: list[RankInfo], backend: str,
@@ -101,16 +102,10 @@ class Cluster(TrainingMethods):
                            master_addr=master_addr, timeout_s=timeout_s, threads=threads,
                            local=local, env=self.spec.env_dict,
                            watch_kernel=agents is None and not self.spec.kept)
-        self.last_train: dict | None = None  # filled by dpnb.train
-        self.last_wrap: dict | None = None
-        self.batch_plan: dict | None = None  # set by %dp resize: the layout that keeps the batch
-        self.residency: dict = {}  # %dp memory --during, per strategy (dpnb.widgets.residency)
         self.setup_log = SetupLog()
-        # every cell and push, for %dp export; train calls since the last wrap (dpnb.train)
+        # every cell and push: what restart --resume and %dp export read
         self.history: collections.deque = collections.deque(maxlen=SETUP_LOG_MAX)
-        self.train_log: list[dict] = []
         self.last_failure: CellResult | None = None  # for %dp debug
-        self.autosave_dir: str | None = None  # where %dp train --checkpoint-every writes
         self.created = time.time()
         self.keep_s: float | None = None  # --keep: seconds it outlives its last kernel
         # A kernel that exits normally stops its cluster (and removes the
@@ -127,7 +122,7 @@ class Cluster(TrainingMethods):
               launcher_args: Sequence[str] | None = None,
               controller_ip: str | None = None, env=None, remote_python: str | None = None,
               ssh_config: str | None = None, master_addr: str | None = None,
-              zygote: bool | None = None, warm=None, keep=None) -> Cluster:
+              zygote: bool | None = None, warm=None, keep=None) -> Engines:
         """Start ``n`` engines and join them in a torch.distributed group.
 
         ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
@@ -147,9 +142,7 @@ class Cluster(TrainingMethods):
         ``keep``: a time to live (``"2h"``): the cluster outlives this kernel
         by that long, for :meth:`attach` (local engines; see :mod:`.keep`).
         """
-        from . import keep as kp
-
-        ttl = kp.parse_ttl(keep) if keep is not None else None
+        ttl = keeping.parse_ttl(keep) if keep is not None else None
         if ttl is not None and engines != "local":
             raise DpnbError(f"--keep works with local engines; the {engines} launcher's engines "
                             f"are held by this kernel's connections")
@@ -172,7 +165,7 @@ class Cluster(TrainingMethods):
                           agents=agents)
             if ttl is not None:
                 c.keep_s = ttl
-                kp.hold(c, ttl)
+                keeping.hold(c, ttl)
             return c
         except BaseException:
             launch.tear_down(icluster, client, agents, profile_dir)
@@ -180,8 +173,8 @@ class Cluster(TrainingMethods):
 
     @classmethod
     def _form(cls, icluster, client, *, n, backend, spec, gpus, timeout, threads,
-              profile_dir, agents) -> Cluster:
-        from ..engine import setup
+              profile_dir, agents) -> Engines:
+        from ..engine import setup  # imports torch: only once engines are up
 
         eids = sorted(client.ids)[:n]
         ctl = launch.controller_address(icluster)
@@ -218,18 +211,19 @@ class Cluster(TrainingMethods):
     busy = property(lambda self: self.health.busy)
     group_ok = property(lambda self: self.health.group_ok)
     generation = property(lambda self: self.health.generation)
+    cluster_id = property(lambda self: self._ipp.cluster_id)  # ipyparallel's, for --keep
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return (f"<dpnb.Cluster {state}: {self.world_size} ranks, {self.backend}, "
                 f"{self.launcher} launcher>")
 
-    def _check_running(self) -> None:
+    def require_running(self) -> None:
         if not self.running:
             raise NotRunningError("this cluster was stopped: start a new one with %dp start -n 2")
 
     def _select(self, ranks) -> list[int]:
-        self._check_running()
+        self.require_running()
         sel = parse_ranks(ranks, self.world_size)
         self.transport.refresh_busy()
         dead = [r for r in sel if r in self.dead]
@@ -282,9 +276,7 @@ class Cluster(TrainingMethods):
     def run_script(self, path: str, args=(), **kw) -> CellResult:
         """Run a torchrun script on every rank, as torchrun would (``%dp run``);
         see :func:`dpnb.cluster.scripts.run_script`."""
-        from .scripts import run_script
-
-        return run_script(self, path, args, **kw)
+        return _run_script(self, path, args, **kw)
 
     def call(self, dotted: str, *args, ranks=None, timeout: float | None = None,
              raise_errors: bool = True, display: bool = False, on_poll=None,
@@ -347,7 +339,7 @@ class Cluster(TrainingMethods):
         Every rank takes part.  User objects stay; wrappers registered by the
         training layer are re-bound to the new group.
         """
-        self._check_running()
+        self.require_running()
         if self.dead:
             raise DpnbError(f"{rank_label(self.dead)} died: run %dp restart instead")
         return self.group.regroup(callbacks=True, hint="; try %dp restart")
@@ -362,7 +354,7 @@ class Cluster(TrainingMethods):
         Works while ranks are busy (a cell the notebook stopped waiting for):
         finished / running, the cell line, the collective it is inside.
         """
-        self._check_running()
+        self.require_running()
         sel = parse_ranks(ranks, self.world_size)
         self.transport.refresh_busy()
         answers = self.transport.where(sel)
@@ -371,13 +363,11 @@ class Cluster(TrainingMethods):
     def debug(self, rank: int | None = None, commands=None) -> str:
         """pdb post mortem of the last failed cell on a rank; see
         :func:`dpnb.cluster.debugging.post_mortem`."""
-        from .debugging import post_mortem
-
         return post_mortem(self, rank, commands)
 
     def interrupt(self, ranks=None) -> None:
         """Interrupt what the selected ranks are running (all by default)."""
-        self._check_running()
+        self.require_running()
         self.transport.interrupt(parse_ranks(ranks, self.world_size))
 
     # ------------------------------------------------------------ push/pull
@@ -418,26 +408,35 @@ class Cluster(TrainingMethods):
     # --------------------------------------------------------------- status
     def status(self) -> list[dict]:
         """One row per rank: host, local rank, pid, device, backend, alive, memory."""
-        from .status import status_rows
-
-        self._check_running()
+        self.require_running()
         return status_rows(self)
 
     # ----------------------------------------------------------- restart
-    def restart(self, *, hard: bool = False, resume: str | None = None) -> str:
+    def restart(self, *, hard: bool = False) -> str:
         """Replace dead engines and re-form the group; say what was lost.
 
         Survivors keep their namespaces; a replacement takes the dead rank's
         number and starts empty.  ``hard=True`` replaces every engine.
-        ``resume=DIR``: rebuild what the checkpoint needs from the cells that
-        built it (:mod:`.resume`), wrap, and load DIR (model, optimizer, step).
         """
-        msg = _restart(self, hard=hard, resume=resume)
-        if self.keep_s:  # a kept cluster's record follows its ranks
-            from .keep import hold
+        return self.replace_and_reform(hard=hard).message
 
-            hold(self, self.keep_s)
-        return msg
+    def replace_and_reform(self, *, hard: bool = False) -> Restarted:
+        """:meth:`restart`, answering which ranks were replaced (for a resume on top)."""
+        out = _restart(self, hard=hard)
+        self.refresh_keep_record()
+        return out
+
+    def refresh_keep_record(self) -> None:
+        """A kept cluster's record follows its ranks (after a restart or a resize)."""
+        if self.keep_s:
+            keeping.hold(self, self.keep_s)
+
+    def session_record(self) -> dict:
+        """What the layer above keeps beside the runtime's record (``--keep``); none here."""
+        return {}
+
+    def restore_session(self, rec: dict) -> None:
+        """Take back what :meth:`session_record` wrote (``%dp attach``); nothing here."""
 
     def kill_rank(self, r: int) -> None:
         """Stop rank ``r``'s engine: SIGKILL by PID on this host, through its host's
@@ -451,17 +450,13 @@ class Cluster(TrainingMethods):
 
     # ------------------------------------------------------------------ keep
     @classmethod
-    def attach(cls, cluster_id: str | None = None) -> Cluster:
+    def attach(cls, cluster_id: str | None = None) -> Engines:
         """Drive a cluster a kernel left running with ``keep``; see :mod:`.keep`."""
-        from .keep import attach
-
-        return attach(cls, cluster_id)
+        return keeping.attach(cls, cluster_id)
 
     def _at_exit(self) -> None:
         if self.keep_s and self.running:
-            from .keep import release
-
-            release(self)
+            keeping.release(self)
         else:
             self.stop()
 
@@ -484,16 +479,14 @@ class Cluster(TrainingMethods):
         self.procs.stop_reaper()
         shutil.rmtree(self.profile_dir, ignore_errors=True)
         if self.keep_s:
-            from .keep import forget
-
-            forget(self)
+            keeping.forget(self)
         return sorted(owned)
 
     def _owned_pids(self) -> list[int]:
         """PIDs of this host's processes of the cluster (controller, engines, nannies)."""
         return sorted(self.procs.owned(self.ranks))
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> Engines:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import DpnbError, StartError
 
-log = logging.getLogger("dpnb.agents")
+log = logging.getLogger(__name__)
 
 AGENT_MODULE = "dpnb.engine.hostagent"
 REPLY_TIMEOUT_S = 30.0

@@ -27,9 +27,9 @@ from ..ranks import rank_label
 from .types import Status
 
 if TYPE_CHECKING:
-    from . import Cluster
+    from . import Engines as Cluster
 
-log = logging.getLogger("dpnb.debugging")
+log = logging.getLogger(__name__)
 
 DATA_KEY = "dpnb_pdb"  # dpnb.engine.rankpdb.DATA_KEY (not imported: no torch here)
 
@@ -161,7 +161,7 @@ def post_mortem(c: "Cluster", rank: int | None, commands=None) -> str:
     traceback on rank R (default: the first that raised), prompt in the
     notebook; ``commands`` answer the prompts instead (then ``q``).  Where
     nobody can be asked, the frames and their locals, as text."""
-    c._check_running()
+    c.require_running()
     f = c.last_failure
     if f is None:
         raise DpnbError("no cell has failed yet: %dp debug opens pdb on the last failed cell")

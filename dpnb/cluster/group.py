@@ -25,7 +25,7 @@ from .launch import rank_init_info
 from .transport import Transport
 from .types import Health, RankInfo
 
-log = logging.getLogger("dpnb.group")
+log = logging.getLogger(__name__)
 
 
 class Group:

@@ -27,7 +27,7 @@ import time
 
 from ..errors import DpnbError
 
-log = logging.getLogger("dpnb.keep")
+log = logging.getLogger(__name__)
 
 #: overrides where kept clusters are recorded (tests use their own folder)
 STATE_ENV = "DPNB_STATE_DIR"
@@ -77,12 +77,12 @@ def record_of(c, ttl_s: float) -> dict:
         "doors": {str(r): list(a) for r, a in c.transport.doors.items()},
         "env": [list(kv) for kv in c.spec.env],
         "setup_log": [_entry(e) for e in c.setup_log.entries],
-        # the cells resume infers its replay from (dpnb.cluster.resume)
+        # the cells resume infers its replay from (dpnb.session.resume)
         "history": [{"kind": h.kind, "code": h.code, "ranks": list(h.ranks) if h.ranks else None,
                      "setup": h.setup, "ok": h.ok, "names": list(h.names)} for h in c.history],
-        "train_log": c.train_log, "last_wrap": c.last_wrap, "batch_plan": c.batch_plan,
-        "last_train": {k: v for k, v in (c.last_train or {}).items() if k != "progress"} or None,
-        "autosave_dir": c.autosave_dir,
+        # the layer above's keys (dpnb.session: train_log, last_wrap, batch_plan,
+        # last_train, autosave_dir), beside the runtime's
+        **c.session_record(),
     }
 
 
@@ -184,7 +184,8 @@ def release(c) -> None:
 
 
 def attach(cls, cluster_id: str | None = None):
-    """A ``cls`` (:class:`dpnb.Cluster`) driving the kept cluster ``cluster_id`` (or the only one)."""
+    """A ``cls`` (:class:`dpnb.Cluster`, or any :class:`~dpnb.cluster.Engines`) driving
+    the kept cluster ``cluster_id`` (or the only one)."""
     import ipyparallel as ipp
 
     from .launch import _quiet_ipp_log
@@ -220,9 +221,7 @@ def attach(cls, cluster_id: str | None = None):
         c.history.append(CellRecord(kind=h["kind"], code=h["code"], setup=h["setup"], ok=h["ok"],
                                     ranks=tuple(h["ranks"]) if h["ranks"] else None,
                                     names=tuple(h["names"])))
-    c.train_log = list(rec.get("train_log") or [])
-    c.last_wrap, c.last_train = rec.get("last_wrap"), rec.get("last_train")
-    c.batch_plan, c.autosave_dir = rec.get("batch_plan"), rec.get("autosave_dir")
+    c.restore_session(rec)
     hold(c, c.keep_s)  # this kernel holds it now: the reaper stops counting down
     return c
 

@@ -30,7 +30,7 @@ from ..errors import DpnbError
 from .gpuplan import device_index
 from .types import BACKENDS, LAUNCHERS, LaunchSpec, RankInfo
 
-log = logging.getLogger("dpnb.launch")
+log = logging.getLogger(__name__)
 
 
 def parse_gpus(gpus: str | Sequence[int] | None) -> list[int] | None:

@@ -27,7 +27,7 @@ import psutil  # a dependency of ipyparallel
 
 from .types import RankInfo
 
-log = logging.getLogger("dpnb.processes")
+log = logging.getLogger(__name__)
 
 #: launchers whose engine processes run on this host
 LOCAL_LAUNCHERS = ("local", "mpi")

@@ -22,7 +22,7 @@ from . import tabs
 from .diagnose import group_identical
 from .types import CellResult
 
-log = logging.getLogger("dpnb.render")
+log = logging.getLogger(__name__)
 
 #: a line of glog / c10 logging from torch's or gloo's C++ (``[W1123 21:12:00.96 2835
 #: ProcessGroupGloo.cpp:123] ...`` or ``W1123 21:12:00.96 2835 pair.cc:45] ...``)

@@ -1,37 +1,34 @@
-"""Bringing the world back: replace dead engines, re-form, and optionally resume.
+"""Bringing the world back: replace dead engines and re-form the group.
 
 A replacement engine takes the dead rank's number (and its local rank and
 device) and starts empty; survivors keep their namespaces.  State changes only
 once the step that justifies it succeeded: a rank stops counting as dead when
 its replacement is probed, busy marks go when the group is re-formed.
 
-``resume=DIR`` then rebuilds what the checkpoint needs -- from the cells
-that built it, found in the history (:mod:`dpnb.cluster.resume`), on the
-ranks that need it -- replays the wrap and data calls, and loads the
-checkpoint.  A needed name no replayable cell binds stops it before any
-engine is replaced.
+``restart --resume`` (rebuild the model on the replaced ranks and load a
+checkpoint) is the training session's (:mod:`dpnb.session.resume`): it asks
+this module which ranks were replaced.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import os
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.cellgraph import cell_summary
-from ..errors import DpnbError, StartError
+from ..errors import StartError
 from ..ranks import rank_label
-from . import resume as resume_mod
 from .diagnose import kept
 from .processes import engine_logs
 from .types import SETUP_LOG_MAX, RankInfo, SetupEntry
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import Cluster
+    from . import Engines as Cluster
 
-log = logging.getLogger("dpnb.restart")
+log = logging.getLogger(__name__)
 
 
 class SetupLog:
@@ -72,20 +69,6 @@ class SetupLog:
         return len(self.entries)
 
 
-def latest_autosave(c: Cluster) -> str:
-    """The newest checkpoint ``%dp train --checkpoint-every K DIR`` wrote."""
-    d = c.autosave_dir
-    if not d:
-        raise DpnbError("no automatic checkpoint yet: train with --checkpoint-every K DIR, or "
-                        "give --resume DIR")
-    try:
-        with open(os.path.join(d, "latest")) as f:
-            path = os.path.join(d, f.read().strip())
-    except OSError as e:
-        raise DpnbError(f"no checkpoint in {d} yet ({e.strerror}): give --resume DIR") from None
-    return path
-
-
 # ipyparallel's default engine job, placed on one node (braces doubled for its
 # own formatting, which fills n, cluster_id, the command and the output file:
 # ipyparallel adds --output only to its own template, and without it Slurm
@@ -123,7 +106,7 @@ def replace_engines(c: Cluster, ranks: list[int]) -> None:
                 del cfg["batch_template"]
     else:
         c._ipp.start_engines_sync(n=len(ranks))
-    new = _wait_new(c, known, len(ranks), started)
+    new = wait_new(c, known, len(ranks), started)
     from ..engine import setup
     from .launch import controller_address
 
@@ -140,7 +123,7 @@ def replace_engines(c: Cluster, ranks: list[int]) -> None:
     c.procs.write_reaper_file(c.ranks)
 
 
-def _wait_new(c: Cluster, known: set, k: int, started: dict | None,
+def wait_new(c: Cluster, known: set, k: int, started: dict | None,
               timeout: float = 120.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while True:
@@ -208,20 +191,17 @@ def _settle_busy(c: Cluster, hard: bool) -> None:
         h.dead[r] = "killed by restart: it did not respond to interrupts"
 
 
-def restart(c: Cluster, *, hard: bool = False, resume: str | None = None) -> str:
-    """See :meth:`dpnb.Cluster.restart`."""
-    if resume == "" or resume is True:  # the latest automatic checkpoint
-        resume = latest_autosave(c)
-    if resume is not None:
-        resume = os.path.abspath(resume)
-        if not os.path.isdir(resume):
-            raise DpnbError(f"no checkpoint folder at {resume}: give a folder %dp save wrote")
-        if not c.setup_log.has_call("dpnb.engine.training.wrap"):
-            raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
-                            "history; build and %dp wrap it, then %dp load DIR")
-        plan = resume_mod.make_plan(c)
-        resume_mod.refuse_if_incomplete(c, plan)  # before any engine is replaced
-    c._check_running()
+@dataclass(frozen=True)
+class Restarted:
+    """What a restart did: the ranks given fresh engines, and the sentence saying so."""
+
+    replaced: tuple[int, ...]
+    message: str
+
+
+def restart(c: Cluster, *, hard: bool = False) -> Restarted:
+    """See :meth:`dpnb.cluster.Engines.restart`."""
+    c.require_running()
     c.transport.refresh_busy()
     _settle_busy(c, hard)
     h = c.health
@@ -243,6 +223,4 @@ def restart(c: Cluster, *, hard: bool = False, resume: str | None = None) -> str
         msg += f" {kept(keep)}."
     if info.get("problems"):
         msg += " Not re-bound: " + "; ".join(info["problems"])
-    if resume is not None:
-        msg += " " + resume_mod.replay_and_load(c, resume, plan, replace)
-    return msg
+    return Restarted(tuple(replace), msg)

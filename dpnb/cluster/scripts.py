@@ -16,7 +16,7 @@ from ..engine.script import cell
 from ..errors import DpnbError
 
 if TYPE_CHECKING:
-    from . import Cluster
+    from . import Engines as Cluster
     from .types import CellResult
 
 #: a script larger than this is refused (it travels inside one cell message)

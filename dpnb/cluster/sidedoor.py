@@ -16,7 +16,7 @@ import threading
 
 from ..engine import wire
 
-log = logging.getLogger("dpnb.sidedoor")
+log = logging.getLogger(__name__)
 
 #: an answer (``where`` with a long cell line) stays far below this
 MAX_ANSWER = 16 << 20

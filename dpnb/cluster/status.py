@@ -11,9 +11,9 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import Cluster
+    from . import Engines as Cluster
 
-log = logging.getLogger("dpnb.status")
+log = logging.getLogger(__name__)
 
 
 def status_rows(c: "Cluster") -> list[dict]:

@@ -19,7 +19,7 @@ import logging
 from ..ranks import rank_label
 from .diagnose import group_identical
 
-log = logging.getLogger("dpnb.tabs")
+log = logging.getLogger(__name__)
 
 #: more lines than this on one rank, and the output goes into tabs even if
 #: every rank printed the same

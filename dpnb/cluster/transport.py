@@ -26,7 +26,7 @@ from .sidedoor import is_closed, knock_all
 from .types import CellResult, Health, RankInfo, RankOutcome, Status
 from .waiting import Waiting
 
-log = logging.getLogger("dpnb.transport")
+log = logging.getLogger(__name__)
 
 def _setup_fn(name: str):
     from ..engine import setup

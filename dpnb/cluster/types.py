@@ -9,7 +9,7 @@ from the engines and what the diagnosis and the output renderer read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -75,7 +75,7 @@ class LaunchSpec:
         return dict(self.env)
 
 
-class Status(StrEnum):
+class Status(str, Enum):
     """How one rank's part of a cell or call ended (equal to its plain name)."""
 
     PENDING = "pending"
@@ -87,6 +87,9 @@ class Status(StrEnum):
     STOPPED = "stopped"  # interrupted because a peer failed
     LATE = "late"  # still in Python code when a peer's collective failed: a culprit
     DEADLOCKED = "deadlocked"  # released from a collective no rank could join
+
+    def __str__(self) -> str:  # as StrEnum (Python 3.11) would: the plain name
+        return self.value
 
 
 @dataclass

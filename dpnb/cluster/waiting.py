@@ -19,7 +19,7 @@ from .types import RankOutcome, Status
 if TYPE_CHECKING:
     from .transport import Transport
 
-log = logging.getLogger("dpnb.transport")
+log = logging.getLogger(__name__)
 
 #: after a rank failed while others still run: how long to let them fail on
 #: their own (a typo fails on every rank within milliseconds) before releasing

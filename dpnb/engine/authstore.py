@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from . import wire
 
-log = logging.getLogger("dpnb.engine.authstore")
+log = logging.getLogger(__name__)
 
 #: a value or request larger than this is refused (gloo's and NCCL's are < 1 KiB)
 MAX_FRAME = 64 << 20

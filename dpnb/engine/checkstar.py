@@ -28,7 +28,7 @@ from typing import Any
 
 from .collcheck import CheckReleased, CollectiveMismatchError, Pattern
 
-log = logging.getLogger("dpnb.engine.checkstar")
+log = logging.getLogger(__name__)
 
 _CHECK = struct.Struct("<qqq")  # number, digest, proposed period
 _VERDICT = struct.Struct("<q")

@@ -22,7 +22,7 @@ import logging
 
 import torch
 
-log = logging.getLogger("dpnb.engine.device")
+log = logging.getLogger(__name__)
 
 NCCL_DEVICE = "cuda"  # the only device type NCCL drives
 

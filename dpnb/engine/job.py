@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from .state import STATE_NAME, EngineState
 
-log = logging.getLogger("dpnb.engine.job")
+log = logging.getLogger(__name__)
 
 
 def arg_parser(*, description: str, resume: str | None, steps_done: int) -> argparse.ArgumentParser:

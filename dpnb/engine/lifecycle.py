@@ -35,7 +35,7 @@ from typing import Any
 
 from ..core.errors import UserError
 
-log = logging.getLogger("dpnb.engine.lifecycle")
+log = logging.getLogger(__name__)
 
 _ORIGINAL = "__dpnb_original__"
 

@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 
-log = logging.getLogger("dpnb.engine.setup")
+log = logging.getLogger(__name__)
 
 
 #: the rank a launcher gave this process: Slurm's task id (nodelist order),

@@ -17,7 +17,7 @@ import os
 import stat
 import tempfile
 
-log = logging.getLogger("dpnb.engine.private")
+log = logging.getLogger(__name__)
 
 #: caches the engines' libraries write and later load from
 CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton"}

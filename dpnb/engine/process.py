@@ -8,7 +8,7 @@ import os
 import threading
 import time
 
-log = logging.getLogger("dpnb.engine")
+log = logging.getLogger(__name__)
 
 
 def watch_parent(ppid: int, period: float = 1.0) -> None:

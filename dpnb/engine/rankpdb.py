@@ -33,7 +33,7 @@ import threading
 
 from . import frames
 
-log = logging.getLogger("dpnb.engine.rankpdb")
+log = logging.getLogger(__name__)
 
 #: the key of the data_message that carries a prompt to the notebook
 DATA_KEY = "dpnb_pdb"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-log = logging.getLogger("dpnb.engine.rebind")
+log = logging.getLogger(__name__)
 
 _DDP_OPTS = ("device_ids", "output_device", "dim", "broadcast_buffers", "find_unused_parameters",
              "gradient_as_bucket_view", "static_graph", "mixed_precision")

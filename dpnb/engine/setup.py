@@ -34,7 +34,7 @@ from .netplan import backend_env, interface_of, launch_rank, route_address
 from .lifecycle import torch_fn  # torch-free at import, like this module
 from .state import STATE_NAME, EngineState, get_state
 
-log = logging.getLogger("dpnb.engine")
+log = logging.getLogger(__name__)
 
 
 def user_ns() -> dict:

@@ -42,7 +42,7 @@ import psutil
 from . import frames, rankpdb, wire
 from .collcheck import COLLECTIVES, DEVICE_WAIT_OP, DEVICE_WAITS
 
-log = logging.getLogger("dpnb.engine.sidedoor")
+log = logging.getLogger(__name__)
 
 def tcp_connections() -> set[tuple]:
     """``(local, remote)`` address pairs of this process's established TCP connections."""

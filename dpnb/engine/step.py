@@ -43,7 +43,7 @@ from .state import get_state
 from .stop import StopRequest, _make_publisher
 from .train_state import BYTES_EVERY, StepRecord, TrainError, choice, require_bound
 
-log = logging.getLogger("dpnb.engine.step")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 
-log = logging.getLogger("dpnb.engine.stop")
+log = logging.getLogger(__name__)
 
 
 class StopRequest:

@@ -28,7 +28,7 @@ from . import device
 from .state import get_state
 from .train_state import viewed_state
 
-log = logging.getLogger("dpnb.engine.watch")
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------

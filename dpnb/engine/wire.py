@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Awaitable, Callable
 
-log = logging.getLogger("dpnb.engine.wire")
+log = logging.getLogger(__name__)
 
 NONCE = 32
 #: the whole handshake, from accept; a real client answers in microseconds

@@ -37,7 +37,7 @@ from .measure import BucketRecorder, local_tensor
 from .state import get_state
 from .train_state import TrainError, TrainState, choice, train_state
 
-log = logging.getLogger("dpnb.engine.wrap")
+log = logging.getLogger(__name__)
 
 
 def _module_names(ns: dict) -> list:

@@ -195,14 +195,16 @@ def _drawn(n: int) -> list[int]:
 def live_settings(cluster) -> dict:
     """DP from the running cluster and the last ``%dp train`` settings (rank 0's last record)."""
     live: dict = {"dp": cluster.world_size}
-    last = getattr(cluster, "last_train", None)
+    # the session's last train call (dpnb.session.state); a bare runtime has none
+    st = getattr(cluster, "training", None)
+    last = st.last_train.args.to_record() if st is not None and st.last_train else None
     rec = None
     try:
         summ = C.call_ok(cluster, "dpnb.engine.views.live_summary", ranks=[0])[0]
         rec = summ.get("last")
     except C.ViewError:
         rec = None
-    src = rec or (last if isinstance(last, dict) else None)
+    src = rec or last
     if src:
         for k in ("micro_batch", "grad_accum", "lr"):
             if src.get(k) is not None:

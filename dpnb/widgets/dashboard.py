@@ -22,7 +22,7 @@ from typing import Any
 from ..display import GROUP_ABOVE, byte_span, group_cells, group_status
 from . import _common as C
 
-log = logging.getLogger("dpnb.dashboard")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -303,10 +303,10 @@ class _Poller:
         client = self.cluster.client
         running = bool(getattr(client, "outstanding", ()))
         prog = progress_from_client(client, self.seen)
-        # The payloads a finished %dp train kept (dpnb.train): authoritative
+        # The payloads a finished %dp train kept (dpnb.session.verbs): authoritative
         # for the end of the run even when no tick fell inside it.
-        last = getattr(self.cluster, "last_train", None)
-        final = last.get("progress") if isinstance(last, dict) else None
+        st = getattr(self.cluster, "training", None)  # a bare runtime has no session state
+        final = st.last_train.progress if st is not None and st.last_train else None
         if final and final is not self.final_seen:
             self.final_seen = final
             for r, p in final.items():

@@ -58,9 +58,9 @@ def remember(cluster, found: tuple[Residency, ...]) -> list[Residency]:
     """Keep the latest measurement per strategy on ``cluster`` (forgetting any of
     another model size); return every kept one, in ZeRO-stage order."""
     full = found[0].full_param_bytes
-    kept = {s: v for s, v in cluster.residency.items() if v[0].full_param_bytes == full}
+    kept = {s: v for s, v in cluster.training.residency.items() if v[0].full_param_bytes == full}
     kept[found[0].strategy] = found
-    cluster.residency = kept
+    cluster.training.residency = kept
     return [x for s in sorted(kept, key=lambda s: ORDER.index(s) if s in ORDER else 99) for x in kept[s]]
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from helpers.shell import magics_on
 
 import dpnb
-import dpnb.resize
+import dpnb.session.resize
 from dpnb.errors import DpnbError
 
 SETUP = """
@@ -132,5 +132,5 @@ def test_resize_magic_says_one_line(c, capsys):
     # a train with a layout of its own makes the resize plan history: the next
     # resize keeps the batch that last trained (4 x DP 3 x 1 = 12), not the plan's 18
     c.train(steps=1, micro_batch=4, grad_accum=1, progress=False)
-    p = dpnb.resize.plan(c, 2)
+    p = dpnb.session.resize.plan(c, 2)
     assert (p.old_global_batch, p.micro_batch, p.grad_accum) == (12, 3, 2)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import dpnb
-import dpnb.cluster.resume
+import dpnb.session.resume
 from dpnb.errors import DpnbError, RemoteCellError
 
 MODEL = ("import dpnb.data\n"
@@ -127,7 +127,7 @@ def test_a_name_no_replayable_cell_binds_is_refused_before_anything_is_replaced(
         assert "resume cannot rebuild 'net' (needed by the wrap (wrap net (ddp)))" in msg, msg
         assert "ran on rank 1 only" in msg and "Nothing was replaced" in msg, msg
         assert c.dead == {1: "exit code 3"} and c.ranks[0].pid == pid0  # nothing touched
-        lines = dpnb.cluster.resume.describe(c)  # what %dp setup shows
+        lines = dpnb.session.resume.describe(c)  # what %dp setup shows
         assert any(line.startswith("cannot rebuild 'net'") for line in lines), lines
 
 

@@ -47,7 +47,7 @@ def test_wrap_data_train_check_via_magics(ip, capsys):
     out = capsys.readouterr().out
     assert "step 6/6" in out  # the terminal progress line reached the end
     assert "6 steps, global batch 32 = micro-batch 8 x DP 2 x grad-accum 2" in out
-    assert c.last_train["summary"]["global_batch"] == 32
+    assert c.training.last_train.summary["global_batch"] == 32
 
     ip.run_line_magic("dp", "check")
     assert "dpnb: OK, 4 tensors in sync across 2 ranks" in capsys.readouterr().out
@@ -113,7 +113,7 @@ def test_save_load_roundtrip_via_magics(ip, tmp_path, capsys):
     c = dpnb.get_cluster(ip)
     ckpt = tmp_path / "ckpt"
     ip.run_line_magic("dp", f"save {ckpt}")
-    step = c.last_train["summary"]["last_step"] + 1
+    step = c.training.last_train.summary["last_step"] + 1
     assert f"saved step {step}" in capsys.readouterr().out
     ref = c.train(steps=2, micro_batch=8, progress=False)["losses"]
     ip.run_line_magic("dp", f"load {ckpt}")
@@ -131,7 +131,7 @@ def test_engine_death_then_restart_resume_restores_model_optimizer_step(ip, tmp_
     c = dpnb.get_cluster(ip)
     ckpt = str(tmp_path / "resume")
     c.save(ckpt)
-    saved_step = c.last_train["summary"]["last_step"] + 1
+    saved_step = c.training.last_train.summary["last_step"] + 1
     ref = c.train(steps=2, micro_batch=8, progress=False)
     side = tmp_path / "side_effect"  # a cell not marked --setup: never replayed
     c.run(f"open({str(side)!r}, 'a').write('x')", display=False)

@@ -6,8 +6,8 @@ layers, bottom up (see docs/architecture.md):
 
 0. leaves: ``core`` (pure), ``errors``, ``env``, ``log``, ``ranks``, ``compat``, ``data``
 1. ``engine`` -- runs on the ranks
-2. ``cluster`` -- the notebook's side of the engines
-3. ``train``, ``progress``, ``display``, ``widgets``, ``quiz``
+2. ``cluster`` -- the engines runtime, which knows nothing of training
+3. ``session`` (the training session), ``progress``, ``display``, ``widgets``, ``quiz``
 4. ``magics``, ``demo``, ``cli``, the package ``dpnb`` itself
 """
 
@@ -132,7 +132,7 @@ def test_leaves_import_no_higher_layer():
 
 
 def test_engine_imports_no_notebook_side():
-    upper = ("dpnb.cluster", "dpnb.train", "dpnb.widgets", "dpnb.magics", "dpnb.progress",
+    upper = ("dpnb.cluster", "dpnb.session", "dpnb.widgets", "dpnb.magics", "dpnb.progress",
              "dpnb.display", "dpnb.demo", "dpnb.cli", "dpnb.quiz", "dpnb.course")
     bad = {m: sorted(t for t in ts if _in(t, *upper))
            for m, ts in _graph().items() if _in(m, "dpnb.engine")}
@@ -140,23 +140,37 @@ def test_engine_imports_no_notebook_side():
 
 
 def test_widgets_never_import_cluster_or_train():
-    bad = {m: sorted(t for t in ts if _in(t, "dpnb.cluster", "dpnb.train", "dpnb.magics"))
+    bad = {m: sorted(t for t in ts if _in(t, "dpnb.cluster", "dpnb.session", "dpnb.magics"))
            for m, ts in _graph().items() if _in(m, "dpnb.widgets")}
     assert not {m: t for m, t in bad.items() if t}
 
 
-def test_cluster_imports_training_only_in_its_one_line_delegations():
-    """The training layer takes a cluster as an argument; ``Cluster.wrap`` & co.
-    may import it lazily, nothing in the cluster package may at module level."""
+#: the layers above the engines runtime
+ABOVE_RUNTIME = ("dpnb.session", "dpnb.progress", "dpnb.display", "dpnb.widgets", "dpnb.quiz",
+                 "dpnb.magics", "dpnb.magic_args", "dpnb.demo", "dpnb.cli", "dpnb.course")
+
+
+def test_the_runtime_imports_nothing_above_it():
+    """``dpnb.cluster`` knows nothing of training: no import of the session or the
+    views, lazy ones included (the layer above extends it; it never calls up)."""
+    bad = {m: sorted(t for t in ts if _in(t, *ABOVE_RUNTIME))
+           for m, ts in _graph().items() if _in(m, "dpnb.cluster")}
+    assert not {m: t for m, t in bad.items() if t}
+
+
+def test_no_module_outside_the_runtime_touches_its_private_attributes():
+    """``c._ipp``, ``cluster._check_running()``: the runtime's insides are its own.
+    Read on the names the layers above give a cluster."""
+    holders = {"c", "cluster", "self.cluster", "self._need()"}
+    bad = []
     for m, p in _modules().items():
-        if not _in(m, "dpnb.cluster"):
+        if _in(m, "dpnb.cluster", "dpnb.engine", "dpnb.core"):
             continue
-        tree = ast.parse(p.read_text())
-        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        names = {a.name for n in top for a in n.names} | {n.module or "" for n in top
-                                                          if isinstance(n, ast.ImportFrom)}
-        assert not ({"train", "widgets", "magics"} & names), (m, names)
-        assert not any(_in(t, "dpnb.widgets", "dpnb.magics") for t in _graph()[m]), m
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.Attribute) and n.attr.startswith("_") \
+                    and not n.attr.startswith("__") and ast.unparse(n.value) in holders:
+                bad.append(f"{m}:{n.lineno} {ast.unparse(n)}")
+    assert not bad, bad
 
 
 def test_no_module_over_500_lines():

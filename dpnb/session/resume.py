@@ -20,13 +20,14 @@ then the wrap and data calls on every rank, then the checkpoint is loaded
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
+from ..cluster.diagnose import first_error
 from ..core.cellgraph import HistoryCell, ResumePlan, cell_summary, plan
 from ..core.strategies import is_fsdp
 from ..errors import DpnbError
 from ..ranks import rank_label
-from .diagnose import first_error
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
@@ -50,8 +51,9 @@ def needed(c: "Cluster") -> dict[str, str]:
             out[str(e.args[0])] = f"the wrap ({e.label})"
         elif e.dotted == _T + "set_data" and e.args:
             out[str(e.args[0])] = f"the data ({e.label})"
+    last = c.training.last_train
     for key in ("step_fn", "loss_fn"):
-        name = (c.last_train or {}).get(key)
+        name = getattr(last.args, key) if last else None
         if isinstance(name, str) and name.isidentifier():
             out[name] = f"%dp train --{key.replace('_', '-')} {name}"
     return out
@@ -100,7 +102,7 @@ def describe(c: "Cluster") -> list[str]:
 
 def rebuild_ranks(c: "Cluster", replaced: list[int]) -> tuple[list[int], str]:
     """Ranks whose model must be built again, and why."""
-    strategy = (c.last_wrap or {}).get("strategy", "ddp")
+    strategy = c.training.strategy
     if is_fsdp(strategy):
         return list(range(c.world_size)), (f"{strategy} shards the module in place, so it "
                                            f"cannot be wrapped again")
@@ -131,3 +133,34 @@ def replay_and_load(c: "Cluster", path: str, p: ResumePlan, replaced: list[int])
     left = "".join(f" Left out: {what} ({why2})." for what, why2 in p.left_out)
     return (f"Resumed from {path} at step {info.get('step')}. {who} Then on every rank: "
             f"{'; '.join(e.label for e in calls)}; the checkpoint.{left}")
+
+
+def latest_autosave(c: "Cluster") -> str:
+    """The newest checkpoint ``%dp train --checkpoint-every K DIR`` wrote."""
+    d = c.training.autosave_dir
+    if not d:
+        raise DpnbError("no automatic checkpoint yet: train with --checkpoint-every K DIR, or "
+                        "give --resume DIR")
+    try:
+        with open(os.path.join(d, "latest")) as f:
+            path = os.path.join(d, f.read().strip())
+    except OSError as e:
+        raise DpnbError(f"no checkpoint in {d} yet ({e.strerror}): give --resume DIR") from None
+    return path
+
+
+def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
+    """``%dp restart --resume [DIR]``: everything that can refuse is checked before
+    any engine is replaced; then the runtime restarts, and the replaced ranks
+    (or every rank, under FSDP) rebuild and load the checkpoint."""
+    path = latest_autosave(c) if resume == "" or resume is True else str(resume)
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise DpnbError(f"no checkpoint folder at {path}: give a folder %dp save wrote")
+    if not c.setup_log.has_call(_T + "wrap"):
+        raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
+                        "history; build and %dp wrap it, then %dp load DIR")
+    p = make_plan(c)
+    refuse_if_incomplete(c, p)  # before any engine is replaced
+    done = c.replace_and_reform(hard=hard)
+    return done.message + " " + replay_and_load(c, path, p, list(done.replaced))

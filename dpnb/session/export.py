@@ -31,8 +31,8 @@ import os
 import shlex
 import stat
 
-from .core.cellgraph import cell_summary
-from .errors import DpnbError
+from ..core.cellgraph import cell_summary
+from ..errors import DpnbError
 
 _T = "dpnb.engine.training."
 #: setup calls the job does not need: they serve notebook views only
@@ -102,10 +102,10 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
            when: str) -> str:
     """The text of ``train.py``."""
     pushed = {n for rec in cluster.history if rec.kind == "push" for n in rec.names}
-    w = cluster.last_wrap or {}
-    steps_done = sum(int(t["steps"]) for t in cluster.train_log)
+    st = cluster.training
+    steps_done = st.steps_done
     doc = (f"Exported by dpnb from a notebook session on {when}: {cluster.world_size} ranks, "
-           f"{cluster.backend}, {w.get('strategy', '?')}.")
+           f"{cluster.backend}, {st.last_wrap.strategy if st.last_wrap else '?'}.")
     body = [
         "#!/usr/bin/env python3",
         f'"""{doc}',
@@ -137,8 +137,7 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
             body += [f"# ({e.label}: a notebook view's hooks, not needed here)", ""]
         else:
             body += [f"# ---- {e.label} ----", _call_source(e.dotted, e.args, e.kwargs), ""]
-    schedule = [{k: v for k, v in t.items() if k != "dp" and v is not None}
-                for t in cluster.train_log]
+    schedule = [t.schedule_entry() for t in st.train_log]
     body += ["# The notebook's %dp train calls since the wrap, in order (steps they ran).",
              "SCHEDULE = ["]
     body += [f"    {t!r}," for t in schedule]
@@ -192,7 +191,7 @@ def export(cluster, out_dir: str) -> dict:
 
     Returns ``{"dir", "files", "checkpoint", "skipped", "command"}``.
     """
-    cluster._check_running()
+    cluster.require_running()
     if not cluster.setup_log.has_call(_T + "wrap"):
         raise DpnbError("nothing to export: no model is wrapped. Build it in %%dp --setup "
                         "cells, %dp wrap it and %dp data, then export")

@@ -8,7 +8,7 @@ The sequence, each step only once the one before it succeeded:
 2. every rank writes its shard of model and optimizer state, the step and the
    data position with ``torch.distributed.checkpoint`` (a collective on the
    old group);
-3. :func:`dpnb.cluster.resize.resize_world` stops the highest ranks' engines
+3. :func:`dpnb.cluster.world.resize_world` stops the highest ranks' engines
    or starts new ones and forms one group of ``M`` ranks;
 4. every rank replays the setup log (the marked cells, the wrap, the data
    choice) and loads the checkpoint: DCP reshards each tensor for the new
@@ -26,11 +26,14 @@ import logging
 import os
 import tempfile
 
-from .core.errors import ConfigError
-from .core.resize import ResizePlan, plan_resize
-from .errors import DpnbError
+from ..core.errors import ConfigError
+from ..core.resize import ResizePlan, plan_resize
+from ..cluster.world import check_target, resize_world
+from ..errors import DpnbError
+from . import resume
+from .state import BatchPlan
 
-log = logging.getLogger("dpnb.resize")
+log = logging.getLogger(__name__)
 
 _WRAP = "dpnb.engine.training.wrap"
 
@@ -43,12 +46,13 @@ def _check_model(cluster) -> None:
 
 def plan(cluster, n: int, keep: str = "batch", lr_rule: str = "linear") -> ResizePlan:
     """The batch layout on ``n`` ranks, from the last ``train`` call (or its plan)."""
-    last = cluster.batch_plan or cluster.last_train
+    st = cluster.training
+    last = st.batch_plan or (st.last_train.args if st.last_train else None)
     if not last:
         raise DpnbError("no training step has run yet, so there is no global batch to keep: "
                         "%dp train first, or %dp stop and %dp start -n M")
     try:
-        return plan_resize(int(last["micro_batch"]), int(last["grad_accum"]),
+        return plan_resize(int(last.micro_batch), int(last.grad_accum),
                            cluster.world_size, n, keep=keep, lr_rule=lr_rule)
     except ConfigError as e:
         raise DpnbError(str(e)) from None
@@ -65,10 +69,7 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     hand-over checkpoint goes (default: a folder in the cluster's profile on
     one host; give shared storage for a cluster on several hosts).
     """
-    from .cluster import resume
-    from .cluster.resize import check_target, resize_world
-
-    cluster._check_running()
+    cluster.require_running()
     check_target(cluster, n)
     _check_model(cluster)
     rebuild = resume.make_plan(cluster)
@@ -85,16 +86,13 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     step = saved.get("step")
     world = resize_world(cluster, n)
     loaded = resume.replay_and_load(cluster, path, rebuild, world["added"])
-    if cluster.keep_s:  # a kept cluster's record follows its ranks
-        from .cluster.keep import hold
-
-        hold(cluster, cluster.keep_s)
     lr = None
-    last_scale = (cluster.last_train or {}).get("lr_scale", "none")
+    last = cluster.training.last_train
+    last_scale = last.args.lr_scale if last else "none"
     if keep == "lr" and last_scale == "none":
         lr = cluster.call("dpnb.engine.training.scale_lr", p.lr_factor).values[0]["lr"]
-    cluster.batch_plan = {"micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
-                          "global_batch": p.global_batch}
+    cluster.training.batch_plan = BatchPlan(p.micro_batch, p.grad_accum, p.global_batch)
+    cluster.refresh_keep_record()  # a kept cluster's record follows its ranks and the plan
     how = p.describe()
     if keep == "lr" and last_scale != "none":
         how = how.rsplit(";", 1)[0] + f"; the learning rate follows --lr-scale {last_scale}"

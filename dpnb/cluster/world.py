@@ -1,6 +1,6 @@
 """Changing how many ranks a running cluster has: stop or add engines, re-form.
 
-``%dp resize -n M`` (see :mod:`dpnb.resize` for the training side) ends here
+``%dp resize -n M`` (see :mod:`dpnb.session.resize` for the training side) ends here
 with the engine work: the highest ranks' engines are stopped (shrink) or new
 engines are started where the launcher can place them (grow); every engine
 left is given its rank again -- ranks stay contiguous per host, like torchrun
@@ -22,9 +22,9 @@ from .gpuplan import GPU_PROBE_KEYS, with_devices
 from .placement import assign_ranks
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import Cluster
+    from . import Engines as Cluster
 
-log = logging.getLogger("dpnb.resize")
+log = logging.getLogger(__name__)
 
 #: a CPU host runs at most this many engines per core (8 on a laptop's 2):
 #: beyond it every step crawls and the group timeout fires
@@ -66,7 +66,7 @@ def check_target(c: Cluster, m) -> None:
 
 def _start_more(c: Cluster, k: int) -> list[int]:
     """Start ``k`` engines; return their engine ids once registered."""
-    from .restart import _wait_new
+    from .restart import wait_new
 
     known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
     started = None
@@ -81,7 +81,7 @@ def _start_more(c: Cluster, k: int) -> list[int]:
         started = c.agents.start(counts)
     else:
         c._ipp.start_engines_sync(n=k)
-    return _wait_new(c, known, k, started)
+    return wait_new(c, known, k, started)
 
 
 def _stop_ranks(c: Cluster, ranks: list[int]) -> None:

@@ -4,7 +4,8 @@ in :mod:`dpnb.engine.training` / :mod:`dpnb.engine.check` /
 :mod:`dpnb.engine.checkpoint` on every rank at once (they are collectives),
 and turns the per-rank answers into one result.  The same functions back the
 ``%dp wrap / data / train / check / save / load / pull-model`` magics and the
-``Cluster.wrap`` ... methods.
+``Cluster.wrap`` ... methods; what the next action needs to know of them goes
+to the session's :class:`~dpnb.session.state.TrainingState`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .compat import result_metadata
-from .core.errors import ConfigError
-from .core.strategies import LR_SCALES, STRATEGIES, is_fsdp, parse_comm_hook
-from .errors import DpnbError
-from .progress import TrainProgress
-from .ranks import rank_label
+from ..compat import result_metadata
+from ..core.errors import ConfigError
+from ..core.strategies import LR_SCALES, STRATEGIES, is_fsdp, parse_comm_hook
+from ..errors import DpnbError
+from ..progress import TrainProgress
+from ..ranks import rank_label
+from .state import LastTrain, TrainArgs, TrainCall, WrapRecord
 
 _T = "dpnb.engine.training."
 WATCH = "dpnb.engine.views.watch"
@@ -57,8 +59,7 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
                         f"%%dp cell on every rank first (e.g. {model} = torch.nn.Linear(8, 1))")
     res = cluster.call(_T + "wrap", model, strategy, **opts)
     info = _rank0(res)
-    cluster.last_wrap = {"model": model, "strategy": strategy, **opts, "summary": info}
-    cluster.train_log = []  # a new model: its training starts here
+    cluster.training.wrapped(WrapRecord(model, strategy, dict(opts), info))
     cluster.record_setup_call(f"wrap {model} ({strategy})", _T + "wrap", model, strategy, **opts)
     # Timing hooks for the gradient-sync view (optimizer step, FSDP
     # all-gather / reduce-scatter); local to each rank, no communication.
@@ -106,12 +107,13 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
                         f"(got {checkpoint_every!r})")
     if checkpoint_dir is not None:
         checkpoint_dir = os.path.abspath(os.path.expanduser(checkpoint_dir))
-    kw = dict(steps=steps, epochs=epochs, micro_batch=micro_batch, grad_accum=grad_accum,
-              lr_scale=lr_scale, ref_batch=ref_batch, seq_len=seq_len, step_fn=step_fn,
-              loss_fn=loss_fn, record=record, publish=bool(progress),
-              checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
+    args = TrainArgs(steps=steps, epochs=epochs, micro_batch=micro_batch, grad_accum=grad_accum,
+                     lr_scale=lr_scale, ref_batch=ref_batch, seq_len=seq_len, step_fn=step_fn,
+                     loss_fn=loss_fn, record=record, publish=bool(progress),
+                     checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
+    st = cluster.training
     if checkpoint_dir is not None:  # restart --resume finds it even if this run dies
-        cluster.autosave_dir = checkpoint_dir
+        st.autosave_dir = checkpoint_dir
     view = TrainProgress(steps, kernel=None) if progress else None
     sent: dict = {}
 
@@ -124,7 +126,8 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
         if isinstance(data, dict) and data.get("dpnb_progress"):
             view.update(data["dpnb_progress"])
 
-    res = cluster.call(_T + "train", timeout=timeout, on_poll=on_poll, raise_errors=False, **kw)
+    res = cluster.call(_T + "train", timeout=timeout, on_poll=on_poll, raise_errors=False,
+                       **args.to_record())
     summary = res.values[0] if res.ok else None
     note = ""
     if summary and summary.get("interrupted"):
@@ -141,20 +144,15 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
         p = (result_metadata(ar).get("data") or {}).get("dpnb_progress")
         if p and "rank" in p:
             finals[p["rank"]] = dict(p)
-    cluster.last_train = {**kw, "summary": summary, "progress": finals}
+    st.last_train = LastTrain(args, summary, finals)
     if summary and summary.get("steps"):
-        cluster.train_log.append({"steps": summary["steps"], "dp": cluster.world_size,
-                                  **{k: kw[k] for k in EXPORTED_TRAIN_ARGS}})
+        st.train_log.append(TrainCall.of(summary["steps"], cluster.world_size, args))
     if from_plan and summary is not None:
         summary = {**summary, "batch_note": from_plan}
     elif summary is not None:  # a layout of the user's own: the resize plan is history
-        cluster.batch_plan = None
+        st.batch_plan = None
     return summary
 
-
-#: the arguments of a train call that a batch job replays (dpnb.export)
-EXPORTED_TRAIN_ARGS = ("micro_batch", "grad_accum", "lr_scale", "ref_batch", "seq_len",
-                       "step_fn", "loss_fn")
 
 #: what ``train`` uses when neither the call nor a resize says
 DEFAULT_MICRO_BATCH, DEFAULT_GRAD_ACCUM = 8, 1
@@ -167,15 +165,15 @@ def batch_layout(cluster, micro_batch: int | None, grad_accum: int | None) -> tu
     (the global batch kept on the new number of ranks; the grad-accum only
     while the micro-batch is the plan's), else from the defaults.
     """
-    p = getattr(cluster, "batch_plan", None) or {}
+    p = cluster.training.batch_plan
     note = ""
     if micro_batch is None:
-        micro_batch = p.get("micro_batch", DEFAULT_MICRO_BATCH)
+        micro_batch = p.micro_batch if p else DEFAULT_MICRO_BATCH
     if grad_accum is None:
-        if p and micro_batch == p.get("micro_batch"):
-            grad_accum = p["grad_accum"]
+        if p and micro_batch == p.micro_batch:
+            grad_accum = p.grad_accum
             note = (f"micro-batch {micro_batch} x grad-accum {grad_accum} from %dp resize "
-                    f"(global batch {p['global_batch']} kept)")
+                    f"(global batch {p.global_batch} kept)")
         else:
             grad_accum = DEFAULT_GRAD_ACCUM
     return micro_batch, grad_accum, note

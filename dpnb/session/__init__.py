@@ -1,0 +1,94 @@
+"""The training session: :class:`Cluster` = the engines runtime + the training verbs.
+
+:class:`dpnb.cluster.Engines` runs cells and calls on the ranks and keeps
+them alive; it knows nothing of models.  This layer adds what a training job
+needs on top, as plain methods: ``wrap``, ``set_data``, ``train``, ``check``,
+``save`` / ``load`` / ``pull_model``, ``resize``, ``export`` and ``restart
+--resume``, each delegating to the module that does it (:mod:`dpnb.session.verbs`,
+:mod:`dpnb.session.resize`, :mod:`dpnb.session.export`, :mod:`.resume`).  What they share --
+the last wrap, the last train call, the batch plan, the train calls since the
+wrap, the automatic checkpoints' folder, the measured residency -- is one
+typed :class:`~.state.TrainingState` on ``cluster.training``, kept with the
+runtime's record when the cluster outlives its kernel.
+"""
+
+from __future__ import annotations
+
+from . import export as _export
+from . import resize as _resize
+from . import verbs as _train
+from ..cluster import Engines
+from . import resume as _resume
+from .state import TrainingState
+
+__all__ = ["Cluster", "start", "TrainingState"]
+
+
+def start(n: int = 2, **kwargs) -> Cluster:
+    """Start ``n`` engines joined in one process group; see :meth:`Cluster.start`."""
+    return Cluster.start(n, **kwargs)
+
+
+class Cluster(Engines):
+    """A running set of engines, one per rank, in one process group, and the
+    training job on them.
+
+    Create with :func:`dpnb.start` / :meth:`Cluster.start`.  Methods mirror
+    the ``%dp`` magics: :meth:`run` (``%%dp``), :meth:`call`, :meth:`push`,
+    :meth:`pull`, :meth:`status`, :meth:`restart`, :meth:`stop`, and the
+    training verbs below.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.training = TrainingState()
+
+    def wrap(self, model: str = "model", strategy: str = "ddp", **opts) -> dict:
+        """Wrap a model that exists on every rank; see :func:`dpnb.session.verbs.wrap`."""
+        return _train.wrap(self, model, strategy, **opts)
+
+    def set_data(self, dataset: str, **opts) -> dict:
+        """Train on the dataset named ``dataset`` on every rank; see :func:`dpnb.session.verbs.set_data`."""
+        return _train.set_data(self, dataset, **opts)
+
+    def train(self, **opts) -> dict:
+        """Run training steps with live progress; see :func:`dpnb.session.verbs.train`."""
+        return _train.train(self, **opts)
+
+    def check(self, model: str | None = None) -> dict:
+        """Are the replicas in sync?  See :func:`dpnb.session.verbs.check`."""
+        return _train.check(self, model)
+
+    def save(self, path: str) -> dict:
+        return _train.save(self, path)
+
+    def load(self, path: str) -> dict:
+        return _train.load(self, path)
+
+    def pull_model(self) -> dict:
+        return _train.pull_model(self)
+
+    def resize(self, n: int, **opts) -> dict:
+        """Go on training on ``n`` ranks; see :func:`dpnb.session.resize.resize`."""
+        return _resize.resize(self, n, **opts)
+
+    def export(self, out_dir: str, **opts) -> dict:
+        """Write this session as a batch job; see :func:`dpnb.session.export.export`."""
+        return _export.export(self, out_dir, **opts)
+
+    def restart(self, *, hard: bool = False, resume: str | bool | None = None) -> str:
+        """Replace dead engines and re-form the group; say what was lost.
+
+        ``resume=DIR`` (``""`` or ``True``: the latest automatic checkpoint):
+        then rebuild what the checkpoint needs from the cells that built it,
+        wrap, and load DIR (model, optimizer, step); see :mod:`.resume`.
+        """
+        if resume is None or resume is False:
+            return super().restart(hard=hard)
+        return _resume.restart_and_resume(self, hard=hard, resume=resume)
+
+    def session_record(self) -> dict:
+        return self.training.to_record()
+
+    def restore_session(self, rec: dict) -> None:
+        self.training = TrainingState.from_record(rec)
