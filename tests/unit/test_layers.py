@@ -147,7 +147,7 @@ def test_widgets_never_import_cluster_or_train():
 
 #: the layers above the engines runtime
 ABOVE_RUNTIME = ("dpnb.session", "dpnb.progress", "dpnb.display", "dpnb.widgets", "dpnb.quiz",
-                 "dpnb.magics", "dpnb.magic_args", "dpnb.demo", "dpnb.cli", "dpnb.course")
+                 "dpnb.magics", "dpnb.demo", "dpnb.cli", "dpnb.course")
 
 
 def test_the_runtime_imports_nothing_above_it():

@@ -1,11 +1,16 @@
 """Random argument strings to every %dp parser give usage errors only."""
 
+import re
 import pytest
 from hypothesis import given, settings, strategies as st
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from dpnb.magics import _SUBCOMMANDS, DPMagics, _cell, _parse
+from dpnb.magics import DPMagics, subcommands
+from dpnb.magics.cell_cmds import CellCommands
+from dpnb.magics.options import parse
+
+SUBCOMMANDS = subcommands()
 
 WORDS = st.sampled_from(["-n", "2", "-1", "0", "--backend", "nccl", "gloo", "x", "--ranks",
                          "1:", "--timeout", "nan", "inf", "--", "-", "'", '"', "--gpus", "0,1",
@@ -15,10 +20,10 @@ ARGS = st.one_of(st.text(max_size=40), st.lists(WORDS, max_size=8).map(" ".join)
 
 
 @settings(max_examples=300, deadline=None)
-@given(name=st.sampled_from(sorted(_SUBCOMMANDS)), rest=ARGS)
+@given(name=st.sampled_from(sorted(SUBCOMMANDS)), rest=ARGS)
 def test_subcommand_parsers_only_raise_usage_errors(name, rest):
     try:
-        _parse(_SUBCOMMANDS[name], name, rest)
+        parse(SUBCOMMANDS[name], name, rest)
     except UsageError as e:
         assert str(e).strip() and "\n" not in str(e).strip()
 
@@ -27,7 +32,7 @@ def test_subcommand_parsers_only_raise_usage_errors(name, rest):
 @given(rest=ARGS)
 def test_cell_parser_only_raises_usage_errors(rest):
     try:
-        _parse(_cell, "(cell)", rest)
+        parse(CellCommands.cell, "(cell)", rest)
     except UsageError:
         pass
 
@@ -56,3 +61,17 @@ def test_cell_magic_without_cluster_says_start_first(magics, line, cell):
     msg = str(ei.value)
     assert "%dp start" in msg or "%dp (cell)" in msg or "see %dp?" in msg or \
         "cell is empty" in msg
+
+
+def test_help_lists_every_subcommand_by_its_usage_line():
+    """Each handler's own parser makes its usage line, and ``%dp?`` shows them all."""
+    doc = DPMagics.dp.__doc__
+    for name, handler in SUBCOMMANDS.items():
+        assert handler.parser.prog == f"dp {name}"
+        assert re.search(rf"^  %dp {re.escape(name)}( |$)", doc, re.M), name
+    assert "\n  %%dp [--ranks RANKS] [--timeout TIMEOUT] [--unchecked]" in doc  # the cell's
+
+
+def test_every_subcommand_is_a_bound_method_of_the_magics(magics):
+    assert set(magics.subcommands) == set(SUBCOMMANDS)
+    assert all(m.__self__ is magics for m in magics.subcommands.values())
