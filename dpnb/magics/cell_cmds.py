@@ -1,5 +1,6 @@
-"""%dp subcommands: values in and out of the ranks, and the setup log. Each handler carries its parser
-and help (see :mod:`.options`).
+"""%dp subcommands: values in and out of the ranks, and the setup log.
+
+Each handler carries its parser and help (see :mod:`.options`).
 """
 
 from __future__ import annotations

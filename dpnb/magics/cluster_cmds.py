@@ -1,5 +1,6 @@
-"""%dp subcommands: start, attach, inspect, restart and stop the cluster. Each handler carries its parser
-and help (see :mod:`.options`).
+"""%dp subcommands: start, attach, inspect, restart and stop the cluster.
+
+Each handler carries its parser and help (see :mod:`.options`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""%dp subcommands: code from elsewhere in, and the session out: a torchrun script, a batch job. Each handler carries its parser
-and help (see :mod:`.options`).
+"""%dp subcommands: code from elsewhere in, and the session out: a torchrun script, a batch job.
+
+Each handler carries its parser and help (see :mod:`.options`).
 """
 
 from __future__ import annotations
 
 import argparse
+
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .options import run_options, subcommand

@@ -1,5 +1,6 @@
-"""%dp subcommands: the training verbs: wrap, data, train, resize, check, checkpoints. Each handler carries its parser
-and help (see :mod:`.options`).
+"""%dp subcommands: the training verbs: wrap, data, train, resize, check, checkpoints.
+
+Each handler carries its parser and help (see :mod:`.options`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""%dp subcommands: the views: each parses its options and shows a dpnb.widgets view. Each handler carries its parser
-and help (see :mod:`.options`).
+"""%dp subcommands: the views: each parses its options and shows a dpnb.widgets view.
+
+Each handler carries its parser and help (see :mod:`.options`).
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ class ViewCommands:
     def memory(self, a):
         """Per-rank ZeRO memory for stages 0-3 (predicted, and measured with --live)."""
         if a.during:
-            from ..widgets import residency  # matplotlib: loaded when a view is asked for
+            from ..widgets import (
+                residency,  # matplotlib: loaded when a view is asked for
+            )
 
             runs = residency.show(self._need(), micro_batch=a.micro_batch)
             if a.save:
@@ -145,7 +148,9 @@ class ViewCommands:
             raise UsageError("--iters must be >= 1")
         if kind == "hierarchical" or (kind == "all_reduce" and comm.spans_hosts(c) and not a.flat):
             # across hosts one fit would mix two links: measure each on its own
-            from ..widgets import hierarchy  # matplotlib: loaded when a view is asked for
+            from ..widgets import (
+                hierarchy,  # matplotlib: loaded when a view is asked for
+            )
 
             hb = hierarchy.show(c, sizes=sizes, iters=a.iters, hosts=a.hosts)
             if a.save:

@@ -14,11 +14,11 @@ runtime's record when the cluster outlives its kernel.
 
 from __future__ import annotations
 
+from ..cluster import Engines
 from . import export as _export
 from . import resize as _resize
-from . import verbs as _train
-from ..cluster import Engines
 from . import resume as _resume
+from . import verbs as _train
 from .state import TrainingState
 
 __all__ = ["Cluster", "start", "TrainingState"]

@@ -26,9 +26,9 @@ import logging
 import os
 import tempfile
 
+from ..cluster.world import check_target, resize_world
 from ..core.errors import ConfigError
 from ..core.resize import ResizePlan, plan_resize
-from ..cluster.world import check_target, resize_world
 from ..errors import DpnbError
 from . import resume
 from .state import BatchPlan

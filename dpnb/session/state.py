@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
-
 @dataclass(frozen=True)
 class WrapRecord:
     """The last ``%dp wrap``: which model, which strategy, its options, rank 0's summary."""
