@@ -24,6 +24,11 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("launchers are asked, not named", "dpnb/cluster/__init__.py",
+  "        self.engine_launcher.kill(self, self.ranks[r])\n",
+  "        if self.launcher == \"local\":\n            self.procs.kill_local(self.ranks[r])\n"
+  "        else:\n            self.engine_launcher.kill(self, self.ranks[r])\n",
+  ["tests/unit/test_layers.py::test_only_the_launchers_ask_a_launcher_s_name"]),
  ("the runtime knows nothing of training", "dpnb/cluster/keep.py",
   "from ..errors import DpnbError\n", "from ..errors import DpnbError\nfrom ..session import state  # noqa: F401\n",
   ["tests/unit/test_layers.py::test_the_runtime_imports_nothing_above_it"]),
@@ -48,7 +53,7 @@ MUTATIONS = [
  ("batch message suggests alternatives", "dpnb/core/batch.py",
   "    if alts:\n        msg +=", "    if False:\n        msg +=",
   ["tests/unit/test_core_batch.py::test_inexact_samples_suggests_exact_alternatives"]),
- ("preload rule engines vs cores", "dpnb/cluster/launch.py",
+ ("preload rule engines vs cores", "dpnb/cluster/launchers/local.py",
   'return "all" if n <= cores else "torch"', 'return "all"',
   ["tests/unit/test_cluster_pure.py::test_preload_is_skipped_when_engines_outnumber_cores"]),
  ("cell magic without a cluster says so", "dpnb/magics/cell_cmds.py",
@@ -93,7 +98,7 @@ MUTATIONS = [
   "        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n",
   "        import time\n        time.sleep(5)\n        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n",
   ["tests/cluster/test_lifecycle.py::test_sigterm_ends_an_engine_at_once_after_its_atexit_hooks"]),
- ("slurm: both hosts, ranks contiguous per host", "dpnb/cluster/launch.py",
+ ("slurm: both hosts, ranks contiguous per host", "dpnb/cluster/launchers/batch.py",
   "    lines = \"\".join(f\"#SBATCH {o.replace('{', '{{').replace('}', '}}')}\\n\" for o in options)",
   "    lines = \"\"",
   ["tests/multihost/test_slurm.py::test_slurm_start_train_restart_stop"]),

@@ -28,7 +28,6 @@ import atexit
 import collections
 import logging
 import shutil
-import signal
 import time
 import weakref
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from . import diagnose, gpuplan, launch, placement
 from . import keep as keeping
 from .debugging import post_mortem
 from .group import Group
+from .launchers import EngineLauncher, launcher_for
 from .processes import Processes, stop_ipp, wait_pids_gone
 from .render import show_result
 from .scripts import run_script as _run_script
@@ -81,27 +81,25 @@ class Engines:
     """
 
     def __init__(self, *, ipp_cluster, client, ranks: list[RankInfo], backend: str,
-                 launcher: str, timeout_s: float, profile_dir: str, master_addr: str,
-                 threads: int, gpus: list[int] | None, local: bool, agents=None,
-                 spec: LaunchSpec | None = None):
+                 engine_launcher: EngineLauncher, timeout_s: float, profile_dir: str,
+                 master_addr: str, threads: int, gpus: list[int] | None):
         self._ipp = ipp_cluster
-        self.spec = spec or LaunchSpec(engines=launcher)
-        self.agents = agents
+        self.engine_launcher = engine_launcher  # how engines start, are signalled, stop
+        self.spec = engine_launcher.spec
         self.client = client
         self.ranks = ranks
-        self.launcher = launcher
         self.profile_dir = profile_dir
         self.gpus = gpus
-        self.local = local
+        self.local = engine_launcher.engines_here
         self.running = True
         self.health = Health()
-        self.procs = Processes(ipp_cluster, launcher, profile_dir, agents)
+        self.procs = Processes(ipp_cluster, engine_launcher, profile_dir)
         self.procs.remember(ranks)
         self.transport = Transport(client, ranks, self.health, self.procs, timeout_s)
         self.group = Group(self.transport, ranks, self.health, backend=backend,
                            master_addr=master_addr, timeout_s=timeout_s, threads=threads,
-                           local=local, env=self.spec.env_dict,
-                           watch_kernel=agents is None and not self.spec.kept)
+                           local=self.local, env=self.spec.env_dict,
+                           watch_kernel=engine_launcher.watch_kernel)
         self.setup_log = SetupLog()
         # every cell and push: what restart --resume and %dp export read
         self.history: collections.deque = collections.deque(maxlen=SETUP_LOG_MAX)
@@ -143,53 +141,50 @@ class Engines:
         by that long, for :meth:`attach` (local engines; see :mod:`.keep`).
         """
         ttl = keeping.parse_ttl(keep) if keep is not None else None
-        if ttl is not None and engines != "local":
-            raise DpnbError(f"--keep works with local engines; the {engines} launcher's engines "
-                            f"are held by this kernel's connections")
         spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
                           controller_ip=controller_ip, env=launch.parse_env(env),
                           remote_python=remote_python, ssh_config=ssh_config,
                           master_addr=master_addr, kept=ttl is not None,
-                          # a zygote's engines end with its pipe to this kernel
-                          zygote=engines == "local" and ttl is None and launch.zygote_default(zygote))
+                          zygote=launch.zygote_for(engines, kept=ttl is not None, asked=zygote))
         gpu_list = launch.check_start_args(n, backend, engines, timeout, threads, gpus)
-        if engines == "ssh":
-            from .agents import parse_hosts
-
-            parse_hosts(n, spec.launcher_args)  # bad hosts fail before anything starts
+        starter = launcher_for(spec)
+        if ttl is not None and not starter.engines_here:
+            raise DpnbError(f"--keep works with local engines; the {engines} launcher's engines "
+                            f"are held by this kernel's connections")
+        starter.check(n)  # bad launcher settings fail before anything starts
         _log.install()
-        icluster, client, agents, profile_dir = launch.bring_up(n, spec, start_timeout, warm)
+        icluster, client, profile_dir = launch.bring_up(n, starter, start_timeout, warm)
         try:
-            c = cls._form(icluster, client, n=n, backend=backend, spec=spec, gpus=gpu_list,
-                          timeout=timeout, threads=threads, profile_dir=profile_dir,
-                          agents=agents)
+            c = cls._form(icluster, client, n=n, backend=backend, starter=starter, gpus=gpu_list,
+                          timeout=timeout, threads=threads, profile_dir=profile_dir)
             if ttl is not None:
                 c.keep_s = ttl
                 keeping.hold(c, ttl)
             return c
         except BaseException:
-            launch.tear_down(icluster, client, agents, profile_dir)
+            launch.tear_down(icluster, client, starter, profile_dir)
             raise
 
     @classmethod
-    def _form(cls, icluster, client, *, n, backend, spec, gpus, timeout, threads,
-              profile_dir, agents) -> Engines:
+    def _form(cls, icluster, client, *, n, backend, starter: EngineLauncher, gpus, timeout,
+              threads, profile_dir) -> Engines:
         from ..engine import setup  # imports torch: only once engines are up
 
         eids = sorted(client.ids)[:n]
         ctl = launch.controller_address(icluster)
         probes = dict(zip(eids, client[eids].apply_sync(setup.probe, ctl)))
-        ranks = placement.assign_ranks(probes, **placement.rank_order(spec, n))
+        ranks = placement.assign_ranks(probes, **starter.rank_order(n))
         backend = gpuplan.choose_backend(backend, ranks, probes, gpus)
         ranks = gpuplan.with_devices(ranks, backend, gpus, probes)
         if threads is None:
             cpu = min(probes[e]["cpu_count"] for e in eids)
             threads = max(1, cpu // max(r.local_world_size for r in ranks))
-        local = spec.engines == "local"
+        local = starter.engines_here
         self = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=backend,
-                   launcher=spec.engines, timeout_s=timeout, profile_dir=profile_dir,
-                   master_addr=spec.master_addr or ("127.0.0.1" if local else ranks[0].ip),
-                   threads=threads, gpus=gpus, local=local, agents=agents, spec=spec)
+                   engine_launcher=starter, timeout_s=timeout, profile_dir=profile_dir,
+                   master_addr=starter.spec.master_addr or ("127.0.0.1" if local
+                                                            else ranks[0].ip),
+                   threads=threads, gpus=gpus)
         self.group.init_ranks()
         self.group.form()
         # Our controller and engines (or mpiexec, or the ssh clients of the
@@ -203,6 +198,8 @@ class Engines:
         return len(self.ranks)
 
     backend = property(lambda self: self.group.backend)
+    launcher = property(lambda self: self.engine_launcher.name)
+    agents = property(lambda self: self.engine_launcher.agents)  # host agents, if any
     timeout_s = property(lambda self: self.group.timeout_s)
     threads = property(lambda self: self.group.threads)
     master_addr = property(lambda self: self.group.master_addr)
@@ -439,14 +436,9 @@ class Engines:
         """Take back what :meth:`session_record` wrote (``%dp attach``); nothing here."""
 
     def kill_rank(self, r: int) -> None:
-        """Stop rank ``r``'s engine: SIGKILL by PID on this host, through its host's
-        agent on an ssh cluster, else through ipyparallel."""
-        if self.launcher == "local":
-            self.procs.kill_local(self.ranks[r])
-        elif self.agents is not None:
-            self.procs.signal_remote(self.ranks[r], signal.SIGKILL, wait_s=10.0)
-        else:
-            self.client.shutdown(targets=[self.ranks[r].engine_id], block=False)
+        """Stop rank ``r``'s engine for good, the launcher's way (by PID on this
+        host, through its host's agent, or through the controller)."""
+        self.engine_launcher.kill(self, self.ranks[r])
 
     # ------------------------------------------------------------------ keep
     @classmethod
@@ -472,8 +464,7 @@ class Engines:
         except Exception as e:  # the sockets go with the process anyway
             log.info("closing the ipyparallel client: %s: %s", type(e).__name__, e)
         self.procs.terminate_engines(owned)  # this host's engines and nannies, all at once
-        if self.agents is not None:  # every host at once: SIGTERM, then SIGKILL
-            self.agents.close()
+        self.engine_launcher.close()  # host agents: every host at once, SIGTERM then SIGKILL
         stop_ipp(self._ipp)
         wait_pids_gone(owned, 10.0)
         self.procs.stop_reaper()

@@ -189,6 +189,7 @@ def attach(cls, cluster_id: str | None = None):
     import ipyparallel as ipp
 
     from .launch import _quiet_ipp_log
+    from .launchers import launcher_for
     from .restart import SetupLog
     from .types import CellRecord, LaunchSpec, RankInfo, SetupEntry
 
@@ -202,11 +203,11 @@ def attach(cls, cluster_id: str | None = None):
         raise DpnbError(f"kept cluster {rec['id']} does not answer ({type(e).__name__}: {e}); "
                         f"its reaper stops it when its TTL ends") from None
     ranks = [RankInfo(**r) for r in rec["ranks"]]
+    spec = LaunchSpec(env=tuple(tuple(kv) for kv in rec["env"]), kept=True)  # local engines
     c = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=rec["backend"],
-            launcher="local", timeout_s=float(rec["timeout_s"]),
+            engine_launcher=launcher_for(spec), timeout_s=float(rec["timeout_s"]),
             profile_dir=rec["profile_dir"], master_addr=rec["master_addr"],
-            threads=int(rec["threads"]), gpus=None, local=True,
-            spec=LaunchSpec(env=tuple(tuple(kv) for kv in rec["env"]), kept=True))
+            threads=int(rec["threads"]), gpus=None)
     c.transport.token = rec["token"]
     c.transport.doors = {int(r): (a[0], int(a[1])) for r, a in rec["doors"].items()}
     c.group.master_port = int(rec["master_port"])

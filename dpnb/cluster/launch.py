@@ -3,9 +3,10 @@
 The start is a fixed sequence, each step here a function:
 
 1. :func:`check_start_args` -- bad input fails before any process starts;
-2. :func:`make_ipp_cluster` / :func:`start_engines` -- a controller and N
-   engines in a fresh 0700 profile (local engines start together with the
-   controller through :mod:`dpnb.engine.boot`);
+2. :func:`make_ipp_cluster`, then the launcher's ``start``
+   (:mod:`dpnb.cluster.launchers`) -- a controller and N engines in a fresh
+   0700 profile (local engines start together with the controller through
+   :mod:`dpnb.engine.boot`);
 3. every engine answers ``probe`` (host, address, PID, GPUs);
    :func:`dpnb.cluster.placement.assign_ranks` makes ranks contiguous per
    host, hosts in the order the user gave, like torchrun;
@@ -20,15 +21,15 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ..env import in_kernel
 from ..errors import DpnbError
 from .gpuplan import device_index
-from .types import BACKENDS, LAUNCHERS, LaunchSpec, RankInfo
+from .launchers import EngineLauncher
+from .launchers.local import local_gpu_count
+from .types import BACKENDS, LAUNCHERS, RankInfo
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,6 @@ def parse_gpus(gpus: str | Sequence[int] | None) -> list[int] | None:
         except ValueError:
             raise DpnbError(f"bad --gpus {gpus!r}: give device ordinals like '0,1,2,3'") from None
     return [int(g) for g in gpus]
-
-
-def local_gpu_count() -> int:
-    """GPUs this host's processes see (the engines' own count, asked here)."""
-    from ..engine.device import device_count  # imports torch: only for --backend nccl
-
-    return device_count()
 
 
 def check_start_args(n, backend: str, engines: str, timeout: float, threads: int | None,
@@ -123,15 +117,16 @@ def heartbeat_ms(n: int) -> int:
     return 250 if n <= 8 else 1000
 
 
-def make_ipp_cluster(n: int, spec: LaunchSpec, profile_dir: str, start_timeout: float):
-    """An unstarted ``ipyparallel.Cluster`` configured for dpnb."""
-    import ipyparallel as ipp
+def make_ipp_cluster(n: int, launcher: EngineLauncher, profile_dir: str,
+                     start_timeout: float):
+    """An unstarted ``ipyparallel.Cluster`` configured for dpnb and ``launcher``."""
+    import ipyparallel as ipp  # imports zmq and tornado: only when a cluster starts
 
-    engines = spec.engines
     icluster = ipp.Cluster(
-        n=n, engines="local" if engines == "ssh" else engines, profile_dir=profile_dir,
-        log=_quiet_ipp_log(), engine_timeout=int(start_timeout), shutdown_atexit=not spec.kept,
-        parent=None, controller_ip=controller_ip(spec),
+        n=n, engines=launcher.ipp_engines, profile_dir=profile_dir,
+        log=_quiet_ipp_log(), engine_timeout=int(start_timeout),
+        shutdown_atexit=not launcher.spec.kept, parent=None,
+        controller_ip=launcher.controller_ip(),
     )
     # An engine counts as registered only once the controller's heart monitor
     # has seen it beat, by default every 3 s: up to 3 s of every start spent
@@ -139,116 +134,8 @@ def make_ipp_cluster(n: int, spec: LaunchSpec, profile_dir: str, start_timeout: 
     period = heartbeat_ms(n)
     icluster.controller_args = [*icluster.controller_args, f"--HeartMonitor.period={period}",
                                 f"--HeartMonitor.max_heartmonitor_misses={30_000 // period}"]
-    env = spec.env_dict
-    if engines in ("mpi", "slurm"):  # started by srun / mpiexec on the nodes
-        cls = "MPIEngineSetLauncher" if engines == "mpi" else "SlurmEngineSetLauncher"
-        icluster.config[cls].engine_cmd = [spec.remote_python or sys.executable, "-m",
-                                           "dpnb.engine.boot"]
-    if engines == "mpi":
-        # mpiexec refuses to run as root and to place more ranks than cores
-        # unless told; dpnb's own processes are what it launches here.
-        # Open MPI passes variables to ranks on other hosts only when named (-x).
-        forward = [*env, "IPP_CONNECTION_INFO", "IPP_PROFILE_DIR", "IPP_CLUSTER_ID"]
-        icluster.config.MPILauncher.mpi_args = [*spec.launcher_args,
-                                                *(a for k in forward for a in ("-x", k))]
-        if os.geteuid() == 0:
-            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        icluster.config.MPIEngineSetLauncher.environment = env
-    elif engines == "slurm":
-        icluster.config.SlurmEngineSetLauncher.environment = env  # sbatch --export=ALL
-        # ipyparallel writes the script into its work_dir, the notebook's
-        # folder; an absolute name keeps it in the profile, removed at stop
-        icluster.config.SlurmEngineSetLauncher.batch_file_name = os.path.join(
-            profile_dir, "slurm_engine.sbatch")
-        if spec.launcher_args:
-            apply_launcher_args(icluster, engines, spec.launcher_args)
-    elif engines == "local":
-        if spec.launcher_args:
-            apply_launcher_args(icluster, engines, spec.launcher_args)
-        icluster.config.LocalEngineSetLauncher.environment = env
+    launcher.configure(icluster, profile_dir)
     return icluster
-
-
-def local_address_towards(addr: str) -> str:
-    """This host's address on the route to ``addr`` (a UDP connect sends nothing)."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect((addr, 9))
-        return s.getsockname()[0]
-
-
-def controller_ip(spec: LaunchSpec) -> str:
-    """Where the controller listens.
-
-    Engines on this host (local, mpiexec without a hostfile) reach it on
-    loopback and nothing listens outside.  For ssh clusters: this host's
-    address on the route to the first host, so the engines can reach it
-    whatever this host's name resolves to.  Batch engines run on nodes we
-    cannot see from here: all interfaces (ipyparallel signs every message
-    with the cluster's key).
-    """
-    if spec.controller_ip:
-        return spec.controller_ip
-    if spec.engines == "ssh":
-        from .agents import resolve
-
-        first = spec.launcher_args[0].partition("=")[0].strip()  # checked by parse_hosts
-        return local_address_towards(resolve(first, spec.ssh_config))
-    if spec.engines == "mpi":
-        first = mpi_first_host(spec.launcher_args)
-        return local_address_towards(first) if first else "127.0.0.1"
-    if spec.engines == "slurm":
-        ctl = slurmctld_address()
-        if ctl:
-            return local_address_towards(ctl)
-    return "127.0.0.1" if spec.engines == "local" else "*"
-
-
-def mpi_first_host(args: Sequence[str]) -> str | None:
-    """The first host mpiexec's ``--hostfile F`` / ``--host a,b`` names (None: this host)."""
-    import socket
-
-    args = list(args)
-    for i, a in enumerate(args[:-1]):
-        host = None
-        if a in ("--hostfile", "-hostfile", "--machinefile", "-machinefile"):
-            try:
-                with open(args[i + 1]) as f:
-                    host = next((ln.split()[0] for ln in f
-                                 if ln.strip() and not ln.lstrip().startswith("#")), None)
-            except OSError as e:
-                raise DpnbError(f"mpiexec hostfile {args[i + 1]!r}: {e.strerror}") from None
-        elif a in ("--host", "-host", "-H"):
-            host = args[i + 1].split(",")[0].split(":")[0]
-        if host:
-            if host in ("localhost", "127.0.0.1", socket.gethostname()):
-                return None
-            return socket.gethostbyname(host)
-    return None
-
-
-def slurmctld_address() -> str | None:
-    """The address of the Slurm controller (``SlurmctldHost``), which the compute
-    nodes reach by definition; None if ``scontrol`` cannot tell."""
-    import re
-    import socket
-    import subprocess
-
-    try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                             timeout=15).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        log.info("scontrol show config: %s", e)
-        return None
-    m = re.search(r"^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?", out, re.M)
-    if not m:
-        return None
-    try:
-        return m.group(2) or socket.gethostbyname(m.group(1))
-    except OSError:
-        return None
 
 
 def controller_address(icluster) -> str:
@@ -278,6 +165,13 @@ def zygote_default(asked: bool | None) -> bool:
     return not os.path.exists("/dev/nvidiactl")
 
 
+def zygote_for(engines: str, *, kept: bool, asked: bool | None) -> bool:
+    """Whether ``--engines ENGINES`` forks its engines from a zygote: local engines
+    only, never for a kept cluster (a zygote's engines end with its pipe to
+    this kernel), else :func:`zygote_default`."""
+    return engines == "local" and not kept and zygote_default(asked)
+
+
 #: ``DPNB_PREWARM=0`` turns off the zygote ``%load_ext dpnb`` starts ahead
 PREWARM_ENV = "DPNB_PREWARM"
 
@@ -288,23 +182,8 @@ def prewarm_wanted() -> bool:
     return zygote_default(None) and os.environ.get(PREWARM_ENV, "1") != "0"
 
 
-def start_engines(icluster, n: int, spec: LaunchSpec, timeout: float, warm=None):
-    """Start the controller and ``n`` engines; return ``(client, agents or None)``."""
-    if spec.engines == "ssh":
-        from .agents import start_over_ssh
-
-        return start_over_ssh(icluster, n, spec, timeout)
-    if spec.engines != "local":
-        return icluster.start_and_connect_sync(n=n), None
-    if spec.zygote:
-        from .agents import start_zygote
-
-        return start_zygote(icluster, n, spec, timeout, warm)
-    return _start_overlapped(icluster, n, timeout), None
-
-
-def bring_up(n: int, spec: LaunchSpec, start_timeout: float, warm=None):
-    """Controller and engines in a fresh 0700 profile: ``(icluster, client, agents,
+def bring_up(n: int, launcher: EngineLauncher, start_timeout: float, warm=None):
+    """Controller and engines in a fresh 0700 profile: ``(icluster, client,
     profile_dir)``.  A failed start leaves no folder and no process."""
     import tempfile
 
@@ -312,23 +191,23 @@ def bring_up(n: int, spec: LaunchSpec, start_timeout: float, warm=None):
     from .processes import engine_logs
 
     profile_dir = tempfile.mkdtemp(prefix="dpnb-profile-")  # 0700: keys stay private
-    icluster = client = agents = None
+    icluster = client = None
     try:
-        icluster = make_ipp_cluster(n, spec, profile_dir, start_timeout)
+        icluster = make_ipp_cluster(n, launcher, profile_dir, start_timeout)
         try:
-            client, agents = start_engines(icluster, n, spec, start_timeout, warm)
+            client = launcher.start(icluster, n, start_timeout, warm)
         except (DpnbError, StartError):
             raise
         except Exception as e:
-            raise StartError(f"could not start {n} engines with the {spec.engines} launcher: "
+            raise StartError(f"could not start {n} engines with the {launcher.name} launcher: "
                              f"{type(e).__name__}: {e}{engine_logs(icluster)}") from None
-        return icluster, client, agents, profile_dir
+        return icluster, client, profile_dir
     except BaseException:
-        tear_down(icluster, client, agents, profile_dir)
+        tear_down(icluster, client, launcher, profile_dir)
         raise
 
 
-def tear_down(icluster, client, agents, profile_dir: str) -> None:
+def tear_down(icluster, client, launcher: EngineLauncher, profile_dir: str) -> None:
     """Undo a start that failed part-way."""
     import shutil
 
@@ -336,90 +215,10 @@ def tear_down(icluster, client, agents, profile_dir: str) -> None:
 
     if client is not None:
         client.close()
-    if agents is not None:
-        agents.close()
+    launcher.close()
     if icluster is not None:
         stop_ipp(icluster)
     shutil.rmtree(profile_dir, ignore_errors=True)
-
-
-def preload_setting(n: int, cores: int) -> str:
-    """What local engines preload while the cluster starts: everything the first
-    wrap needs (``all``), or -- more engines than cores -- ``torch`` only: the
-    background preload of DDP/FSDP/dynamo would compete with the start itself."""
-    return "all" if n <= cores else "torch"
-
-
-def _start_overlapped(icluster, n: int, timeout: float):
-    """Start local engines together with the controller, not after it.
-
-    ``start_and_connect`` waits for the controller's connection file before
-    it launches engines; launched through :mod:`dpnb.engine.boot`, engines
-    import torch and ipyparallel while the controller starts, then read the
-    connection file themselves.
-    """
-    from ..engine.setup import PRELOAD_ENV
-    from .agents import engine_connection_file
-
-    launcher = icluster.config.LocalEngineSetLauncher
-    launcher.engine_cmd = [sys.executable, "-m", "dpnb.engine.boot"]
-    launcher.environment = {
-        **dict(launcher.get("environment", {}) or {}),
-        "DPNB_CONNECTION_FILE": engine_connection_file(icluster),
-        "DPNB_CONNECTION_WAIT": str(timeout),
-        PRELOAD_ENV: preload_setting(n, os.cpu_count() or 1),
-    }
-    icluster.send_engines_connection_env = False
-    icluster.start_engines_sync(n)
-    icluster.start_controller_sync()
-    client = icluster.connect_client_sync()
-    client.wait_for_engines(n, timeout=timeout)
-    return client
-
-
-def slurm_engine_template(options: Sequence[str]) -> str:
-    """ipyparallel's engine job script with ``options`` as ``#SBATCH`` lines
-    (braces doubled: ipyparallel formats the script).  ``--output`` is
-    written here because ipyparallel adds it only to its own template: without
-    it Slurm writes ``slurm-JOBID.out`` into the notebook's folder."""
-    lines = "".join(f"#SBATCH {o.replace('{', '{{').replace('}', '}}')}\n" for o in options)
-    return ("#!/bin/sh\n#SBATCH --export=ALL\n#SBATCH --job-name=ipengine-{cluster_id}\n"
-            "#SBATCH --output={output_file}\n"
-            f"{lines}srun {{program_and_args}}\n")
-
-
-def apply_launcher_args(icluster, engines: str, args: Sequence[str]) -> None:
-    """Pass launcher settings through to ipyparallel.
-
-    slurm: ``KEY=VALUE`` for ``SlurmEngineSetLauncher`` traits (``queue``
-    (the partition), ``account``, ``timelimit``, ``qos``), plus ``nodes`` and
-    ``options`` (sbatch options, e.g. ``--ntasks-per-node=4``), written into
-    the job script here: ipyparallel keeps an ``options`` setting but writes
-    nothing of it.  ssh hosts are read by :func:`dpnb.cluster.agents.parse_hosts`.
-    """
-    pairs = []
-    for a in args:
-        key, sep, value = a.partition("=")
-        if not sep or not key:
-            raise DpnbError(f"--launcher-arg {a!r}: use KEY=VALUE for {engines} "
-                            f"(e.g. {'queue=gpu' if engines == 'slurm' else 'node1=4'})")
-        pairs.append((key.strip(), value.strip()))
-    if engines == "slurm":
-        allowed = {"queue", "account", "timelimit", "qos", "options", "nodes"}
-        extra = []
-        for key, value in pairs:
-            if key not in allowed:
-                raise DpnbError(f"--launcher-arg {key}=...: slurm takes {', '.join(sorted(allowed))}")
-            if key == "nodes":
-                extra.append(f"--nodes={value}")
-            elif key == "options":
-                extra += shlex.split(value)
-            else:
-                setattr(icluster.config.SlurmEngineSetLauncher, key, value)
-        if extra:
-            icluster.config.SlurmEngineSetLauncher.batch_template = slurm_engine_template(extra)
-    else:
-        raise DpnbError(f"the {engines} launcher takes no --launcher-arg")
 
 
 def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: str,

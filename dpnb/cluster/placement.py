@@ -3,7 +3,7 @@
 The engines register with the controller in whatever order their hosts are
 fast; the ranks must not follow that.  torchrun numbers nodes by
 ``--node-rank``, Slurm by its nodelist, ``mpirun`` by its hostfile; dpnb
-follows the same orders (:func:`rank_order`), so rank 0 -- the store,
+follows the same orders (each launcher's ``rank_order``, :mod:`dpnb.cluster.launchers`), so rank 0 -- the store,
 checkpoints, the exported job's first node -- is on the same host every start.
 Pure: probes in, typed ranks out.
 """
@@ -11,19 +11,9 @@ Pure: probes in, typed ranks out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ..ranks import rank_label
-from .types import LaunchSpec, RankInfo
-
-
-def rank_order(spec: LaunchSpec, n: int) -> dict[str, Any]:
-    """How :func:`assign_ranks` orders this launcher's engines (its keyword arguments)."""
-    if spec.engines == "ssh":
-        from .agents import parse_hosts
-
-        return {"host_order": list(parse_hosts(n, spec.launcher_args))}
-    return {"by_launch_rank": spec.engines in ("slurm", "mpi")}
+from .types import RankInfo
 
 
 def _engine_order(probes: dict[int, dict], host_order: Sequence[str] | None,

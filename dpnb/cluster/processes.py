@@ -22,15 +22,18 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import psutil  # a dependency of ipyparallel
 
 from .types import RankInfo
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .launchers import EngineLauncher
+
 log = logging.getLogger(__name__)
 
 #: launchers whose engine processes run on this host
-LOCAL_LAUNCHERS = ("local", "mpi")
 
 
 def describe_exit(code) -> str:
@@ -155,11 +158,12 @@ def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Pro
 class Processes:
     """The OS-level side of one cluster: its local PIDs, deaths, kills and the reaper."""
 
-    def __init__(self, icluster, launcher: str, profile_dir: str, agents=None):
+    def __init__(self, icluster, launcher: EngineLauncher, profile_dir: str):
         self.ipp = icluster
         self.launcher = launcher
-        self.local_engines = launcher in LOCAL_LAUNCHERS
-        self.agents = agents  # dpnb.cluster.agents.Agents for ssh clusters
+        self.engines_here = launcher.engines_here  # local engines: PIDs on this host
+        self.local_engines = launcher.launcher_processes_here
+        self.agents = launcher.agents  # dpnb.cluster.agents.Agents for ssh and zygote clusters
         self.profile_dir = profile_dir
         self.reaper: subprocess.Popen | None = None
         self.reaper_file = os.path.join(profile_dir, "dpnb-pids.txt")
@@ -168,7 +172,7 @@ class Processes:
     # ---------------------------------------------------------------- engines
     def remember(self, ranks: Iterable[RankInfo]) -> None:
         """Note the start time of each local engine, so a kill never hits a recycled PID."""
-        if self.launcher == "local":
+        if self.engines_here:
             for ri in ranks:
                 self._started.setdefault(ri.pid, start_time(ri.pid))
 
@@ -176,7 +180,7 @@ class Processes:
     def sees_exits(self) -> bool:
         """Whether an engine's exit is seen as it happens (here, or by its host agent);
         otherwise only the controller's heartbeat notices, up to 30 s later."""
-        return self.launcher == "local" or self.agents is not None
+        return self.engines_here or self.agents is not None
 
     def exit_of(self, ri: RankInfo) -> str | None:
         """How a rank's engine ended, or None while it runs (local or agent-hosted ranks)."""
@@ -252,7 +256,7 @@ class Processes:
                         roots.append(el.pid)
                 if getattr(es, "pid", -1) > 0:  # mpiexec
                     roots.append(es.pid)
-        if self.launcher == "local":
+        if self.engines_here:
             roots += [ri.pid for ri in ranks]
         if self.agents is not None:  # the ssh clients; ending them ends the remote agents
             roots += self.agents.local_pids()

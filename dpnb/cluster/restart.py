@@ -69,20 +69,6 @@ class SetupLog:
         return len(self.entries)
 
 
-# ipyparallel's default engine job, placed on one node (braces doubled for its
-# own formatting, which fills n, cluster_id, the command and the output file:
-# ipyparallel adds --output only to its own template, and without it Slurm
-# writes slurm-JOBID.out into the notebook's folder)
-SLURM_PINNED = """#!/bin/sh
-#SBATCH --export=ALL
-#SBATCH --job-name=ipengine-{{cluster_id}}
-#SBATCH --ntasks={{n}}
-#SBATCH --nodelist={host}
-#SBATCH --output={{output_file}}
-srun {{program_and_args}}
-"""
-
-
 def replace_engines(c: Cluster, ranks: list[int]) -> None:
     """Start ``len(ranks)`` engines and give them the numbers of ``ranks``.
 
@@ -92,20 +78,7 @@ def replace_engines(c: Cluster, ranks: list[int]) -> None:
     refused rather than given a local rank (a GPU) another rank holds.
     """
     known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
-    started = None
-    if c.agents is not None:
-        per_host = collections.Counter(c.ranks[r].location for r in ranks)
-        started = c.agents.start(dict(per_host))
-    elif c.launcher == "slurm":  # one job per host, pinned there with --nodelist
-        for host, k in collections.Counter(c.ranks[r].host for r in ranks).items():
-            cfg = c._ipp.config.SlurmEngineSetLauncher
-            cfg.batch_template = SLURM_PINNED.format(host=host)
-            try:
-                c._ipp.start_engines_sync(n=k)
-            finally:
-                del cfg["batch_template"]
-    else:
-        c._ipp.start_engines_sync(n=len(ranks))
+    started = c.engine_launcher.start_replacements(c, ranks)
     new = wait_new(c, known, len(ranks), started)
     from ..engine import setup
     from .launch import controller_address

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import signal
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -290,16 +289,5 @@ class Transport:
         ranks = [r for r in ranks if r not in self.health.dead]
         if not ranks:
             return
-        if self.procs.launcher == "local":
-            for r in ranks:
-                self.procs.interrupt_local(self.ranks[r])
-            return
-        if self.procs.agents is not None:  # the host agents signal their own engines
-            for r in ranks:
-                self.procs.signal_remote(self.ranks[r], signal.SIGINT)
-            return
-        try:
-            self.client.send_signal(signal.SIGINT, targets=[self.ranks[r].engine_id for r in ranks],
-                                    block=False)
-        except Exception as e:  # the controller relays signals; say it did not
-            log.warning("interrupting %s through the controller failed: %s", ranks, e)
+        # by PID here, through the host agents, or relayed by the controller
+        self.procs.launcher.interrupt(self.procs, self.client, [self.ranks[r] for r in ranks])

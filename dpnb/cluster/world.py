@@ -12,7 +12,6 @@ Survivors keep their namespaces.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -20,35 +19,16 @@ from typing import TYPE_CHECKING
 from ..errors import DpnbError
 from .gpuplan import GPU_PROBE_KEYS, with_devices
 from .placement import assign_ranks
+from .restart import wait_new
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Engines as Cluster
 
 log = logging.getLogger(__name__)
 
-#: a CPU host runs at most this many engines per core (8 on a laptop's 2):
-#: beyond it every step crawls and the group timeout fires
-ENGINES_PER_CORE = 4
-
-
 def capacity(c: Cluster) -> tuple[int, str]:
     """How many ranks this cluster's launcher can place, and why that many."""
-    if c.launcher in ("slurm", "mpi"):
-        return c.world_size, (f"the {c.launcher} launcher placed its engines once; resize can "
-                              f"shrink this cluster, and grow it only back to its start size")
-    if c.backend == "nccl":
-        from .launch import local_gpu_count
-
-        hosts = {r.host for r in c.ranks}
-        per_host = (len(c.gpus) if c.gpus else local_gpu_count() if c.launcher == "local"
-                    else max(r.local_world_size for r in c.ranks))
-        return per_host * len(hosts), f"one GPU per rank, {per_host} per host"
-    if c.launcher == "ssh":
-        slots = sum(c.agents.counts.values()) if c.agents is not None else c.world_size
-        return slots, "the HOST=N slots given to --launcher-arg"
-    cores = os.cpu_count() or 1
-    return ENGINES_PER_CORE * cores, (f"{ENGINES_PER_CORE} CPU engines per core on this "
-                                      f"host's {cores} cores")
+    return c.engine_launcher.capacity(c)
 
 
 def check_target(c: Cluster, m) -> None:
@@ -65,23 +45,9 @@ def check_target(c: Cluster, m) -> None:
 
 
 def _start_more(c: Cluster, k: int) -> list[int]:
-    """Start ``k`` engines; return their engine ids once registered."""
-    from .restart import wait_new
-
+    """Start ``k`` engines where the launcher can place them; their engine ids once registered."""
     known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
-    started = None
-    if c.agents is not None:  # a local zygote (one host) or ssh hosts with free slots
-        used = collections.Counter(ri.location for ri in c.ranks)
-        counts: dict[str, int] = {}
-        for host, slots in c.agents.counts.items():
-            free = slots - used.get(host, 0) if not c.agents.local_zygote else k
-            take = min(free, k - sum(counts.values()))
-            if take > 0:
-                counts[host] = take
-        started = c.agents.start(counts)
-    else:
-        c._ipp.start_engines_sync(n=k)
-    return wait_new(c, known, k, started)
+    return wait_new(c, known, k, c.engine_launcher.start_more(c, k))
 
 
 def _stop_ranks(c: Cluster, ranks: list[int]) -> None:

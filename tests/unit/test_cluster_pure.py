@@ -197,7 +197,7 @@ def test_a_release_always_means_re_forming():
 
 
 def test_preload_is_skipped_when_engines_outnumber_cores(monkeypatch):
-    from dpnb.cluster.launch import preload_setting
+    from dpnb.cluster.launchers.local import preload_setting
     from dpnb.engine import setup
 
     # the launcher's rule: engines <= cores preload everything, more engines torch only
@@ -216,10 +216,10 @@ def test_slurm_nodes_and_options_reach_the_job_script():
 
     from traitlets.config import Config
 
-    from dpnb.cluster.launch import apply_launcher_args
+    from dpnb.cluster.launchers.batch import apply_slurm_args
 
     ic = types.SimpleNamespace(config=Config())
-    apply_launcher_args(ic, "slurm", ["nodes=2", "options=--ntasks-per-node=2 --gres={gpu}:1",
+    apply_slurm_args(ic, ["nodes=2", "options=--ntasks-per-node=2 --gres={gpu}:1",
                                       "queue=debug"])
     tpl = ic.config.SlurmEngineSetLauncher.batch_template
     text = tpl.format(cluster_id="c1", program_and_args="ipengine", output_file="/p/e.out")

@@ -252,3 +252,27 @@ def test_no_exception_is_dropped_without_a_reason():
             if not any("#" in line for line in span):
                 silent.append(f"{p.relative_to(PKG.parent)}:{n.lineno}")
     assert not silent, f"log these (or say why not): {silent}"
+
+
+def test_only_the_launchers_ask_a_launcher_s_name():
+    """``if c.launcher == "slurm"`` scattered through the runtime is what the
+    launcher classes replace (``dpnb/cluster/launchers/``); ``launch.py`` reads
+    the user's ``--engines`` word once, at the start."""
+    from dpnb.cluster.types import LAUNCHERS
+
+    allowed = ("dpnb.cluster.launchers", "dpnb.cluster.launch")
+    asked = []
+    for m, p in _modules().items():
+        if _in(m, *allowed):
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(n, ast.Compare):
+                continue
+            sides = [n.left, *n.comparators]
+            names = {c.value for side in sides for c in ast.walk(side)
+                     if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            subjects = [ast.unparse(x) for x in sides if isinstance(x, (ast.Name, ast.Attribute))]
+            if names & set(LAUNCHERS) and any(x.endswith(("launcher", "engines"))
+                                              for x in subjects):
+                asked.append(f"{m}:{n.lineno} {ast.unparse(n)}")
+    assert not asked, asked

@@ -1,0 +1,102 @@
+"""The launcher classes, without starting anything: which class a start gets, where
+its controller listens, how its engines become ranks, how many ranks a resize
+may ask for, and where grown engines go."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+
+from dpnb.cluster.launchers import launcher_for
+from dpnb.cluster.launchers.base import ENGINES_PER_CORE
+from dpnb.cluster.launchers.batch import MpiLauncher, SlurmLauncher
+from dpnb.cluster.launchers.local import LocalLauncher, ZygoteLauncher
+from dpnb.cluster.launchers.ssh import SshLauncher
+from dpnb.cluster.types import LaunchSpec, RankInfo
+from dpnb.errors import DpnbError
+
+
+def _ranks(hosts: list[str]) -> list[RankInfo]:
+    per = {h: hosts.count(h) for h in hosts}
+    return [RankInfo(rank=i, engine_id=i, host=h, ip="10.0.0.1", pid=100 + i,
+                     local_rank=hosts[:i].count(h), local_world_size=per[h],
+                     node_rank=list(per).index(h), device="cpu", location=h)
+            for i, h in enumerate(hosts)]
+
+
+def _cluster(hosts, backend="gloo", gpus=None):
+    ranks = _ranks(hosts)
+    return types.SimpleNamespace(ranks=ranks, world_size=len(ranks), backend=backend, gpus=gpus)
+
+
+@pytest.mark.parametrize("spec, kind", [
+    (LaunchSpec(engines="local"), LocalLauncher),
+    (LaunchSpec(engines="local", zygote=True), ZygoteLauncher),
+    (LaunchSpec(engines="ssh", launcher_args=("a=2",)), SshLauncher),
+    (LaunchSpec(engines="slurm"), SlurmLauncher),
+    (LaunchSpec(engines="mpi"), MpiLauncher),
+])
+def test_each_start_gets_its_launcher_class(spec, kind):
+    assert type(launcher_for(spec)) is kind
+
+
+def test_an_unknown_launcher_is_refused_in_one_line():
+    with pytest.raises(DpnbError, match="unknown launcher 'pbs'"):
+        launcher_for(LaunchSpec(engines="pbs"))
+
+
+def test_local_engines_listen_on_loopback_unless_told():
+    assert launcher_for(LaunchSpec(engines="local")).controller_ip() == "127.0.0.1"
+    assert launcher_for(LaunchSpec(engines="local", zygote=True)).controller_ip() == "127.0.0.1"
+    assert launcher_for(LaunchSpec(engines="mpi")).controller_ip() == "127.0.0.1"  # no hostfile
+    told = LaunchSpec(engines="local", controller_ip="10.1.2.3")
+    assert launcher_for(told).controller_ip() == "10.1.2.3"
+
+
+def test_launcher_settings_are_checked_before_anything_starts():
+    with pytest.raises(DpnbError, match="the local launcher takes no --launcher-arg"):
+        launcher_for(LaunchSpec(engines="local", launcher_args=("x=1",))).check(2)
+    with pytest.raises(DpnbError):
+        launcher_for(LaunchSpec(engines="ssh", launcher_args=("a=1",))).check(2)  # 1 slot, 2 ranks
+    launcher_for(LaunchSpec(engines="ssh", launcher_args=("a=1", "b=1"))).check(2)
+
+
+def test_ranks_follow_the_launcher_s_own_order():
+    assert launcher_for(LaunchSpec(engines="slurm")).rank_order(4) == {"by_launch_rank": True}
+    assert launcher_for(LaunchSpec(engines="mpi")).rank_order(4) == {"by_launch_rank": True}
+    assert launcher_for(LaunchSpec(engines="local")).rank_order(4) == {"by_launch_rank": False}
+    ssh = launcher_for(LaunchSpec(engines="ssh", launcher_args=("b=2", "a=2")))
+    assert ssh.rank_order(4) == {"host_order": ["b", "a"]}  # as the user listed them
+
+
+def test_resize_capacity_per_launcher():
+    c = _cluster(["h", "h"])
+    cores = os.cpu_count() or 1
+    assert launcher_for(LaunchSpec(engines="local")).capacity(c)[0] == ENGINES_PER_CORE * cores
+    n, why = launcher_for(LaunchSpec(engines="slurm")).capacity(c)
+    assert n == 2 and "placed its engines once" in why
+    ssh = launcher_for(LaunchSpec(engines="ssh", launcher_args=("h=3", "g=3")))
+    ssh.agents = types.SimpleNamespace(counts={"h": 3, "g": 3})
+    assert ssh.capacity(c) == (6, "the HOST=N slots given to --launcher-arg")
+    gpu = _cluster(["h", "h", "g", "g"], backend="nccl", gpus=[0, 1, 2])
+    assert ssh.capacity(gpu) == (6, "one GPU per rank, 3 per host")
+
+
+def test_grown_engines_go_to_free_slots_or_to_the_zygote():
+    ssh = launcher_for(LaunchSpec(engines="ssh", launcher_args=("h=2", "g=3")))
+    ssh.agents = types.SimpleNamespace(counts={"h": 2, "g": 3})
+    c = _cluster(["h", "h", "g"])
+    assert ssh._free_slots(c, 2) == {"g": 2}
+    assert ssh._free_slots(c, 1) == {"g": 1}
+    z = launcher_for(LaunchSpec(engines="local", zygote=True))
+    assert z._free_slots(c, 5) == {"localhost": 5}
+
+
+def test_only_unheld_unkept_engines_watch_the_kernel():
+    assert launcher_for(LaunchSpec(engines="local")).watch_kernel
+    assert not launcher_for(LaunchSpec(engines="local", kept=True)).watch_kernel
+    z = launcher_for(LaunchSpec(engines="local", zygote=True))
+    z.agents = object()  # the zygote agent ends its engines itself
+    assert not z.watch_kernel
