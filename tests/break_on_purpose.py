@@ -24,6 +24,10 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("the rank table changes in one place", "dpnb/cluster/world.py",
+  "    c.adopt_ranks(ranks, fresh=added, new_world=True)\n",
+  "    c.ranks[:] = ranks\n    c.adopt_ranks(ranks, fresh=added, new_world=True)\n",
+  ["tests/unit/test_layers.py::test_the_rank_table_changes_in_one_place"]),
  ("launchers are asked, not named", "dpnb/cluster/__init__.py",
   "        self.engine_launcher.kill(self, self.ranks[r])\n",
   "        if self.launcher == \"local\":\n            self.procs.kill_local(self.ranks[r])\n"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import os
 import shutil
 import time
 import weakref
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 from .. import log as _log
 from ..errors import DpnbError, NotRunningError
 from ..ranks import parse_ranks, rank_label
-from . import diagnose, gpuplan, launch, placement
+from . import diagnose, engines, gpuplan, launch, placement
 from . import keep as keeping
 from .debugging import post_mortem
 from .group import Group
@@ -168,11 +169,8 @@ class Engines:
     @classmethod
     def _form(cls, icluster, client, *, n, backend, starter: EngineLauncher, gpus, timeout,
               threads, profile_dir) -> Engines:
-        from ..engine import setup  # imports torch: only once engines are up
-
         eids = sorted(client.ids)[:n]
-        ctl = launch.controller_address(icluster)
-        probes = dict(zip(eids, client[eids].apply_sync(setup.probe, ctl)))
+        probes = engines.probe(client, icluster, eids)
         ranks = placement.assign_ranks(probes, **starter.rank_order(n))
         backend = gpuplan.choose_backend(backend, ranks, probes, gpus)
         ranks = gpuplan.with_devices(ranks, backend, gpus, probes)
@@ -341,6 +339,25 @@ class Engines:
             raise DpnbError(f"{rank_label(self.dead)} died: run %dp restart instead")
         return self.group.regroup(callbacks=True, hint="; try %dp restart")
 
+    def adopt_ranks(self, ranks: list[RankInfo], *, fresh: Sequence[int] = (),
+                    new_world: bool = False) -> None:
+        """Take a new rank table (:mod:`.engines`): ``fresh`` ranks lose their old doors
+        and death marks, the reaper follows the PIDs; ``new_world`` (a resize): all
+        alive and idle, local torch threads follow the engines per core."""
+        for r in [r for r in self.transport.doors if r in fresh or r >= len(ranks)]:
+            self.transport.doors.pop(r)
+        for r in fresh:
+            self.health.dead.pop(r, None)
+        if new_world:
+            self.health.dead.clear()
+            self.health.busy.clear()
+            if self.local:
+                per_host = max(ri.local_world_size for ri in ranks)
+                self.group.threads = max(1, (os.cpu_count() or 1) // per_host)
+        self.ranks[:] = ranks
+        self.procs.remember(self.ranks)
+        self.procs.write_reaper_file(self.ranks)
+
     def reform_all(self, new: Sequence[int] = ()) -> dict:
         """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
         return self.group.reform_all(new)
@@ -367,7 +384,6 @@ class Engines:
         self.require_running()
         self.transport.interrupt(parse_ranks(ranks, self.world_size))
 
-    # ------------------------------------------------------------ push/pull
     def push(self, values: dict, ranks=None) -> None:
         """Copy ``values`` (name -> object) into the namespaces of the ranks."""
         sel = self._select(ranks)
@@ -402,7 +418,6 @@ class Engines:
         ars = self.transport.apply(fn, args, sel)
         return self.transport.wait(ars, sel, timeout=None, stream=False, kind="apply")
 
-    # --------------------------------------------------------------- status
     def status(self) -> list[dict]:
         """One row per rank: host, local rank, pid, device, backend, alive, memory."""
         self.require_running()

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.cellgraph import cell_summary
-from ..errors import StartError
 from ..ranks import rank_label
+from . import engines
 from .diagnose import kept
-from .processes import engine_logs
-from .types import SETUP_LOG_MAX, RankInfo, SetupEntry
+from .types import SETUP_LOG_MAX, SetupEntry
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Engines as Cluster
@@ -69,83 +68,6 @@ class SetupLog:
         return len(self.entries)
 
 
-def replace_engines(c: Cluster, ranks: list[int]) -> None:
-    """Start ``len(ranks)`` engines and give them the numbers of ``ranks``.
-
-    A replacement takes the dead rank's host, local rank and device.  On ssh
-    clusters it is started by that host's agent, so it lands there; other
-    launchers place it themselves, and one that lands on another host is
-    refused rather than given a local rank (a GPU) another rank holds.
-    """
-    known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
-    started = c.engine_launcher.start_replacements(c, ranks)
-    new = wait_new(c, known, len(ranks), started)
-    from ..engine import setup
-    from .launch import controller_address
-
-    probes = dict(zip(new, c.client[new].apply_sync(setup.probe, controller_address(c._ipp))))
-    try:
-        c.ranks[:] = place_replacements(c.ranks, ranks, probes)
-    except StartError:
-        c.client.shutdown(targets=new, block=False)  # nothing may hold a rank twice
-        raise
-    for r in ranks:
-        c.health.dead.pop(r, None)  # a live engine holds the rank now
-        c.transport.doors.pop(r, None)  # the old engine's door; init_rank opens a new one
-    c.procs.remember(c.ranks)
-    c.procs.write_reaper_file(c.ranks)
-
-
-def wait_new(c: Cluster, known: set, k: int, started: dict | None,
-              timeout: float = 120.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        new = sorted(set(c.client.ids) - known)
-        if len(new) >= k:
-            return new[:k]
-        bad = c.agents.failures(started) if started is not None else []
-        if time.monotonic() > deadline or bad:
-            raise StartError(f"replacement engines: {len(new)} of {k} registered within "
-                             f"{timeout:.0f} s{engine_logs(c._ipp)}\n" + "\n".join(bad))
-        time.sleep(0.05)
-
-
-def place_replacements(old: list[RankInfo], ranks: list[int],
-                       probes: dict[int, dict]) -> list[RankInfo]:
-    """The rank table with each of ``ranks`` held by one of the new engines in ``probes``.
-
-    A replacement goes to a dead rank of its own host (matched by the agent's
-    location when there is one, else by hostname) and keeps that rank's local
-    rank and device.  When a new engine's host had no dead rank, the placement
-    is refused with what happened, instead of doubling a local rank.
-    """
-    out = list(old)
-    todo = list(ranks)
-    for eid, p in sorted(probes.items()):
-        def same_host(r: int) -> bool:
-            ri = old[r]
-            return (ri.location == p.get("location")) if ri.location else ri.host == p["host"]
-
-        match = next((r for r in todo if same_host(r)), None)
-        if match is None:
-            where = ", ".join(f"rank {r} on {old[r].host}" for r in todo)
-            raise StartError(
-                f"the launcher started a replacement on {p['host']}, but the dead ranks lived "
-                f"elsewhere ({where}): putting it on {p['host']} would give two ranks the same "
-                f"local rank (and device) there. Run %dp restart --hard, or stop and start "
-                f"the cluster")
-        todo.remove(match)
-        o = old[match]
-        out[match] = RankInfo(rank=match, engine_id=eid, host=p["host"], ip=p["ip"],
-                              pid=p["pid"], local_rank=o.local_rank,
-                              local_world_size=o.local_world_size, node_rank=o.node_rank,
-                              device=o.device, location=o.location,
-                              ifname=p.get("ifname", o.ifname),
-                              visible_devices=o.visible_devices,
-                              device_fallback=o.device_fallback)
-    return out
-
-
 def _settle_busy(c: Cluster, hard: bool) -> None:
     """Interrupt survivors still running an old cell; kill those that do not stop."""
     h = c.health
@@ -185,7 +107,7 @@ def restart(c: Cluster, *, hard: bool = False) -> Restarted:
             if r not in h.dead:
                 c.kill_rank(r)
     if replace:
-        replace_engines(c, replace)
+        engines.replace(c, replace)
     info = c.group.reform_all(new=replace)
     h.busy.clear()  # every rank took part in the new group: none is running an old cell
     keep = [r for r in range(c.world_size) if r not in replace]

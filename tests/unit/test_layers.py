@@ -276,3 +276,26 @@ def test_only_the_launchers_ask_a_launcher_s_name():
                                               for x in subjects):
                 asked.append(f"{m}:{n.lineno} {ast.unparse(n)}")
     assert not asked, asked
+
+
+def test_the_rank_table_changes_in_one_place():
+    """Start, restart and resize hand a new table to ``Engines.adopt_ranks``; no
+    other code writes a cluster's ``ranks`` (doors, deaths and the reaper
+    would not follow).  A constructor keeping the list it is given is no write."""
+    writes = []
+    for m, p in _modules().items():
+        tree = ast.parse(p.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef) or fn.name == "adopt_ranks":
+                continue
+            for n in ast.walk(fn):
+                targets = n.targets if isinstance(n, ast.Assign) else \
+                    [n.target] if isinstance(n, ast.AugAssign) else []
+                for t in targets:
+                    in_place = isinstance(t, ast.Subscript)
+                    base = t.value if in_place else t
+                    if not (isinstance(base, ast.Attribute) and base.attr == "ranks"):
+                        continue
+                    if in_place or ast.unparse(base.value) != "self" or fn.name != "__init__":
+                        writes.append(f"{m}:{n.lineno} {ast.unparse(t)}")
+    assert not writes, writes

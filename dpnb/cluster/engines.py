@@ -1,0 +1,136 @@
+"""Starting, replacing, shrinking and probing engines: where the rank table changes.
+
+The start (:meth:`dpnb.cluster.Engines.start`), a restart (the dead ranks'
+engines replaced, :mod:`.restart`) and a resize (the highest ranks' engines
+stopped, or engines added, :mod:`.world`) go through the same steps here:
+
+1. the launcher starts ``k`` engines where it can place them
+   (:mod:`.launchers`), and :func:`start_registered` waits until the
+   controller has them (an agent that failed ends the wait with its stderr);
+2. every new engine answers :func:`probe` (host, address, PID, GPUs);
+3. the ranks are placed -- a replacement on its dead rank's host, with its
+   local rank and device (:func:`place_replacements`); a new world afresh,
+   contiguous per host (:func:`replan`);
+4. the runtime takes the new rank table in one call
+   (:meth:`dpnb.cluster.Engines.adopt_ranks`).
+
+Nothing here forms the process group; the caller does, once the table is right.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import StartError
+from .gpuplan import GPU_PROBE_KEYS, with_devices
+from .placement import assign_ranks
+from .processes import engine_logs
+from .types import RankInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import Engines as Cluster
+
+
+def probe(client, icluster, eids: list[int]) -> dict[int, dict]:
+    """``engine id -> probe`` (host, address, PID, GPUs) for ``eids``, asked at once."""
+    from ..engine import setup  # imports torch: only once engines are up
+    from .launch import controller_address
+
+    if not eids:
+        return {}
+    return dict(zip(eids, client[eids].apply_sync(setup.probe, controller_address(icluster))))
+
+
+def start_registered(c: Cluster, k: int, start: Callable[[], dict | None]) -> list[int]:
+    """Run ``start`` (a launcher's ``start_more`` / ``start_replacements``); the ids
+    of the ``k`` engines it brought, once the controller has them."""
+    known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
+    return wait_new(c, known, k, start())
+
+
+def replace(c: Cluster, ranks: list[int]) -> None:
+    """Start ``len(ranks)`` engines and give them the numbers of ``ranks``.
+
+    A replacement takes the dead rank's host, local rank and device.  On ssh
+    clusters it is started by that host's agent, so it lands there; other
+    launchers place it themselves, and one that lands on another host is
+    refused rather than given a local rank (a GPU) another rank holds.
+    """
+    new = start_registered(c, len(ranks), lambda: c.engine_launcher.start_replacements(c, ranks))
+    probes = probe(c.client, c._ipp, new)
+    try:
+        table = place_replacements(c.ranks, ranks, probes)
+    except StartError:
+        c.client.shutdown(targets=new, block=False)  # nothing may hold a rank twice
+        raise
+    c.adopt_ranks(table, fresh=ranks)
+
+
+def wait_new(c: Cluster, known: set, k: int, started: dict | None,
+             timeout: float = 120.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        new = sorted(set(c.client.ids) - known)
+        if len(new) >= k:
+            return new[:k]
+        bad = c.agents.failures(started) if started is not None else []
+        if time.monotonic() > deadline or bad:
+            raise StartError(f"replacement engines: {len(new)} of {k} registered within "
+                             f"{timeout:.0f} s{engine_logs(c._ipp)}\n" + "\n".join(bad))
+        time.sleep(0.05)
+
+
+def place_replacements(old: list[RankInfo], ranks: list[int],
+                       probes: dict[int, dict]) -> list[RankInfo]:
+    """The rank table with each of ``ranks`` held by one of the new engines in ``probes``.
+
+    A replacement goes to a dead rank of its own host (matched by the agent's
+    location when there is one, else by hostname) and keeps that rank's local
+    rank and device.  When a new engine's host had no dead rank, the placement
+    is refused with what happened, instead of doubling a local rank.
+    """
+    out = list(old)
+    todo = list(ranks)
+    for eid, p in sorted(probes.items()):
+        def same_host(r: int) -> bool:
+            ri = old[r]
+            return (ri.location == p.get("location")) if ri.location else ri.host == p["host"]
+
+        match = next((r for r in todo if same_host(r)), None)
+        if match is None:
+            where = ", ".join(f"rank {r} on {old[r].host}" for r in todo)
+            raise StartError(
+                f"the launcher started a replacement on {p['host']}, but the dead ranks lived "
+                f"elsewhere ({where}): putting it on {p['host']} would give two ranks the same "
+                f"local rank (and device) there. Run %dp restart --hard, or stop and start "
+                f"the cluster")
+        todo.remove(match)
+        o = old[match]
+        out[match] = RankInfo(rank=match, engine_id=eid, host=p["host"], ip=p["ip"],
+                              pid=p["pid"], local_rank=o.local_rank,
+                              local_world_size=o.local_world_size, node_rank=o.node_rank,
+                              device=o.device, location=o.location,
+                              ifname=p.get("ifname", o.ifname),
+                              visible_devices=o.visible_devices,
+                              device_fallback=o.device_fallback)
+    return out
+
+
+def replan(c: Cluster, keep: list[RankInfo], added_eids: list[int], m: int) -> list[RankInfo]:
+    """The rank table of a new world of ``m``: the survivors ``keep`` in their order
+    (their rank as the key), new engines after their host's survivors, hosts new
+    to the cluster last; devices planned again (under NCCL from the survivors'
+    fresh view of the GPUs)."""
+    probes = {ri.engine_id: {"host": ri.host, "ip": ri.ip, "pid": ri.pid, "launch_rank": ri.rank,
+                             "location": ri.location, "ifname": ri.ifname} for ri in keep}
+    if c.backend == "nccl":
+        seen = probe(c.client, c._ipp, [ri.engine_id for ri in keep])
+        for ri in keep:
+            probes[ri.engine_id].update({k: seen[ri.engine_id].get(k) for k in GPU_PROBE_KEYS})
+    last = {ri.host: ri.rank for ri in keep}
+    for eid, p in probe(c.client, c._ipp, added_eids).items():
+        p["launch_rank"] = (last.get(p["host"], len(keep) + m) + 0.5 + eid / 1e9)
+        probes[eid] = p
+    return with_devices(assign_ranks(probes, by_launch_rank=True), c.backend, c.gpus, probes)
