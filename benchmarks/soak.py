@@ -81,7 +81,7 @@ def _kill_during_checkpoint(c, victim: int, auto: str) -> str:
         assert victim in e.died, e.report
     finally:
         killer.join()
-    c.restart(resume="" if c.autosave_dir else None)
+    c.restart(resume="" if c.training.autosave_dir else None)
     return "restart --resume (automatic checkpoint)"
 
 

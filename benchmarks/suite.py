@@ -374,7 +374,7 @@ def bench_train(ctx: Context) -> list[Row]:
                     t0 = time.perf_counter()
                     sh.run_line_magic("dp", f"train --steps {n} --micro-batch {mb}")
                     wall = time.perf_counter() - t0
-                s = c.last_train["summary"]
+                s = c.training.last_train.summary
                 recs = dpnb.session.verbs.records(c, last=n)[0]
                 return {"step_times_s": [r["step_time_s"] for r in recs], "wall_s": wall,
                         "samples": s["global_batch"] * n, "final_loss": s["loss"]}

@@ -45,23 +45,11 @@ from .processes import Processes, stop_ipp, wait_pids_gone
 from .render import show_result
 from .scripts import run_script as _run_script
 from .status import status_rows
-from .restart import SetupLog
-from .restart import Restarted
+from .restart import Restarted, SetupLog
 from .restart import restart as _restart
 from .transport import Transport, _runner_fn
-from .types import (
-    BACKENDS,
-    DEFAULT_TIMEOUT_S,
-    LAUNCHERS,
-    SETUP_LOG_MAX,
-    CellRecord,
-    CellResult,
-    Health,
-    LaunchSpec,
-    RankInfo,
-    RankOutcome,
-    Status,
-)
+from .types import (BACKENDS, DEFAULT_TIMEOUT_S, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult,
+                    EntryKind, Health, LaunchSpec, RankInfo, RankOutcome, Status, WaitKind)
 
 __all__ = ["Engines", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
            "DEFAULT_TIMEOUT_S", "assign_ranks", "describe_exit"]
@@ -258,13 +246,13 @@ class Engines:
             raise DpnbError("a --setup cell must run on every rank (resume replays it on all)")
         ars = self.transport.execute(code, sel, unchecked=unchecked)
         res = self.transport.wait(ars, sel, timeout=timeout, stream=stream and display,
-                                  kind="execute")
+                                  kind=WaitKind.EXECUTE)
         if display:
             show_result(res)
         if res.ok and setup:
             self.setup_log.add_cell(code)
         if history:
-            self.history.append(CellRecord("cell", code, None if len(sel) == self.world_size
+            self.history.append(CellRecord(EntryKind.CELL, code, None if len(sel) == self.world_size
                                            else tuple(sel), setup, res.ok))
         return self._finish(res, raise_errors)
 
@@ -283,7 +271,7 @@ class Engines:
         """
         sel = self._select(ranks)
         ars = self.transport.call_async(dotted, args, kwargs, sel)
-        res = self.transport.wait(ars, sel, timeout=timeout, stream=display, kind="apply",
+        res = self.transport.wait(ars, sel, timeout=timeout, stream=display, kind=WaitKind.APPLY,
                                   on_poll=on_poll)
         if display:
             show_result(res)
@@ -391,7 +379,7 @@ class Engines:
                                                    for k in values):
             raise DpnbError("push takes a dict of name -> value with valid Python names")
         self._finish(self._apply(_runner_fn("set_values"), (values,), sel), True)
-        self.history.append(CellRecord("push", names=tuple(values)))
+        self.history.append(CellRecord(EntryKind.PUSH, names=tuple(values)))
 
     def pull(self, name: str, rank: int | None = None):
         """The value of ``name`` on ``rank``, or a list with one value per rank."""
@@ -416,7 +404,7 @@ class Engines:
 
     def _apply(self, fn, args, sel) -> CellResult:
         ars = self.transport.apply(fn, args, sel)
-        return self.transport.wait(ars, sel, timeout=None, stream=False, kind="apply")
+        return self.transport.wait(ars, sel, timeout=None, stream=False, kind=WaitKind.APPLY)
 
     def status(self) -> list[dict]:
         """One row per rank: host, local rank, pid, device, backend, alive, memory."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ..compat import result_metadata
 from ..errors import DpnbError
 from ..ranks import rank_label
-from .types import Status
+from .types import Status, WaitKind
 
 if TYPE_CHECKING:
     from . import Engines as Cluster
@@ -179,6 +179,6 @@ def post_mortem(c: "Cluster", rank: int | None, commands=None) -> str:
     sel = c._select([rank])
     ask = scripted(commands) if commands else None
     ars = c.transport.call_async("dpnb.engine.rankpdb.post_mortem", (), {}, sel)
-    res = c.transport.wait(ars, sel, timeout=None, stream=True, kind="apply", ask=ask)
+    res = c.transport.wait(ars, sel, timeout=None, stream=True, kind=WaitKind.APPLY, ask=ask)
     c._finish(res, True)
     return res.outcomes[rank].value or ""

@@ -191,7 +191,7 @@ def attach(cls, cluster_id: str | None = None):
     from .launch import _quiet_ipp_log
     from .launchers import launcher_for
     from .restart import SetupLog
-    from .types import CellRecord, LaunchSpec, RankInfo, SetupEntry
+    from .types import CellRecord, EntryKind, LaunchSpec, RankInfo, SetupEntry
 
     rec = choose(cluster_id)
     try:
@@ -215,11 +215,11 @@ def attach(cls, cluster_id: str | None = None):
     c.created, c.keep_s = float(rec["created"]), float(rec["ttl_s"])
     c.setup_log = SetupLog()
     for e in rec["setup_log"]:
-        c.setup_log._add(SetupEntry(kind=e["kind"], label=e["label"], code=e["code"],
+        c.setup_log._add(SetupEntry(kind=EntryKind(e["kind"]), label=e["label"], code=e["code"],
                                     dotted=e["dotted"], args=tuple(e["args"]),
                                     kwargs=dict(e["kwargs"])))
     for h in rec.get("history") or []:  # records of older dpnb have none
-        c.history.append(CellRecord(kind=h["kind"], code=h["code"], setup=h["setup"], ok=h["ok"],
+        c.history.append(CellRecord(kind=EntryKind(h["kind"]), code=h["code"], setup=h["setup"], ok=h["ok"],
                                     ranks=tuple(h["ranks"]) if h["ranks"] else None,
                                     names=tuple(h["names"])))
     c.restore_session(rec)

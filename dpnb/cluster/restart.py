@@ -22,7 +22,7 @@ from ..core.cellgraph import cell_summary
 from ..ranks import rank_label
 from . import engines
 from .diagnose import kept
-from .types import SETUP_LOG_MAX, SetupEntry
+from .types import SETUP_LOG_MAX, EntryKind, SetupEntry
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Engines as Cluster
@@ -44,10 +44,10 @@ class SetupLog:
         self.entries.append(e)
 
     def add_cell(self, code: str) -> None:
-        self._add(SetupEntry(kind="cell", label=f"cell: {cell_summary(code)}", code=code))
+        self._add(SetupEntry(kind=EntryKind.CELL, label=f"cell: {cell_summary(code)}", code=code))
 
     def add_call(self, label: str, dotted: str, args: tuple = (), kwargs: dict | None = None) -> None:
-        self._add(SetupEntry(kind="call", label=label, dotted=dotted, args=tuple(args),
+        self._add(SetupEntry(kind=EntryKind.CALL, label=label, dotted=dotted, args=tuple(args),
                              kwargs=dict(kwargs or {})))
 
     def has_call(self, dotted: str) -> bool:

@@ -22,7 +22,7 @@ from .diagnose import is_collective_error
 from .processes import Processes
 from .render import Streamer, without_native_logs
 from .sidedoor import is_closed, knock_all
-from .types import CellResult, Health, RankInfo, RankOutcome, Status
+from .types import CellResult, Health, RankInfo, RankOutcome, Status, WaitKind
 from .waiting import Waiting
 
 log = logging.getLogger(__name__)
@@ -105,13 +105,13 @@ class Transport:
         """:mod:`dpnb.engine.setup` function ``name`` on every rank, all sent before any wait."""
         sel = list(range(len(self.ranks)))
         ars = self.apply(_setup_fn(name), args, sel, per_rank)
-        return self.wait(ars, sel, timeout=timeout, stream=False, kind="apply")
+        return self.wait(ars, sel, timeout=timeout, stream=False, kind=WaitKind.APPLY)
 
     def setup_one(self, rank: int, name: str, *args, timeout: float = 60.0):
         return self.view(rank).apply_async(_setup_fn(name), *args).get(timeout=timeout)
 
     # ---------------------------------------------------------------- waiting
-    def wait(self, ars: dict, sel: list[int], *, timeout, stream: bool, kind: str,
+    def wait(self, ars: dict, sel: list[int], *, timeout, stream: bool, kind: WaitKind,
              on_poll: Callable[[dict], None] | None = None,
              ask: Callable[[str], str | None] | None = None) -> CellResult:
         """Wait for every rank, watching for failures, deaths, timeouts and Ctrl-C.
@@ -178,7 +178,7 @@ class Transport:
         return knock_all(self.doors, [r for r in ranks if r not in self.health.dead],
                          self.token, "where")
 
-    def _collect_ready(self, ars: dict, pending: set, outcomes: dict, kind: str) -> None:
+    def _collect_ready(self, ars: dict, pending: set, outcomes: dict, kind: WaitKind) -> None:
         for r in list(pending):
             if ars[r].ready():
                 self._collect(r, ars[r], outcomes[r], kind)
@@ -191,7 +191,7 @@ class Transport:
             pending.discard(r)
             self.health.dead[r] = how
 
-    def _collect(self, r: int, ar, o: RankOutcome, kind: str) -> None:
+    def _collect(self, r: int, ar, o: RankOutcome, kind: WaitKind) -> None:
         prior = o.status
         try:
             # results travel on a different socket than printed output; wait
@@ -202,7 +202,7 @@ class Transport:
         self._copy_streams(ar, o)
         try:
             o.value = ar.get(0)
-            if kind == "execute":
+            if kind == WaitKind.EXECUTE:
                 o.value = None
             # a rank that finished after its timeout / interrupt still succeeded
             o.status = Status.OK

@@ -75,7 +75,15 @@ class LaunchSpec:
         return dict(self.env)
 
 
-class Status(str, Enum):
+class Word(str, Enum):
+    """An enum whose members are equal to, hash as and print as their plain word
+    (as Python 3.11's StrEnum; dpnb runs on 3.10): records stay JSON as before."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Status(Word):
     """How one rank's part of a cell or call ended (equal to its plain name)."""
 
     PENDING = "pending"
@@ -88,8 +96,23 @@ class Status(str, Enum):
     LATE = "late"  # still in Python code when a peer's collective failed: a culprit
     DEADLOCKED = "deadlocked"  # released from a collective no rank could join
 
-    def __str__(self) -> str:  # as StrEnum (Python 3.11) would: the plain name
-        return self.value
+
+
+class EntryKind(Word):
+    """What one record of the history or the setup log is."""
+
+    CELL = "cell"  # a cell run on the ranks (its code)
+    CALL = "call"  # an engine call by dotted name (a wrap, a dataset)
+    PUSH = "push"  # values sent from the notebook
+
+
+
+class WaitKind(Word):
+    """What the notebook waits for: a cell's code, or a function applied by name."""
+
+    EXECUTE = "execute"
+    APPLY = "apply"
+
 
 
 @dataclass
@@ -168,7 +191,7 @@ class SetupEntry:
     (an engine function by dotted name with its arguments, e.g. the wrap).
     """
 
-    kind: str
+    kind: EntryKind
     label: str
     code: str = ""
     dotted: str = ""
@@ -186,7 +209,7 @@ class CellRecord:
     everywhere) or ``"push"`` (``names`` sent from the notebook).
     """
 
-    kind: str
+    kind: EntryKind
     code: str = ""
     ranks: tuple | None = None
     setup: bool = False

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from . import deadlock
-from .types import RankOutcome, Status
+from .types import RankOutcome, Status, WaitKind
 
 if TYPE_CHECKING:
     from .transport import Transport
@@ -27,7 +27,7 @@ FAIL_GRACE_S = 0.1
 #: after an interrupt (timeout, Ctrl-C): how long ranks may take to stop by
 #: themselves before their groups are released (cells / dpnb calls such as
 #: %dp train, which stop at a step boundary)
-RELEASE_AFTER_S = {"execute": 0.3, "apply": 2.0}
+RELEASE_AFTER_S = {WaitKind.EXECUTE: 0.3, WaitKind.APPLY: 2.0}
 #: after a release, how long the ranks get to report back
 RELEASED_GRACE_S = 5.0
 #: ... and longer when every rank left is writing its error report (seen
@@ -61,7 +61,7 @@ DEADLOCK_SLOW_S = 2.0
 class Waiting:
     """The state of one :meth:`Transport.wait`: what is pending, and when to act."""
 
-    def __init__(self, t: "Transport", sel: list[int], kind: str, timeout):
+    def __init__(self, t: "Transport", sel: list[int], kind: WaitKind, timeout):
         self.t, self.kind, self.timeout = t, kind, timeout
         self.t0 = time.monotonic()
         self.outcomes = {r: RankOutcome(rank=r) for r in sel}
@@ -146,7 +146,7 @@ class Waiting:
         the cell's code or a collective may wait on the failed ones: release
         as before.  ``apply`` calls (dpnb's own functions) are not told apart
         this way, and release at once."""
-        if self.kind != "execute" or now - self.failed_at > FINISHING_MAX_S:
+        if self.kind != WaitKind.EXECUTE or now - self.failed_at > FINISHING_MAX_S:
             return False
         if self.asked_at is not None and now - self.asked_at < FINISHING_POLL_S:
             return self.finishing
@@ -167,7 +167,7 @@ class Waiting:
             ran = now - self.t0 - self.paused
             every = DEADLOCK_POLL_S if self.deadlock_seen else (
                 DEADLOCK_ALL_RUNNING_S if ran < DEADLOCK_SLOW_AFTER_S else DEADLOCK_SLOW_S)
-            if self.kind != "execute" or ran < DEADLOCK_ALL_RUNNING_FIRST_S \
+            if self.kind != WaitKind.EXECUTE or ran < DEADLOCK_ALL_RUNNING_FIRST_S \
                     or now - self.deadlock_looked_at < every:
                 return False
         else:

@@ -31,6 +31,7 @@ import os
 import shlex
 import stat
 
+from ..cluster.types import EntryKind
 from ..core.cellgraph import cell_summary
 from ..errors import DpnbError
 
@@ -70,7 +71,7 @@ def skipped_cells(cluster) -> list[tuple[str, str]]:
     out = []
     pushed: set[str] = set()
     for rec in cluster.history:
-        if rec.kind == "push":
+        if rec.kind == EntryKind.PUSH:
             pushed |= set(rec.names)
             out.append((f"%dp push {' '.join(rec.names)}",
                         "the value lives in the notebook; the job cannot receive it"))
@@ -101,7 +102,7 @@ def _call_source(dotted: str, args: tuple, kwargs: dict) -> str:
 def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
            when: str) -> str:
     """The text of ``train.py``."""
-    pushed = {n for rec in cluster.history if rec.kind == "push" for n in rec.names}
+    pushed = {n for rec in cluster.history if rec.kind == EntryKind.PUSH for n in rec.names}
     st = cluster.training
     steps_done = st.steps_done
     doc = (f"Exported by dpnb from a notebook session on {when}: {cluster.world_size} ranks, "
@@ -127,7 +128,7 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
     ]
     n_cell = 0
     for e in cluster.setup_log.entries:
-        if e.kind == "cell":
+        if e.kind == EntryKind.CELL:
             n_cell += 1
             if _setup_cell_problem(e.code, pushed):
                 body += [f"# setup cell {n_cell} left out (see EXPORT.txt): {_short(e.code)}", ""]

@@ -24,6 +24,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..cluster.diagnose import first_error
+from ..cluster.types import EntryKind
 from ..core.cellgraph import HistoryCell, ResumePlan, cell_summary, plan
 from ..core.strategies import is_fsdp
 from ..errors import DpnbError
@@ -61,11 +62,11 @@ def needed(c: "Cluster") -> dict[str, str]:
 
 def history_cells(c: "Cluster") -> list[HistoryCell]:
     return [HistoryCell(index=i + 1, code=rec.code, ok=rec.ok, ranks=rec.ranks, setup=rec.setup)
-            for i, rec in enumerate(c.history) if rec.kind == "cell"]
+            for i, rec in enumerate(c.history) if rec.kind == EntryKind.CELL]
 
 
 def pushed(c: "Cluster") -> set[str]:
-    return {n for rec in c.history if rec.kind == "push" for n in rec.names}
+    return {n for rec in c.history if rec.kind == EntryKind.PUSH for n in rec.names}
 
 
 def make_plan(c: "Cluster") -> ResumePlan:
@@ -91,7 +92,7 @@ def describe(c: "Cluster") -> list[str]:
     lines = [f"cell {r.index}: {_summary(r.code)}  ({r.why}"
              f"{'; runs on every rank: it calls a collective' if r.everywhere else ''})"
              for r in p.cells]
-    lines += [f"{e.label}" for e in c.setup_log.entries if e.kind == "call"]
+    lines += [f"{e.label}" for e in c.setup_log.entries if e.kind == EntryKind.CALL]
     lines = [f"{i + 1}. {line}" for i, line in enumerate(lines)]
     lines += [f"left out: {what} -- {why}" for what, why in p.left_out]
     lines += [f"cannot rebuild {name!r} ({why}): {advice}" for name, why, advice in p.missing]
@@ -122,7 +123,7 @@ def replay_and_load(c: "Cluster", path: str, p: ResumePlan, replaced: list[int])
             raise DpnbError(f"resume stopped: replaying cell {r.index} ({_summary(r.code)}) "
                             f"failed ({first_error(res)}); fix it and %dp load {path}")
         ran.append(r)
-    calls = [e for e in c.setup_log.entries if e.kind == "call"]
+    calls = [e for e in c.setup_log.entries if e.kind == EntryKind.CALL]
     for e in calls:
         c.call(e.dotted, *e.args, **e.kwargs)
     info = c.call("dpnb.engine.checkpoint.load", path).values[0]

@@ -198,16 +198,24 @@ def test_no_function_over_100_lines():
 
 
 def test_rank_outcomes_are_compared_with_the_status_enum():
-    """``o.status == "eror"`` would be silently false; ``Status.EROR`` fails at once."""
+    """``o.status == "eror"`` would be silently false; ``Status.EROR`` fails at once.
+    The same for the records' and the waits' kinds (``EntryKind``, ``WaitKind``)."""
+    from dpnb.cluster.types import EntryKind, WaitKind
+
+    kinds = {k.value for k in (*EntryKind, *WaitKind)}
     bare = []
     for p in PKG.rglob("*.py"):
         for n in ast.walk(ast.parse(p.read_text())):
-            if isinstance(n, ast.Compare) and isinstance(n.left, ast.Attribute) \
-                    and n.left.attr == "status":
-                consts = [c for c in n.comparators for c in ast.walk(c)
-                          if isinstance(c, ast.Constant) and isinstance(c.value, str)]
-                if consts:
-                    bare.append(f"{p.relative_to(PKG.parent)}:{n.lineno}")
+            if not isinstance(n, ast.Compare):
+                continue
+            consts = {c.value for c in n.comparators for c in ast.walk(c)
+                      if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            sides = [n.left, *n.comparators]
+            attrs = {x.attr if isinstance(x, ast.Attribute) else x.id for x in sides
+                     if isinstance(x, (ast.Attribute, ast.Name))}
+            if consts and ("status" in attrs and any(isinstance(x, ast.Attribute) for x in sides)
+                           or "kind" in attrs and consts & kinds):
+                bare.append(f"{p.relative_to(PKG.parent)}:{n.lineno}")
     assert not bare, bare
 
 

@@ -7,6 +7,7 @@ interrupted; ranks in Python code at the timeout are the culprits."""
 import sys
 
 from dpnb.cluster import waiting as W
+from dpnb.cluster.types import WaitKind
 from dpnb.engine import sidedoor
 
 from helpers.waiting import FakeTransport
@@ -70,7 +71,7 @@ FINISHING = {
 }
 
 
-def _failed_elsewhere(t, kind="execute"):
+def _failed_elsewhere(t, kind=WaitKind.EXECUTE):
     w = W.Waiting(t, [0, 1, 2], kind, timeout=None)
     w.outcomes[2].status = "error"
     w.pending.discard(2)
@@ -100,7 +101,7 @@ def test_finishing_ranks_are_released_after_the_bound_and_calls_release_at_once(
     w.step(w.t0 + 1.0 + W.FINISHING_MAX_S + 0.1)
     assert t.released
     t2 = FakeTransport(dict(FINISHING))
-    w2 = _failed_elsewhere(t2, kind="apply")
+    w2 = _failed_elsewhere(t2, kind=WaitKind.APPLY)
     w2.step(w2.t0 + 1.0)
     w2.step(w2.t0 + 1.2)
     assert t2.released
