@@ -449,6 +449,15 @@ class Engines:
         """Drive a cluster a kernel left running with ``keep``; see :mod:`.keep`."""
         return keeping.attach(cls, cluster_id)
 
+    def to_record(self, ttl_s: float) -> dict:
+        """What a new kernel needs to drive this cluster (JSON; :func:`.keep.record_of`)."""
+        return keeping.record_of(self, ttl_s)
+
+    @classmethod
+    def from_record(cls, rec: dict) -> Engines:
+        """Drive the cluster a :meth:`to_record` describes (:func:`.keep.from_record`)."""
+        return keeping.from_record(cls, rec)
+
     def _at_exit(self) -> None:
         if self.keep_s and self.running:
             keeping.release(self)

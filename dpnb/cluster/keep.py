@@ -101,7 +101,7 @@ def hold(c, ttl_s: float, *, holding: bool = True) -> str:
     path = os.path.join(state_dir(), f"{c._ipp.cluster_id}.json")
     tmp = path + ".tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(record_of(c, ttl_s), f, default=str)
+        json.dump(c.to_record(ttl_s), f, default=str)
     os.replace(tmp, path)
     owner = ({"owner_pid": os.getpid(), "owner_start": start_time(os.getpid())} if holding
              else {"owner_pid": None, "owner_start": None, "detached_at": time.time()})
@@ -185,15 +185,24 @@ def release(c) -> None:
 
 def attach(cls, cluster_id: str | None = None):
     """A ``cls`` (:class:`dpnb.Cluster`, or any :class:`~dpnb.cluster.Engines`) driving
-    the kept cluster ``cluster_id`` (or the only one)."""
-    import ipyparallel as ipp
+    the kept cluster ``cluster_id`` (or the only one); this kernel holds it now."""
+    c = cls.from_record(choose(cluster_id))
+    hold(c, c.keep_s)  # the reaper stops counting down
+    return c
+
+
+def from_record(cls, rec: dict):
+    """A ``cls`` connected to the cluster ``rec`` (:func:`record_of`) describes:
+    its controller, its ranks, its group's port and generation, its doors and
+    token, its history and setup log, and the session's part
+    (``restore_session``).  Records of older dpnb lack some keys; they stay empty."""
+    import ipyparallel as ipp  # zmq and tornado: only when a cluster is driven
 
     from .launch import _quiet_ipp_log
     from .launchers import launcher_for
     from .restart import SetupLog
     from .types import CellRecord, EntryKind, LaunchSpec, RankInfo, SetupEntry
 
-    rec = choose(cluster_id)
     try:
         icluster = ipp.Cluster.from_file(cluster_file=rec["cluster_file"], log=_quiet_ipp_log())
         icluster.shutdown_atexit = False
@@ -219,11 +228,10 @@ def attach(cls, cluster_id: str | None = None):
                                     dotted=e["dotted"], args=tuple(e["args"]),
                                     kwargs=dict(e["kwargs"])))
     for h in rec.get("history") or []:  # records of older dpnb have none
-        c.history.append(CellRecord(kind=EntryKind(h["kind"]), code=h["code"], setup=h["setup"], ok=h["ok"],
-                                    ranks=tuple(h["ranks"]) if h["ranks"] else None,
+        c.history.append(CellRecord(kind=EntryKind(h["kind"]), code=h["code"], setup=h["setup"],
+                                    ok=h["ok"], ranks=tuple(h["ranks"]) if h["ranks"] else None,
                                     names=tuple(h["names"])))
     c.restore_session(rec)
-    hold(c, c.keep_s)  # this kernel holds it now: the reaper stops counting down
     return c
 
 

@@ -46,6 +46,15 @@ if sys.argv[2] in ("kill", "restart-kill"):
 """
 
 
+#: the keys of a kept cluster's record as dpnb wrote them before the runtime and the
+#: training session were split (2026-11-24): a record keeps them, so a cluster kept
+#: by an older dpnb attaches (the session's part: tests/unit/test_session_state.py)
+KEPT_RECORD_KEYS = {"id", "created", "ttl_s", "profile_dir", "cluster_file", "ranks", "backend",
+                    "master_addr", "master_port", "timeout_s", "threads", "generation", "token",
+                    "doors", "env", "setup_log", "history", "train_log", "last_wrap",
+                    "batch_plan", "last_train", "autosave_dir"}
+
+
 def _kernel(tmp_path, ttl: str, end: str) -> dict:
     env = dict(os.environ, DPNB_STATE_DIR=str(tmp_path / "kept"), DPNB_PREWARM="0")
     p = subprocess.run([sys.executable, "-c", KERNEL, ttl, end], env=env, capture_output=True,
@@ -95,6 +104,9 @@ def test_keep_then_kernel_exit_then_attach_finds_the_state(state, capsys):
     c = dpnb.get_cluster(ip)
     try:
         assert c.pull("x") == [41, 42]  # what the first kernel built is there
+        rec_now = c.to_record(60.0)
+        assert set(rec_now) == KEPT_RECORD_KEYS
+        assert rec_now["last_wrap"]["model"] == "net" and rec_now["train_log"][0]["steps"] == 2
         assert c.check()["ok"]
         assert [e.label for e in c.setup_log.entries][:2] == ["cell: import torch, dpnb.data (+4 lines)",
                                                               "wrap net (ddp)"]
