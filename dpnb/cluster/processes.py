@@ -161,13 +161,15 @@ class Processes:
     def __init__(self, icluster, launcher: EngineLauncher, profile_dir: str):
         self.ipp = icluster
         self.launcher = launcher
-        self.engines_here = launcher.engines_here  # local engines: PIDs on this host
-        self.local_engines = launcher.launcher_processes_here
-        self.agents = launcher.agents  # dpnb.cluster.agents.Agents for ssh and zygote clusters
         self.profile_dir = profile_dir
         self.reaper: subprocess.Popen | None = None
         self.reaper_file = os.path.join(profile_dir, "dpnb-pids.txt")
         self._started: dict[int, float | None] = {}  # engine pid -> start time
+
+    # what the launcher says of where its processes are
+    engines_here = property(lambda self: self.launcher.engines_here)  # local PIDs are ours
+    local_engines = property(lambda self: self.launcher.launcher_processes_here)
+    agents = property(lambda self: self.launcher.agents)  # ssh and zygote clusters' host agents
 
     # ---------------------------------------------------------------- engines
     def remember(self, ranks: Iterable[RankInfo]) -> None:

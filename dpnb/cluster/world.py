@@ -24,11 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 
-def capacity(c: Cluster) -> tuple[int, str]:
-    """How many ranks this cluster's launcher can place, and why that many."""
-    return c.engine_launcher.capacity(c)
-
-
 def check_target(c: Cluster, m) -> None:
     """One-line errors for a target this cluster cannot take; changes nothing."""
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
@@ -36,7 +31,7 @@ def check_target(c: Cluster, m) -> None:
                         f"use %dp stop")
     if m == c.world_size:
         raise DpnbError(f"the cluster already has {m} ranks: nothing to resize")
-    cap, why = capacity(c)
+    cap, why = c.engine_launcher.capacity(c)
     if m > cap:
         raise DpnbError(f"-n {m} is more ranks than the {c.launcher} launcher can place here "
                         f"(at most {cap}: {why}); resize to {cap} or fewer")

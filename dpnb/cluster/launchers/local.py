@@ -90,11 +90,12 @@ class LocalLauncher(EngineLauncher):
             procs.interrupt_local(ri)
 
 
-class ZygoteLauncher(AgentLauncher, LocalLauncher):
+class ZygoteLauncher(LocalLauncher, AgentLauncher):
     """Local engines forked from one zygote agent that imported torch once.
 
-    Exits and signals go through the agent, as for ssh; a kill is still by
-    PID (the engines are this host's processes)."""
+    The agent starts more engines and reports their exits, as for ssh; kills
+    and interrupts stay by PID (LocalLauncher's, first in the order: the
+    engines are this host's processes)."""
 
     def start(self, icluster, n: int, timeout: float, warm=None):
         client, self.agents = agents_mod.start_zygote(icluster, n, self.spec, timeout, warm)
@@ -102,12 +103,6 @@ class ZygoteLauncher(AgentLauncher, LocalLauncher):
 
     def _free_slots(self, c: Engines, k: int) -> dict[str, int]:
         return {agents_mod.ZYGOTE_HOST: k}  # one host, as many as asked (capacity said how many)
-
-    def kill(self, c: Engines, ri: RankInfo) -> None:
-        LocalLauncher.kill(self, c, ri)
-
-    def interrupt(self, procs: Processes, client, ris: list[RankInfo]) -> None:
-        LocalLauncher.interrupt(self, procs, client, ris)
 
     def describe(self) -> str:
         return "local launcher (engines forked from one zygote)"
