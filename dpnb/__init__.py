@@ -27,6 +27,7 @@ def attach(cluster_id: str | None = None) -> Cluster:
 
 def load_ipython_extension(ip) -> None:
     """``%load_ext dpnb``: register ``%dp`` / ``%%dp`` for this IPython session."""
+    # lazy: IPython loads with %load_ext dpnb, not with `import dpnb`
     from .magics import get_magics, load
 
     if get_magics(ip) is None:
@@ -34,6 +35,7 @@ def load_ipython_extension(ip) -> None:
 
 
 def unload_ipython_extension(ip) -> None:
+    # lazy: IPython loads with %load_ext dpnb, not with `import dpnb`
     from .magics import get_magics
 
     m = get_magics(ip)
@@ -45,6 +47,7 @@ def unload_ipython_extension(ip) -> None:
 
 def get_cluster(ip=None) -> Cluster | None:
     """The cluster started with ``%dp start`` in this IPython session, if any."""
+    # lazy: IPython loads with %load_ext dpnb, not with `import dpnb`
     from .magics import get_magics
 
     m = get_magics(ip)

@@ -25,6 +25,8 @@ import shutil
 import sys
 import time
 
+import psutil
+
 KEEP_FILE = "keep.json"
 
 
@@ -54,8 +56,6 @@ def write_keep(profile: str, keep: dict) -> None:
 
 
 def _alive(pid, started) -> bool:
-    import psutil
-
     try:
         return started is not None and abs(psutil.Process(int(pid)).create_time() - started) < 0.01
     except (psutil.Error, ValueError, TypeError):
@@ -63,8 +63,6 @@ def _alive(pid, started) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    import psutil
-
     kernel_pid, path = int(argv[0]), argv[1]
     try:
         kernel_start = psutil.Process(kernel_pid).create_time()

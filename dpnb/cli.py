@@ -21,6 +21,7 @@ def kernel_spec(python: str | None = None) -> dict:
 def install_kernel(*, user: bool = False, sys_prefix: bool = False, prefix: str | None = None,
                    name: str = "dpnb") -> str:
     """Install the kernelspec with jupyter_client; returns the installed path."""
+    # lazy: each subcommand loads only what it runs
     from jupyter_client.kernelspec import KernelSpecManager
 
     if sum(map(bool, (user, sys_prefix, prefix))) > 1:
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"installed kernelspec '{a.name}' in {path}")
         return 0
     if a.cmd == "course":
+        # lazy: each subcommand loads only what it runs
         from .course import build
 
         try:
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"index: {os.path.join(a.dir, 'index.html')}")
         return 1 if failed else 0
     if a.cmd == "demo":
+        # lazy: each subcommand loads only what it runs
         from .demo import run_demo
 
         report = run_demo(a.out, n=a.n, steps=a.steps, strategy=a.strategy)

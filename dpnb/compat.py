@@ -27,6 +27,7 @@ def _need(obj: Any, attr: str, what: str) -> Any:
     try:
         return getattr(obj, attr)
     except AttributeError:
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         import torch
 
         raise CompatError(
@@ -61,6 +62,7 @@ def shell_ignores_engine_comms() -> None:
     by "no kernel here".
     """
     try:
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         from IPython import get_ipython
     except ImportError:  # no IPython, no shell to mend
         return
@@ -72,6 +74,7 @@ def shell_ignores_engine_comms() -> None:
 # -------------------------------------------------------------- c10d groups
 def abort_groups() -> bool:
     """Abort every process group of this process (NCCL: from any thread)."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     from torch.distributed import distributed_c10d as c10d
 
     try:
@@ -93,6 +96,7 @@ def ensure_single_collectives() -> list[str]:
     ``dist.all_gather_single`` (aliases of the old ones, same arguments), so
     code written for the current names -- the course's and dpnb's own -- runs
     on every torch dpnb supports without warnings.  Returns the names added."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     import torch.distributed as dist
 
     added = []
@@ -138,6 +142,7 @@ def point_zero_at_group(zo: Any, group: Any) -> None:
     keeps, so the state stays valid; only the group handle and the cached
     ranks change.
     """
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     import torch.distributed as dist
 
     for attr in ("process_group", "world_size", "rank", "global_rank"):
@@ -156,6 +161,7 @@ def zero_inner_optimizer(zo: Any) -> Any:
 # -------------------------------------------------------------------- FSDP2
 def fsdp_param_groups(module: Any) -> Iterator[Any]:
     """Every FSDP2 param group (one per ``fully_shard`` unit) under ``module``."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     from torch.distributed.fsdp import FSDPModule
 
     for m in module.modules():
@@ -205,6 +211,7 @@ def refresh_mesh_info(info: Any) -> None:
 def fsdp_default_comms() -> tuple[type, type]:
     """FSDP2's default all-gather and reduce-scatter classes (subclassed to time them)."""
     try:
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
             DefaultAllGather,
             DefaultReduceScatter,
@@ -236,6 +243,7 @@ def set_fsdp_comms(pg: Any, all_gather: Any, reduce_scatter: Any) -> None:
 # ------------------------------------------------------------------- checks
 def check_ipyparallel() -> list[str]:
     """Problems with the ipyparallel internals dpnb reads (empty: all present)."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     from ipyparallel.client.asyncresult import AsyncResult
 
     probs = []
@@ -252,6 +260,7 @@ def check_torch() -> list[str]:
     builds a tiny DDP model, a ZeroRedundancyOptimizer and an FSDP2 model on
     it and looks for every attribute this module touches.
     """
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

@@ -48,6 +48,7 @@ def chapters(notebooks: Path, only: list[str] | None = None) -> list[Path]:
 
 def build_one(path: Path, out_dir: Path, timeout: int = 300) -> Built:
     """Execute one chapter and write ``out_dir/NN_name.html``."""
+    # lazy: only building the course runs notebooks
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError

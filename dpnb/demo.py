@@ -35,6 +35,7 @@ def _text(fn, *args, **kw) -> str:
 
 
 def _loss_png(losses: list[float], first_step: int, path: str) -> str:
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9.5, 3.2), dpi=100)
@@ -52,6 +53,7 @@ def _loss_png(losses: list[float], first_step: int, path: str) -> str:
 def run_demo(out_dir: str = "demo-out", *, n: int = 2, steps: int = 20,
              strategy: str = "ddp", log=print) -> str:
     """Run the quick start on ``n`` CPU engines; return the report's path."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     from .widgets import batch, comm, gradsync, memory, ring
 
     os.makedirs(out_dir, exist_ok=True)

@@ -103,6 +103,7 @@ def status_text(rows: list[dict]) -> str:
 
 
 def status_widget(rows: list[dict]):
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     import ipywidgets as w
 
     head = "".join(f"<th style='text-align:left;padding:2px 8px'>{c}</th>" for c in status_columns(rows))
@@ -119,6 +120,7 @@ def status_widget(rows: list[dict]):
 
 def show_status(rows: list[dict]) -> None:
     if in_kernel():
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         from IPython.display import display
 
         display(status_widget(rows))

@@ -22,6 +22,7 @@ RENDER_LOCK = threading.RLock()
 def ipython():
     """The running IPython shell, or None outside IPython."""
     try:
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         from IPython import get_ipython
     except ImportError:  # IPython is a dependency; a stripped environment may lack it
         log.debug("IPython is not importable: treating this as a plain terminal")

@@ -41,6 +41,7 @@ class TrainProgress:
 
     # ------------------------------------------------------------ widget
     def _build_widget(self) -> None:
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         import ipywidgets as w
         from IPython.display import display
 
@@ -55,6 +56,7 @@ class TrainProgress:
         display(self.widget)
 
     def _curve_png(self) -> bytes:
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(6.4, 2.6), dpi=100)

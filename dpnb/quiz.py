@@ -69,6 +69,7 @@ class Question:
         return "\n".join(lines)
 
     def widget(self):
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         import ipywidgets as w
 
         radio = w.RadioButtons(options=list(self.options), value=None,
@@ -158,6 +159,7 @@ def ask(qid_or_prompt: str, options: list[str] | None = None, answer: int | None
             raise TypeError("a question of your own needs options, answer and explanations")
         q = Question(qid_or_prompt, tuple(options), answer, tuple(explanations))
     if in_kernel():
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         from IPython.display import display
 
         display(q.widget())

@@ -33,7 +33,9 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from ..engine.boot import wait_for_connection
 from ..errors import DpnbError, StartError
+from .processes import describe_exit
 
 log = logging.getLogger(__name__)
 
@@ -275,8 +277,6 @@ class Agents:
             return "its host agent is unknown"
         e = a.exits.get(pid)
         if e is not None:
-            from .processes import describe_exit
-
             return describe_exit(e.get("code")) + ("" if self.local_zygote else f" on {host}")
         if a.proc.poll() is not None:
             return ("the zygote agent on this host ended" if self.local_zygote
@@ -328,7 +328,6 @@ def _check_versions(info: dict[str, dict]) -> None:
 
 def wait_file(path: str, timeout: float) -> str:
     """The controller's engine connection file, once written."""
-    from ..engine.boot import wait_for_connection
 
     text = wait_for_connection(path, timeout)
     if text is None:

@@ -18,12 +18,12 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
-
 from typing import TYPE_CHECKING
 
 from ..compat import result_metadata
 from ..errors import DpnbError
 from ..ranks import rank_label
+from . import sidedoor
 from .types import Status, WaitKind
 
 if TYPE_CHECKING:
@@ -123,13 +123,11 @@ class Desk:
             raise               # stop the cell as any Ctrl-C does
 
     def _send(self, r: int, line: str | None) -> None:
-        from .sidedoor import knock
-
         if r not in self.t.doors:
             log.warning("rank %s has no side door: its debugger cannot be answered", r)
             return
         addr, port = self.t.doors[r]
-        got = knock(addr, port, self.t.token, "pdb", 5.0, line=line)
+        got = sidedoor.knock(addr, port, self.t.token, "pdb", 5.0, line=line)
         if not got or not got.get("fed"):
             log.warning("rank %s: pdb line %r not delivered (%s)", r, line, got)
 

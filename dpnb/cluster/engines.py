@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import StartError
 from .gpuplan import GPU_PROBE_KEYS, with_devices
+from .launch import controller_address
 from .placement import assign_ranks
 from .processes import engine_logs
 from .types import RankInfo
@@ -36,7 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
 def probe(client, icluster, eids: list[int]) -> dict[int, dict]:
     """``engine id -> probe`` (host, address, PID, GPUs) for ``eids``, asked at once."""
     from ..engine import setup  # imports torch: only once engines are up
-    from .launch import controller_address
 
     if not eids:
         return {}

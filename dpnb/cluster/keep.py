@@ -25,7 +25,13 @@ import os
 import re
 import time
 
+from .._reaper import KEEP_FILE, write_keep
 from ..errors import DpnbError
+from .launch import _quiet_ipp_log
+from .launchers import launcher_for
+from .processes import same_process, start_time
+from .restart import SetupLog
+from .types import CellRecord, EntryKind, LaunchSpec, RankInfo, SetupEntry
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +93,12 @@ def record_of(c, ttl_s: float) -> dict:
 
 
 def keep_file(profile_dir: str) -> str:
-    from .._reaper import KEEP_FILE
-
     return os.path.join(profile_dir, KEEP_FILE)
 
 
 def hold(c, ttl_s: float, *, holding: bool = True) -> str:
     """Write ``c``'s record and tell its reaper whether this kernel holds it
     (``holding=False``: it lets go, and the countdown starts now); the record's path."""
-    from .._reaper import write_keep
-    from .processes import start_time
 
     path = os.path.join(state_dir(), f"{c._ipp.cluster_id}.json")
     tmp = path + ".tmp"
@@ -112,7 +114,6 @@ def hold(c, ttl_s: float, *, holding: bool = True) -> str:
 def kept() -> list[dict]:
     """Every kept cluster still there, with ``age_s``, ``holder`` and ``stops_in_s``;
     records whose cluster is gone are removed."""
-    from .processes import same_process
 
     out = []
     d = state_dir()
@@ -198,10 +199,6 @@ def from_record(cls, rec: dict):
     (``restore_session``).  Records of older dpnb lack some keys; they stay empty."""
     import ipyparallel as ipp  # zmq and tornado: only when a cluster is driven
 
-    from .launch import _quiet_ipp_log
-    from .launchers import launcher_for
-    from .restart import SetupLog
-    from .types import CellRecord, EntryKind, LaunchSpec, RankInfo, SetupEntry
 
     try:
         icluster = ipp.Cluster.from_file(cluster_file=rec["cluster_file"], log=_quiet_ipp_log())

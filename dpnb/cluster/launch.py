@@ -19,16 +19,21 @@ The start is a fixed sequence, each step here a function:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 from ..env import in_kernel
-from ..errors import DpnbError
+from ..errors import DpnbError, StartError
+from .agents import engine_connection_file
 from .gpuplan import device_index
 from .launchers import EngineLauncher
 from .launchers.local import local_gpu_count
+from .processes import engine_logs, stop_ipp
 from .types import BACKENDS, LAUNCHERS, RankInfo
 
 log = logging.getLogger(__name__)
@@ -140,9 +145,7 @@ def make_ipp_cluster(n: int, launcher: EngineLauncher, profile_dir: str,
 
 def controller_address(icluster) -> str:
     """The address engines connect to (passed to their probe to find their route)."""
-    import json
 
-    from .agents import engine_connection_file
 
     try:
         with open(engine_connection_file(icluster)) as f:
@@ -185,10 +188,7 @@ def prewarm_wanted() -> bool:
 def bring_up(n: int, launcher: EngineLauncher, start_timeout: float, warm=None):
     """Controller and engines in a fresh 0700 profile: ``(icluster, client,
     profile_dir)``.  A failed start leaves no folder and no process."""
-    import tempfile
 
-    from ..errors import StartError
-    from .processes import engine_logs
 
     profile_dir = tempfile.mkdtemp(prefix="dpnb-profile-")  # 0700: keys stay private
     icluster = client = None
@@ -209,9 +209,7 @@ def bring_up(n: int, launcher: EngineLauncher, start_timeout: float, warm=None):
 
 def tear_down(icluster, client, launcher: EngineLauncher, profile_dir: str) -> None:
     """Undo a start that failed part-way."""
-    import shutil
 
-    from .processes import stop_ipp
 
     if client is not None:
         client.close()

@@ -72,6 +72,7 @@ def show_result(res: CellResult) -> None:
         text = render_streams(outs, world)
         view = tabs.make() if text and in_kernel() and tabs.wants_tabs(outs) else None
         if view is not None:  # ranks differ, or print a lot: one tab per distinct output
+            # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
             from IPython.display import display
 
             view.update(outs, text)
@@ -117,6 +118,7 @@ def _show_rich(res: CellResult) -> None:
 
 def _publish(ip, data: dict, metadata: dict, title: str, is_result: bool = False) -> None:
     if ip is not None and in_kernel():
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         from IPython.display import publish_display_data
 
         publish_display_data({"text/plain": title})
@@ -176,6 +178,7 @@ class Streamer:
             self._show_terminal(texts)
 
     def _show_kernel(self, texts: dict[int, str], final: bool = False) -> None:
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         from IPython.display import display
 
         world = len(texts)

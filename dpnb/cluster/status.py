@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ..engine import setup
+
 if TYPE_CHECKING:  # pragma: no cover
     from . import Engines as Cluster
 
@@ -23,7 +25,6 @@ def status_rows(c: "Cluster") -> list[dict]:
     newly_dead = t.find_dead(live)
     h.dead.update(newly_dead)
     live = [r for r in live if r not in newly_dead]
-    from ..engine import setup
 
     ars = t.apply(setup.status, (), live)
     infos: dict[int, dict] = {}

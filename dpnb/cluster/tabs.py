@@ -74,6 +74,7 @@ class RankTabs:
     """The tab widget of one cell's output, updated as the ranks print."""
 
     def __init__(self):
+        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         import ipywidgets as w
 
         self._w = w

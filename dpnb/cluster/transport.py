@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..compat import result_metadata, shell_ignores_engine_comms
+from ..engine import runner, setup
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .processes import Processes
@@ -28,14 +29,10 @@ from .waiting import Waiting
 log = logging.getLogger(__name__)
 
 def _setup_fn(name: str):
-    from ..engine import setup
-
     return getattr(setup, name)
 
 
 def _runner_fn(name: str):
-    from ..engine import runner
-
     return getattr(runner, name)
 
 

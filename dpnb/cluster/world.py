@@ -13,6 +13,7 @@ Survivors keep their namespaces.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import DpnbError
@@ -24,7 +25,30 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 
-def check_target(c: Cluster, m) -> None:
+@dataclass(frozen=True)
+class Target:
+    """A world size this cluster can take, as :func:`check_target` found it.
+
+    Only ``check_target`` makes one, so :func:`resize_world` checks nothing
+    twice: the training layer checks first (before it writes a checkpoint)
+    and hands the checked target down.
+    """
+
+    old: int
+    new: int
+
+
+@dataclass(frozen=True)
+class WorldChange:
+    """What :func:`resize_world` did: rank numbers before and after."""
+
+    old: int
+    new: int
+    added: list[int]
+    removed: list[int]
+
+
+def check_target(c: Cluster, m) -> Target:
     """One-line errors for a target this cluster cannot take; changes nothing."""
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise DpnbError(f"-n must be a whole number of ranks >= 1 (got {m!r}); to end the job "
@@ -35,17 +59,19 @@ def check_target(c: Cluster, m) -> None:
     if m > cap:
         raise DpnbError(f"-n {m} is more ranks than the {c.launcher} launcher can place here "
                         f"(at most {cap}: {why}); resize to {cap} or fewer")
+    return Target(old=c.world_size, new=m)
 
 
-def resize_world(c: Cluster, m: int) -> dict:
-    """Stop or add engines so that ``m`` ranks remain, then form their group.
+def resize_world(c: Cluster, target: Target) -> WorldChange:
+    """Stop or add engines so that ``target.new`` ranks remain, then form their group.
 
-    Returns ``{"old", "new", "added", "removed"}`` (rank numbers).  Ranks are
-    assigned afresh from the engines' hosts (contiguous per host); on one
-    host the survivors keep their numbers.
+    Ranks are assigned afresh from the engines' hosts (contiguous per host);
+    on one host the survivors keep their numbers.
     """
-    check_target(c, m)
-    n = c.world_size
+    if target.old != c.world_size:  # the world changed since the check
+        raise DpnbError(f"the cluster has {c.world_size} ranks, not the {target.old} that "
+                        f"resize checked: run %dp resize again")
+    n, m = c.world_size, target.new
     removed, added_eids = [], []
     if m < n:
         removed = list(range(m, n))
@@ -62,4 +88,4 @@ def resize_world(c: Cluster, m: int) -> dict:
     c.group.init_ranks(new=added)
     c.group.regroup(callbacks=False, hint="; try %dp restart --hard")
     log.info("resized from %d to %d ranks (added %s, removed %s)", n, m, added, removed)
-    return {"old": n, "new": m, "added": added, "removed": removed}
+    return WorldChange(old=n, new=m, added=added, removed=removed)

@@ -53,14 +53,21 @@ class ResizePlan:
     def global_batch(self) -> int:
         return self.micro_batch * self.new_dp * self.grad_accum
 
-    def describe(self) -> str:
-        """One sentence: what the optimizer sees now, and what changed."""
+    def describe(self, lr_rule: str | None = None, lr_now: float | None = None) -> str:
+        """One sentence: what the optimizer sees now, and what changed.
+
+        ``lr_rule``: the rule that sets the learning rate instead of this
+        plan's factor (train's ``--lr-scale``); ``lr_now``: the rate the ranks
+        hold after the rescale.
+        """
         was = (f"{self.old_micro_batch} x DP {self.old_dp} x grad-accum {self.old_grad_accum}")
         now = f"{self.micro_batch} x DP {self.new_dp} x grad-accum {self.grad_accum}"
         if self.global_batch == self.old_global_batch:
             return f"global batch {self.global_batch} kept = {now} (was {was})"
-        return (f"global batch {self.old_global_batch} -> {self.global_batch} = {now}; "
-                f"learning rate x {self.lr_factor:.4g}")
+        lr = (f"the learning rate follows {lr_rule}" if lr_rule
+              else f"learning rate x {self.lr_factor:.4g}"
+              + (f" (now {lr_now:.4g})" if lr_now is not None else ""))
+        return f"global batch {self.old_global_batch} -> {self.global_batch} = {now}; {lr}"
 
 
 def plan_resize(micro_batch: int, grad_accum: int, old_dp: int, new_dp: int,

@@ -22,10 +22,10 @@ import sys
 import threading
 import time
 
+from .setup import import_quietly, preload_modules
+
 
 def _preload() -> None:
-    from .setup import import_quietly, preload_modules
-
     import_quietly(("torch", "torch.distributed", *preload_modules()))
 
 
@@ -65,6 +65,7 @@ def main() -> None:
     if os.environ.pop("DPNB_WATCH_PARENT", ""):
         _watch_parent()
     threading.Thread(target=_preload, name="dpnb-preload-torch", daemon=True).start()
+    # lazy: torch's import thread starts before ipyparallel's engine loads
     from ipyparallel.engine.app import main as engine_main
 
     path = os.environ.pop("DPNB_CONNECTION_FILE", "")

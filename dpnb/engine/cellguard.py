@@ -35,6 +35,8 @@ import threading
 from typing import Any
 
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from IPython import get_ipython
 
 from . import checkstar, collcheck, frames, rankpdb
 from .state import get_state
@@ -141,8 +143,6 @@ def _wrapped(guard: Guard, name: str, fn):
 
 
 def _patch(guard: Guard) -> None:
-    import torch.distributed.distributed_c10d as c10d
-
     for mod in (dist, c10d):
         for name in collcheck.COLLECTIVES:
             fn = getattr(mod, name, None)
@@ -153,7 +153,6 @@ def _patch(guard: Guard) -> None:
 def install(state) -> Guard:
     """Wrap the collectives and register the cell hooks (once per process);
     later calls point the guard at ``state``."""
-    from IPython import get_ipython
 
     guard = getattr(state, "cell_guard", None)
     if guard is None:

@@ -34,9 +34,11 @@ import zlib
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..compat import is_dtensor, local_tensor
 from .state import get_state
+from .train_state import TrainError, require_bound
 
 __all__ = ["check"]
 
@@ -44,10 +46,6 @@ _NAN = 7.7e307  # stands in for NaN so MAX/MIN compare it like a value
 
 
 def _module_for(ns, model_name):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .train_state import TrainError, require_bound
-
     if model_name is None:
         st = require_bound(ns)
         return st.module, st.strategy
@@ -71,6 +69,7 @@ def _gather_full(t, ws: int, cdev) -> torch.Tensor:
     ``all_gather`` of the (padded) local shards over the mesh's group, done
     here rather than by ``full_tensor()`` so that shards FSDP keeps in host
     memory (``cpu_offload``) are gathered on the communication device."""
+    # lazy: FSDP/DTensor load only for the strategy that uses them
     from torch.distributed.tensor import Shard
 
     mesh = t.device_mesh

@@ -27,16 +27,24 @@ checkpoint loads into DDP or FSDP and vice versa, and nothing is gathered.
 
 from __future__ import annotations
 
+import builtins
+import collections
 import io
 import json
 import os
+import pathlib
 import pickle
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import (
+    DefaultLoadPlanner,
+    FileSystemReader,
+    FileSystemWriter,
+)
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -47,6 +55,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .. import compat
 from .state import get_state
+from .train_state import TrainError, require_bound
 
 __all__ = ["save", "load", "full_state_dict", "read_meta", "SafeFileSystemReader"]
 
@@ -82,16 +91,10 @@ class _MetadataUnpickler(pickle.Unpickler):
             if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
                 return obj
         if module == "builtins" and name in self._BUILTINS:
-            import builtins
-
             return getattr(builtins, name)
         if module == "collections" and name in ("OrderedDict", "defaultdict"):
-            import collections
-
             return getattr(collections, name)
         if module == "pathlib" and name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"):
-            import pathlib
-
             return getattr(pathlib, name)
         raise pickle.UnpicklingError(
             f"refusing to load {module}.{name} from a checkpoint's .metadata "
@@ -103,8 +106,6 @@ class SafeFileSystemReader(FileSystemReader):
     """DCP reader whose ``.metadata`` is read with an allow-list unpickler."""
 
     def read_metadata(self, *args: Any, **kwargs: Any):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
         rank = kwargs.get("rank")
         path = self._get_metadata_path(rank)
         with self.fs.create_stream(path, "rb") as f:
@@ -194,7 +195,6 @@ def save(ns: dict, path: str) -> dict:
     Optimizer state is saved only once it exists (after a first step) --
     before that the checkpoint holds the model alone.
     """
-    from .train_state import require_bound
 
     es = get_state(ns)
     st = require_bound(ns)
@@ -272,7 +272,6 @@ def load(ns: dict, path: str, *, optimizer: bool = True, data_position: bool = T
     optimizer hyper-parameters and (with ``data_position``) the dataset
     epoch/position, so training continues where it stopped.
     """
-    from .train_state import TrainError, require_bound
 
     es = get_state(ns)
     st = require_bound(ns)
@@ -373,7 +372,6 @@ def full_state_dict(ns: dict) -> dict:
     Collective for FSDP (every parameter is all-gathered); keys are the
     original module's parameter names (no ``module.`` prefix), values are
     CPU tensors not shared with the live model."""
-    from .train_state import require_bound
 
     es = get_state(ns)
     st = require_bound(ns)

@@ -43,6 +43,7 @@ class CommHook:
         self.kind, self.rank = parse_comm_hook(spec)
         self.state = None
         if self.kind == "powersgd":
+            # lazy: only a --comm-hook loads DDP's hook modules
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
             self.state = ps.PowerSGDState(process_group=None,
@@ -58,6 +59,7 @@ class CommHook:
             buf.div_(dist.get_world_size(group))
             fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
             return fut.then(lambda f: f.value()[0]), buf.numel() * buf.element_size()
+        # lazy: only a --comm-hook loads DDP's hook modules
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
         if self.kind in ("fp16", "bf16"):

@@ -16,9 +16,9 @@ few things that are CUDA-specific by nature, listed here:
 
 from __future__ import annotations
 
-from typing import Any
-
 import logging
+import os
+from typing import Any
 
 import torch
 
@@ -112,7 +112,6 @@ _BEFORE, _UNSET = "DPNB_CUDA_VISIBLE_DEVICES_BEFORE", "<unset>"
 
 def inherited_visible() -> str | None:
     """``CUDA_VISIBLE_DEVICES`` as the engine was started with it (None: unset)."""
-    import os
 
     value = os.environ.get(_BEFORE, os.environ.get("CUDA_VISIBLE_DEVICES", _UNSET))
     return None if value == _UNSET else value
@@ -123,7 +122,6 @@ def show_gpus(visible: str, maps: str = "/proc/self/maps") -> bool:
     CUDA reads it.  True if it now holds; False, with the reason logged, when
     CUDA was initialised earlier with another list (then the rank keeps the
     GPU numbering it had, and ``LOCAL_RANK`` does not name its device)."""
-    import os
 
     if not visible or os.environ.get("CUDA_VISIBLE_DEVICES") == visible:
         return True
@@ -203,6 +201,7 @@ def grad_scaler(dev: Any, group: Any = None) -> Any:
     kind = torch.device(dev).type
     if group is None:
         return torch.amp.GradScaler(kind)
+    # lazy: FSDP/DTensor load only for the strategy that uses them
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     return ShardedGradScaler(kind, process_group=group)

@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from importlib.metadata import PackageNotFoundError, version
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL
 
@@ -142,6 +143,7 @@ class Agent:
     def _check_fork_safe(self) -> None:
         if "torch" not in sys.modules:
             return
+        # lazy: torch-free at import (boot loads torch in a background thread)
         from .device import driver_loaded
 
         # not torch.cuda.is_initialized(): is_available() without NVML already
@@ -176,6 +178,7 @@ class Agent:
             os.environ.clear()
             os.environ.update(env)
             sys.argv = [sys.argv[0]]
+            # lazy: the forked engine imports boot once its own environment is in place
             from dpnb.engine import boot
 
             boot.main()
@@ -257,8 +260,6 @@ def _tail(path: str, lines: int = 15) -> str:
 
 
 def _version(mod: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(mod)
     except PackageNotFoundError:

@@ -21,6 +21,8 @@ import logging
 import os
 from datetime import timedelta
 
+from .. import compat
+from .. import log as dpnb_log
 from .state import STATE_NAME, EngineState
 
 log = logging.getLogger(__name__)
@@ -49,11 +51,10 @@ def arg_parser(*, description: str, resume: str | None, steps_done: int) -> argp
 
 def init(ns: dict, *, backend: str = "auto", timeout_s: float = 600.0) -> dict:
     """Join torchrun's process group and make ``ns`` look like an engine's namespace."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch
     import torch.distributed as dist
 
-    from .. import compat
-    from .. import log as dpnb_log
 
     dpnb_log.install()
     compat.ensure_single_collectives()
@@ -107,6 +108,7 @@ def run(ns: dict, schedule: list[dict], args) -> dict:
     summary.  The global batch of each call is the notebook's (micro-batch x
     world size x grad-accum): run with the notebook's number of ranks to keep it.
     """
+    # lazy: torch-free at import (boot loads torch in a background thread)
     from . import checkpoint, training
 
     es = ns[STATE_NAME]

@@ -42,6 +42,7 @@ _ORIGINAL = "__dpnb_original__"
 
 def torch_fn(name: str):
     """torch's own ``torch.distributed.<name>``, whatever dpnb put in its place."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
 
     fn = getattr(dist, name)
@@ -81,6 +82,7 @@ def _adopting(holder: "_Holder"):
                            device_id=None, **kwargs):
         """dpnb: the cluster's group is already up on this rank; joining it (see
         :mod:`dpnb.engine.lifecycle`)."""
+        # lazy: torch-free at import (boot loads torch in a background thread)
         import torch.distributed as dist
 
         __tracebackhide__ = True
@@ -107,6 +109,7 @@ def _keeping(holder: "_Holder"):
     def destroy_process_group(group=None):
         """dpnb: the default group stays up for the next cells (see
         :mod:`dpnb.engine.lifecycle`); other groups are destroyed."""
+        # lazy: torch-free at import (boot loads torch in a background thread)
         import torch.distributed as dist
 
         if group is None or group is dist.GroupMember.WORLD:
@@ -129,6 +132,7 @@ class _Holder:
 
 def _rank_exit():
     """``exit`` / ``quit`` on an engine: ``SystemExit`` in the cell, never an engine shutdown."""
+    # lazy: boot imports this module before the kernel (and IPython) exists
     from IPython.core.autocall import IPyAutocall
 
     class RankExit(IPyAutocall):
@@ -159,6 +163,7 @@ def _raising_execfile(shell):
 
 def install(state) -> None:
     """Put the replacements in place (once per process; later calls re-point them)."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     from IPython import get_ipython

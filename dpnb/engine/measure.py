@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from . import device as accel
+from .commhook import CommHook
 
 __all__ = ["state_bytes", "BucketRecorder", "local_tensor"]
 
@@ -192,8 +193,6 @@ class BucketRecorder:
     """
 
     def __init__(self, module: torch.nn.Module, device: Any, keep: int = 64):
-        from .commhook import CommHook
-
         self.hook = CommHook("none")  # how buckets are sent; the wrap may set another
         self.device = torch.device(device)
         self.clock = _Clock(self.device)

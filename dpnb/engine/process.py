@@ -3,8 +3,12 @@ shows figures inline.  Called once by :func:`dpnb.engine.setup.init_rank`."""
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
 import logging
 import os
+import signal
+import sys
 import threading
 import time
 
@@ -38,15 +42,11 @@ def exit_fast_on_sigterm() -> None:
     module teardown, which a process about to vanish does not need, does not.
     Main thread only (``signal.signal``); ``init_rank`` runs there.
     """
-    import signal
 
     if threading.current_thread() is not threading.main_thread():
         return
 
     def stop(signum, frame):
-        import atexit
-        import sys
-
         try:
             atexit._run_exitfuncs()
         except BaseException as e:  # dying anyway: say why a hook failed, then go
@@ -73,12 +73,12 @@ def setup_inline_figures() -> None:
     IPython.  Importing matplotlib here instead would add about a second to
     every ``%dp start`` for clusters that never plot.
     """
-    import sys
 
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     if "matplotlib" not in sys.modules:
         return
     try:  # already imported (a restart keeps the process): switch it now
+        # lazy: boot imports this module before the kernel (and IPython) exists
         from IPython import get_ipython
 
         get_ipython().run_line_magic("matplotlib", "inline")
@@ -96,14 +96,13 @@ class _TextTqdm:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "tqdm.autonotebook":
             return None
-        import importlib.util
-
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec):
         return None
 
     def exec_module(self, module) -> None:
+        # lazy: tqdm loads only when a cell imports tqdm.auto
         from tqdm.std import tqdm, trange
 
         module.tqdm, module.trange = tqdm, trange
@@ -112,7 +111,6 @@ class _TextTqdm:
 
 def text_progress_bars() -> None:
     """Make ``tqdm.auto`` bars text bars on this engine (once)."""
-    import sys
 
     if not any(isinstance(f, _TextTqdm) for f in sys.meta_path):
         sys.meta_path.insert(0, _TextTqdm())

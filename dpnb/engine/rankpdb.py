@@ -31,7 +31,8 @@ import queue
 import sys
 import threading
 
-from . import frames
+from . import debug, frames
+from .state import get_state
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Channel(io.TextIOBase):
     def readline(self, *_size) -> str:
         if self.detached:
             return "continue\n"
+        # lazy: publishing needs an engine's kernel (the prompt only runs inside one)
         from ipyparallel.datapub import publish_data
 
         self.n += 1
@@ -182,6 +184,7 @@ class _Hooks:
         _stop_here(self.state, sys._getframe(1))
 
     def dist_breakpoint(self, rank: int = 0, skip: int = 0, timeout_s=3600):
+        # lazy: torch-free at import (boot loads torch in a background thread)
         import torch.distributed as dist
 
         if self.state.rank == rank:
@@ -191,6 +194,7 @@ class _Hooks:
 
 def install(state) -> None:
     """Route every way into pdb on this engine to :class:`RankPdb` (once; re-pointed later)."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
 
     hooks = getattr(state, "pdb_hooks", None)
@@ -216,8 +220,6 @@ def post_mortem(ns: dict) -> str:
     """``%dp debug``: pdb on the last failed cell's traceback, prompt in the
     notebook.  Where the notebook cannot prompt: the frames and their locals
     as text (:func:`dpnb.engine.debug.post_mortem`)."""
-    from . import debug
-    from .state import get_state
 
     tb = getattr(sys, "last_traceback", None)
     if tb is None:

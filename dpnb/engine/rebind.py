@@ -27,6 +27,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .. import compat
+
 log = logging.getLogger(__name__)
 
 _DDP_OPTS = ("device_ids", "output_device", "dim", "broadcast_buffers", "find_unused_parameters",
@@ -36,12 +38,12 @@ _DDP_OPTS = ("device_ids", "output_device", "dim", "broadcast_buffers", "find_un
 def _kind(obj: Any, old: Any) -> str | None:
     """``ddp`` / ``zero`` / ``fsdp`` for an object on the old default group,
     ``...-subgroup`` for one on another dead group, None otherwise."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .. import compat
 
     if isinstance(obj, (DDP, ZeroRedundancyOptimizer)):
         kind = "ddp" if isinstance(obj, DDP) else "zero"
@@ -71,10 +73,10 @@ def _found(ns: dict, old: Any) -> dict[str, str]:
 
 
 def _new_ddp(old_ddp):
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .. import compat
 
     opts = {k: getattr(old_ddp, k) for k in _DDP_OPTS if hasattr(old_ddp, k)}
     cap = getattr(old_ddp, "bucket_bytes_cap", None)
@@ -87,9 +89,9 @@ def _new_ddp(old_ddp):
 def rebind_user_objects(ns: dict, old: Any) -> list[str]:
     """Re-bind the user's DDP / ZeRO / FSDP objects from ``old`` (the destroyed
     default group) to the new one.  Collective.  Returns notes for the report."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
 
-    from .. import compat
 
     mine = _found(ns, old)
     everyone = [None] * dist.get_world_size()
@@ -111,6 +113,7 @@ def rebind_user_objects(ns: dict, old: Any) -> list[str]:
             notes.append(f"{name}: ZeroRedundancyOptimizer pointed at the new group")
         elif kind == "fsdp":
             if fresh_mesh is None:
+                # lazy: torch-free at import (boot loads torch in a background thread)
                 from torch.distributed.device_mesh import init_device_mesh
 
                 dev = next((p.device.type for p in obj.parameters()), "cpu")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+from .. import log as dpnb_log
 from .setup import user_ns, wait_preload
 
 
@@ -51,6 +52,5 @@ def set_values(values: dict) -> list[str]:
 
 def log_records(ns: dict, last: int | None = None) -> list[str]:
     """The last records of this engine's ``dpnb`` log (see :mod:`dpnb.log`)."""
-    from .. import log as dpnb_log
 
     return dpnb_log.recent(last)

@@ -21,17 +21,22 @@ The notebook calls these by name on every engine.  The order is:
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import resource
 import socket
 import sys
 import threading
 import time
 from datetime import timedelta
 
+from .. import compat
+from .. import log as dpnb_log
 from . import process
-from .netplan import backend_env, interface_of, launch_rank, route_address
 from .lifecycle import torch_fn  # torch-free at import, like this module
+from .netplan import backend_env, interface_of, launch_rank, route_address
+from .rebind import rebind_user_objects
 from .state import STATE_NAME, EngineState, get_state
 
 log = logging.getLogger(__name__)
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 
 def user_ns() -> dict:
     """The namespace ``%%dp`` cells run in on this engine (its IPython user_ns)."""
+    # lazy: boot imports this module before the kernel (and IPython) exists
     from IPython import get_ipython
 
     ip = get_ipython()
@@ -60,6 +66,7 @@ def probe(controller_addr: str = "127.0.0.1") -> dict:
     wait_preload()
     host = socket.gethostname()
     ip = route_address(controller_addr)
+    # lazy: torch-free at import (boot loads torch in a background thread)
     from .device import device_count, gpu_ids, inherited_visible
 
     ids = None
@@ -134,10 +141,10 @@ def init_rank(info: dict) -> dict:
     master_port, timeout_s, threads, watch_ppid, local_cluster.
     """
     wait_preload()
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch
     import torch.distributed as dist
 
-    from .. import compat, log as dpnb_log
 
     dpnb_log.install()
     compat.ensure_single_collectives()  # the course and dpnb use torch 2.13's names
@@ -177,6 +184,7 @@ def init_rank(info: dict) -> dict:
     torch.set_num_threads(max(1, int(info["threads"])))
 
     if info["backend"] == "nccl":
+        # lazy: torch-free at import (boot loads torch in a background thread)
         from .device import NCCL_DEVICE, set_device, show_gpus
 
         index = int(info["device_index"])
@@ -214,6 +222,7 @@ def init_rank(info: dict) -> dict:
         process.text_progress_bars()
     door = None
     if info.get("token"):
+        # lazy: torch-free at import (boot loads torch in a background thread)
         from . import cellguard, lifecycle, rankpdb, sidedoor
 
         door = sidedoor.open_door(state, info.get("door_addr") or "unix", info["token"],
@@ -234,6 +243,7 @@ def _open_store(st, timeout: timedelta):
     the port can neither read nor write a key.  Without one (an engine set up
     by hand) it is torch's ``TCPStore``.
     """
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
 
     sock = st.store_sock if st.rank == 0 else None
@@ -241,6 +251,7 @@ def _open_store(st, timeout: timedelta):
     if mine:
         st.store_sock = None
     if st.token:
+        # lazy: torch-free at import (boot loads torch in a background thread)
         from .authstore import AuthStore, StoreServer
 
         if mine:
@@ -265,6 +276,7 @@ def form_group(master_port: int | None = None) -> dict:
     give up after it.  A tiny all_reduce checks the group end to end.
     """
     wait_preload()
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch
     import torch.distributed as dist
 
@@ -287,6 +299,7 @@ def form_group(master_port: int | None = None) -> dict:
         raise RuntimeError(f"process group check failed: all_reduce of ones gave {t.item()}")
     st.generation += 1
     if st.cell_guard is not None:  # the connections that check cells' collectives
+        # lazy: torch-free at import (boot loads torch in a background thread)
         from .cellguard import form_star
 
         form_star(st, store)
@@ -318,7 +331,6 @@ def preload_modules() -> tuple[str, ...]:
 def import_quietly(names, report=None) -> None:
     """Import ``names`` in order.  A failure goes to ``report(name, exc)`` (default: the
     log), never raised: the real import, in the cell or call that needs it, reports it."""
-    import importlib
 
     report = report or (lambda n, e: log.info("preload of %s failed: %s: %s", n, type(e).__name__, e))
     for name in names:
@@ -358,6 +370,7 @@ def _start_preload() -> None:
         return
     threading.Thread(target=import_quietly, args=(preload_modules(),), name=PRELOAD_THREAD,
                      daemon=True).start()
+    # lazy: boot imports this module before the kernel (and IPython) exists
     from IPython import get_ipython
 
     ip = get_ipython()
@@ -374,6 +387,7 @@ def preload_done() -> bool:
 
 def destroy_group() -> bool:
     """Tear down this rank's process group, tolerating a broken one."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -395,6 +409,7 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
     they run only when every rank has them: ``callbacks=False`` when some
     ranks are fresh engines that replaced dead ones.
     """
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
 
     old = dist.group.WORLD if dist.is_initialized() else None
@@ -410,7 +425,6 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
             log.warning("re-binding %s after re-forming failed: %s", cb, e, exc_info=True)
             problems.append(f"{getattr(cb, '__qualname__', cb)}: {type(e).__name__}: {e}")
     if callbacks and old is not None:  # what the user built on the old group (collective)
-        from .rebind import rebind_user_objects
 
         try:
             rebound = rebind_user_objects(ns, old)
@@ -425,8 +439,8 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
 def status() -> dict:
     """Liveness and memory of this rank, for ``%dp status``."""
     wait_preload()
-    import resource
 
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch
     import torch.distributed as dist
 
@@ -446,6 +460,7 @@ def status() -> dict:
         "threads": torch.get_num_threads(),
     }
     if st is not None:
+        # lazy: torch-free at import (boot loads torch in a background thread)
         from .device import is_accel, memory_allocated, memory_reserved
 
         if is_accel(st.device):  # reported as cuda_* whatever the accelerator

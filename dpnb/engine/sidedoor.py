@@ -41,6 +41,7 @@ import psutil
 
 from . import frames, rankpdb, wire
 from .collcheck import COLLECTIVES, DEVICE_WAIT_OP, DEVICE_WAITS
+from .private import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def _describe_args(out: dict, args: dict) -> None:
 
 def _group_ranks(group) -> list[int] | None:
     """The global ranks of ``group``; None for the default (world) group."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
 
     if group is None or group is dist.GroupMember.WORLD:
@@ -134,6 +136,7 @@ def _device_wait(state, frame) -> dict | None:
     if frame.f_code.co_name not in DEVICE_WAITS or not ("/torch/" in path or
                                                         path.endswith("dpnb/engine/device.py")):
         return None
+    # lazy: torch-free at import (boot loads torch in a background thread)
     from . import device
 
     if not device.queued_work(state.device):
@@ -226,8 +229,6 @@ class SideDoor:
         self.state, self.keep = state, keep
         if addr == "unix":
             if folder is None:
-                from .private import private_dir
-
                 folder = private_dir()
             _prune_doors(folder)
             path = os.path.join(folder, f"door-{os.getpid()}-{secrets.token_hex(4)}")

@@ -70,6 +70,7 @@ class EngineState:
     def comm_device(self):
         """Where this rank's collectives' tensors live: its GPU under NCCL, else the
         CPU (gloo reduces host memory; a training step's model may still be on a GPU)."""
+        # lazy: torch-free at import (boot loads torch in a background thread)
         import torch
 
         return torch.device(self.device) if self.backend == "nccl" else torch.device("cpu")

@@ -420,6 +420,7 @@ def train(
              loss_fn=loss_fn)
     ck_dir = None
     if checkpoint_every is not None or checkpoint_dir is not None:
+        # lazy: autosave brings DCP (it loads FSDP); only --checkpoint-every pays
         from . import autosave
 
         ck_dir = autosave.check(st, checkpoint_dir, checkpoint_every)
@@ -446,6 +447,7 @@ def train(
                 break
             pending = issued
             if ck_dir is not None and st.step % checkpoint_every == 0:
+                # lazy: autosave brings DCP (it loads FSDP); only --checkpoint-every pays
                 from . import autosave
 
                 stopping = loop.finish(pending, stop)  # the checkpoint holds finished steps

@@ -65,6 +65,7 @@ def _make_publisher(publish):
     if callable(publish):
         return publish
     try:
+        # lazy: publishing needs an engine's kernel; elsewhere training goes on without it
         from ipyparallel.datapub import publish_data
     except ImportError as e:  # not inside an engine: train without live progress
         log.info("no datapub (%s): progress is not published", e)

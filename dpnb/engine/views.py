@@ -16,6 +16,7 @@ in each step on that rank, so the others wait for it in the gradient sync),
 from __future__ import annotations
 
 from .bench import BENCH_KINDS, bench_allreduce, bench_collective, ring_demo
+from .measure import state_bytes
 from .state import get_state
 from .train_state import ViewError, viewed_state
 from .watch import gradsync_records, unwatch, watch
@@ -75,7 +76,6 @@ def memory_snapshot(ns: dict) -> dict:
     global shape, dtype and trainable flag of every parameter (a DTensor
     reports its global shape).  Local, no communication.
     """
-    from .measure import state_bytes
 
     es = get_state(ns)
     st = viewed_state(ns)

@@ -28,11 +28,21 @@ import logging
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import compat
-from ..core.strategies import (MIXED_PRECISION, OPTIMIZERS, STRATEGIES, comm_hook_label, is_ddp,
-                               is_fsdp, parse_comm_hook)
+from ..core.strategies import (
+    MIXED_PRECISION,
+    OPTIMIZERS,
+    STRATEGIES,
+    comm_hook_label,
+    is_ddp,
+    is_fsdp,
+    parse_comm_hook,
+)
 from . import device
+from .commhook import CommHook
 from .measure import BucketRecorder, local_tensor
 from .state import get_state
 from .train_state import TrainError, TrainState, choice, train_state
@@ -45,8 +55,8 @@ def _module_names(ns: dict) -> list:
 
 
 def _resolve_model(ns: dict, model_name: str, rank: int) -> nn.Module:
+    # lazy: FSDP/DTensor load only for the strategy that uses them
     from torch.distributed.fsdp import FSDPModule
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     if not isinstance(model_name, str):
         raise TrainError(
@@ -86,6 +96,7 @@ def _build_optimizer(strategy, params, name, lr, weight_decay, momentum, betas):
         cls = torch.optim.SGD
         kw = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
     if strategy == "zero1":
+        # lazy: only zero1 loads torch.distributed.optim
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kw)
@@ -283,7 +294,6 @@ def _check_wrap_args(es, dev, strategy, mp, cpu_offload, bucket_cap_mb) -> None:
 
 def _wrap_ddp(module: nn.Module, dev, bucket_cap_mb, record_buckets: bool, comm_hook: str):
     """DDP around ``module`` (collective: broadcasts rank 0's parameters)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp_kwargs: dict = {
         "device_ids": device.ddp_device_ids(dev),
@@ -302,7 +312,6 @@ def _attach_comm_hook(wrapped, recorder: BucketRecorder | None, spec: str) -> No
     each bucket through a fresh :class:`CommHook` (a new DDP starts again from
     its construction-time buckets, and PowerSGD keeps its error feedback per
     bucket), or the bare compression hook, or DDP's own default."""
-    from .commhook import CommHook
 
     hook = CommHook(spec)
     if recorder is not None:
@@ -315,8 +324,12 @@ def _attach_comm_hook(wrapped, recorder: BucketRecorder | None, spec: str) -> No
 def _wrap_fsdp(module: nn.Module, dev, world_size: int, strategy: str, mp: str, cpu_offload,
                wrap_classes, bucket_cap_mb):
     """FSDP2 ``fully_shard`` per unit, then the root (collective: broadcast, mesh)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    # lazy: FSDP/DTensor load only for the strategy that uses them
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        fully_shard,
+    )
 
     notes: list[str] = []
     units = fsdp_units(module, wrap_classes)  # validate before any collective
@@ -377,7 +390,6 @@ def _rebind_fsdp(st: TrainState, es) -> None:
     parameter objects and optimizer state are untouched.  Requires the same
     world size (the shards' layout depends on it).
     """
-    from torch.distributed.device_mesh import init_device_mesh
 
     fresh = init_device_mesh(st.device.type, (es.world_size,))
     infos = compat.fsdp_mesh_infos(st.module)
@@ -417,7 +429,6 @@ def rebind(ns: dict) -> dict:
     The step that was cut short by the error is discarded (gradients zeroed);
     its samples are read again by the next ``train``.
     """
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     es = get_state(ns)
     st = train_state(ns)

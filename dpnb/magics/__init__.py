@@ -17,6 +17,7 @@ import logging
 import shlex
 import textwrap
 
+from IPython import get_ipython
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
@@ -135,8 +136,6 @@ def load(ip) -> DPMagics:
 
 def get_magics(ip=None) -> DPMagics | None:
     if ip is None:
-        from IPython import get_ipython
-
         ip = get_ipython()
     if ip is None:
         return None

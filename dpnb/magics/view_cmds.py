@@ -79,9 +79,8 @@ class ViewCommands:
     def memory(self, a):
         """Per-rank ZeRO memory for stages 0-3 (predicted, and measured with --live)."""
         if a.during:
-            from ..widgets import (
-                residency,  # matplotlib: loaded when a view is asked for
-            )
+            # lazy: matplotlib loads with the first view, not with %load_ext
+            from ..widgets import residency
 
             runs = residency.show(self._need(), micro_batch=a.micro_batch)
             if a.save:

@@ -70,7 +70,7 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     one host; give shared storage for a cluster on several hosts).
     """
     cluster.require_running()
-    check_target(cluster, n)
+    target = check_target(cluster, n)
     _check_model(cluster)
     rebuild = resume.make_plan(cluster)
     resume.refuse_if_incomplete(cluster, rebuild)  # before any engine starts or stops
@@ -84,8 +84,8 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     path = os.path.abspath(os.path.expanduser(checkpoint_dir))
     saved = cluster.call("dpnb.engine.checkpoint.save", path).values[0]
     step = saved.get("step")
-    world = resize_world(cluster, n)
-    loaded = resume.replay_and_load(cluster, path, rebuild, world["added"])
+    world = resize_world(cluster, target)
+    loaded = resume.replay_and_load(cluster, path, rebuild, world.added)
     lr = None
     last = cluster.training.last_train
     last_scale = last.args.lr_scale if last else "none"
@@ -93,13 +93,11 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
         lr = cluster.call("dpnb.engine.training.scale_lr", p.lr_factor).values[0]["lr"]
     cluster.training.batch_plan = BatchPlan(p.micro_batch, p.grad_accum, p.global_batch)
     cluster.refresh_keep_record()  # a kept cluster's record follows its ranks and the plan
-    how = p.describe()
-    if keep == "lr" and last_scale != "none":
-        how = how.rsplit(";", 1)[0] + f"; the learning rate follows --lr-scale {last_scale}"
-    elif lr is not None:
-        how += f" (now {lr:.4g})"
-    summary = (f"resized {world['old']} -> {world['new']} ranks at step {step}: {how}; "
+    # train's own --lr-scale rule, when one is set, goes on choosing the rate
+    how = p.describe(lr_rule=f"--lr-scale {last_scale}" if keep == "lr" and last_scale != "none"
+                     else None, lr_now=lr)
+    summary = (f"resized {world.old} -> {world.new} ranks at step {step}: {how}; "
                f"model and optimizer resharded from {path}")
     log.info("%s (%s)", summary, loaded)
-    return {"summary": summary, "step": step, "plan": p, "checkpoint": path, **world,
-            "lr": lr}
+    return {"summary": summary, "step": step, "plan": p, "checkpoint": path, "lr": lr,
+            "old": world.old, "new": world.new, "added": world.added, "removed": world.removed}

@@ -29,12 +29,16 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..core.errors import UserError
-
+import ipywidgets as w
+from IPython.display import display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 from dpnb.core import ConfigError
-from dpnb.env import RENDER_LOCK
+from dpnb.env import RENDER_LOCK, in_kernel
+
+from ..core.errors import UserError
 
 FIG_WIDTH_IN = 9.5
 DPI = 100
@@ -68,7 +72,6 @@ class ViewError(UserError, ValueError):
 # ----------------------------------------------------------------- figures
 def new_figure(height_in: float, width_in: float = FIG_WIDTH_IN, **kw: Any) -> Figure:
     """A pyplot-free Figure with an Agg canvas and constrained layout."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     fig = Figure(figsize=(width_in, height_in), dpi=DPI, layout="constrained", **kw)
     FigureCanvasAgg(fig)
@@ -97,7 +100,6 @@ def save_figure(fig: Figure, path: str) -> str:
 
 def broken_barh_segments(ax) -> list[list[tuple[float, float]]]:
     """(start, width) of every broken_barh collection on ``ax`` (for tests)."""
-    from matplotlib.collections import PolyCollection
 
     out = []
     for coll in ax.collections:
@@ -166,8 +168,6 @@ def html_lines(lines: Sequence[str], warn: Sequence[str] = ()) -> str:
 
 # ------------------------------------------------------------- widget shell
 def _in_kernel() -> bool:
-    from dpnb.env import in_kernel
-
     return in_kernel()
 
 
@@ -180,13 +180,11 @@ def static_bundle(fig: Figure, html_body: str, text: str) -> dict:
             "image/png": b64, "text/plain": text}
 
 
-class ViewBox:  # placeholder for type checkers; replaced below when ipywidgets imports
+class ViewBox:  # placeholder for type checkers; viewbox() builds the real class on first use
     pass
 
 
 def _make_viewbox_class():
-    import ipywidgets as w
-
     class _ViewBox(w.VBox):
         """A view: controls, the figure (PNG), HTML readouts.
 
@@ -271,7 +269,7 @@ _VIEWBOX = None
 
 
 def viewbox(*args: Any, **kw: Any):
-    """Build a :class:`ViewBox` (ipywidgets is imported on first use)."""
+    """Build a :class:`ViewBox` (the class is built on first use)."""
     global _VIEWBOX
     if _VIEWBOX is None:
         _VIEWBOX = _make_viewbox_class()
@@ -286,8 +284,6 @@ def show_view(box, data: Any = None, fig: Figure | None = None, text: str | None
     nbconvert and a kernel restart; the widget's observers update it.
     """
     if _in_kernel():
-        from IPython.display import display
-
         if box is not None:
             # the static copy below shows the figure and the tables, kept up to
             # date by the controls; showing them in the widget too would
@@ -309,16 +305,12 @@ def show_static(d: Any, figure: Callable, html: Callable, text: Callable) -> Non
     the text (no widget state, so it survives saving); elsewhere the text only,
     without drawing the figure."""
     if _in_kernel():
-        from IPython.display import display
-
         display(static_bundle(figure(d), html(d), text(d)), raw=True)
     else:
         print(text(d))
 
 
 def int_slider(desc: str, value: int, lo: int, hi: int, step: int = 1, width: str = "300px"):
-    import ipywidgets as w
-
     return w.IntSlider(value=value, min=lo, max=max(hi, value), step=step, description=desc,
                        continuous_update=False, style={"description_width": "110px"},
                        layout=w.Layout(width=width))
@@ -326,8 +318,6 @@ def int_slider(desc: str, value: int, lo: int, hi: int, step: int = 1, width: st
 
 def float_slider(desc: str, value: float, lo: float, hi: float, step: float, width: str = "300px",
                  fmt: str = ".3g"):
-    import ipywidgets as w
-
     return w.FloatSlider(value=value, min=lo, max=max(hi, value), step=step, description=desc,
                          continuous_update=False, readout_format=fmt,
                          style={"description_width": "110px"}, layout=w.Layout(width=width))
@@ -335,8 +325,6 @@ def float_slider(desc: str, value: float, lo: float, hi: float, step: float, wid
 
 def log_slider(desc: str, value: float, lo_exp: float, hi_exp: float, step: float = 0.1,
                width: str = "300px", fmt: str = ".3g"):
-    import ipywidgets as w
-
     value = min(max(value, 10 ** lo_exp), 10 ** hi_exp)
     return w.FloatLogSlider(value=value, base=10, min=lo_exp, max=hi_exp, step=step, description=desc,
                             continuous_update=False, readout_format=fmt,
@@ -344,15 +332,11 @@ def log_slider(desc: str, value: float, lo_exp: float, hi_exp: float, step: floa
 
 
 def dropdown(desc: str, options: Sequence[Any], value: Any, width: str = "300px"):
-    import ipywidgets as w
-
     return w.Dropdown(options=list(options), value=value, description=desc,
                       style={"description_width": "110px"}, layout=w.Layout(width=width))
 
 
 def float_text(desc: str, value: float, width: str = "300px"):
-    import ipywidgets as w
-
     return w.FloatText(value=value, description=desc, style={"description_width": "110px"},
                        layout=w.Layout(width=width))
 

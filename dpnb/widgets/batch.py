@@ -13,12 +13,21 @@ All numbers come from :mod:`dpnb.core.batch`.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-from matplotlib.patches import Rectangle
+import ipywidgets as w
+from matplotlib.patches import Patch, Rectangle
 
-from dpnb.core import BatchConfig, ConfigError, Parallelism, factor_world, scale_lr, solve_grad_accum
+from dpnb.core import (
+    BatchConfig,
+    ConfigError,
+    Parallelism,
+    factor_world,
+    scale_lr,
+    solve_grad_accum,
+)
 
 from . import _common as C
 
@@ -150,7 +159,6 @@ def figure(d: BatchView):
     ax.set_aspect("auto")
     ax.set_title(f"Global batch: {c.micro_batch} × {c.dp} × {c.grad_accum} = {d.global_samples:,} samples\n"
                  f"= {C.fmt_count(d.global_tokens)} tokens at seq_len {c.seq_len:,}", fontsize=11)
-    from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=C.COLORS["backward"], label="micro-batch, grads summed locally (no_sync)"),
                        Patch(color=C.COLORS["all_reduce"], label="last micro-batch: all-reduce in backward")],
@@ -177,8 +185,6 @@ def figure(d: BatchView):
     ax2.grid(True, which="major", alpha=0.3)
     ax2.minorticks_off()
     if d.warnings:
-        import textwrap
-
         lines = textwrap.wrap("⚠ " + d.warnings[0], 150)
         if len(lines) > 2:
             lines = lines[:2]
@@ -228,7 +234,6 @@ def view(cluster=None, *, micro_batch: int = 4, dp: int = 8, grad_accum: int = 1
     dp = int(live.get("dp", dp))
     grad_accum = int(live.get("grad_accum", grad_accum))
     seq_len = int(live.get("seq_len", seq_len))
-    import ipywidgets as w
 
     controls = {
         "micro_batch": C.int_slider("micro-batch", micro_batch, 1, 64),

@@ -18,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpnb.core import LINKS, ConfigError, Link, algbw, bus_factor, busbw, collective_bytes, collective_steps, collective_time
+import ipywidgets as w
+
+from dpnb.core import (LINKS, ConfigError, Link, algbw, bus_factor, busbw, collective_bytes,
+                       collective_steps, collective_time)
 
 from . import _common as C
 
@@ -306,7 +309,6 @@ def view(cluster=None, *, link: str = "ib-ndr-400", n: int = 8, collectives=KIND
     ``run_bench=True`` on a live ``cluster``) the measured points overlaid.
     A live cluster sets N to its world size and the link to gloo-loopback
     when it runs on CPU."""
-    import ipywidgets as w
 
     if cluster is not None:
         n = cluster.world_size

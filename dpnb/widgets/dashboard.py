@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import ipywidgets as w
+
 from ..display import GROUP_ABOVE, byte_span, group_cells, group_status
 from . import _common as C
 
@@ -336,7 +338,6 @@ def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict
     """The dashboard widget.  With ``cluster``: status and summaries fetched now,
     a refresh button, and (``live=True``) a poller that follows training
     started with ``publish=True``.  ``box.stop()`` ends the poller."""
-    import ipywidgets as w
 
     state: dict[str, Any] = {"status": status or [], "summaries": summaries or [], "progress": dict(progress or {}),
                              "history": {}, "running": False}

@@ -27,30 +27,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from matplotlib.patches import Patch
+
 from dpnb.core import (
     LINKS,
 )
 from dpnb.core.strategies import is_ddp, is_fsdp
 
 from . import _common as C
-
 from .gradsync_data import (  # noqa: F401  (the view's data layer, re-exported)
+    COMM_LANES,
+    LANE_LABEL,
+    NO_RECORDS,
+    BucketRow,
+    GradsyncView,
+    Prediction,
+    RankTimeline,
+    Segment,
     _cmp,
     _fnum,
     _ready_order,
     bucket_rows,
-    BucketRow,
-    COMM_LANES,
     data,
     fitted_link,
-    GradsyncView,
-    LANE_LABEL,
-    NO_RECORDS,
     predict,
-    Prediction,
     rank_timeline,
-    RankTimeline,
-    Segment,
     union_length,
 )
 
@@ -239,7 +240,6 @@ def figure(d: GradsyncView):
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels(yl, fontsize=8)
     ax.set_ylim(len(lanes) - 0.4, -0.6)
-    from matplotlib.patches import Patch
 
     fsdp = is_fsdp(d.strategy)
     handles = [Patch(color=C.COLORS["backward"],

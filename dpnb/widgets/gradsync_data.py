@@ -13,6 +13,8 @@ from dpnb.core import (
     LINKS,
     Link,
     Timeline,
+    collective_bytes,
+    collective_steps,
     ddp_bucket_caps,
     ddp_buckets,
     initial_ddp_buckets,
@@ -276,7 +278,6 @@ def fitted_link(rows: list[BucketRow], n: int) -> Link | None:
             times.append(r.end_s - begin)
     if not sizes or n < 2:
         return None
-    from dpnb.core import collective_bytes, collective_steps
 
     xs = [collective_bytes("all_reduce", sz, n) for sz in sizes]
     if len(set(sizes)) >= 3:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import ipywidgets as w
+
 from dpnb.core import (
     GB,
     ConfigError,
@@ -368,7 +370,6 @@ def view(cluster=None, *, n_params: float = 7e9, dp: int = 8, precision: str = "
     precision = dflt.get("precision", precision)
     optimizer = dflt.get("optimizer", optimizer)
     strategy = dflt.get("strategy", strategy)
-    import ipywidgets as w
 
     controls = {
         "n_params": C.log_slider("parameters", n_params, 3, 12.5, 0.05, fmt=".3g"),

@@ -20,6 +20,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import matplotlib.colors as mcolors
+from matplotlib.patches import Rectangle
+
 from dpnb.core import ConfigError, collective_bytes
 
 from . import _common as C
@@ -190,8 +193,6 @@ def html(d: RingView) -> str:
 def _panel(ax, st: RingStep, n: int, chunk_bytes: float) -> None:
     """One step as an N×N grid: rows = ranks, columns = chunks, shade = how many
     ranks' contributions the copy holds; sent chunks outlined, received ones marked."""
-    import matplotlib.colors as mcolors
-    from matplotlib.patches import Rectangle
 
     cmap = mcolors.LinearSegmentedColormap.from_list("ring", ["#f2f2f2", "#4C72B0"])
     counts = st.counts()

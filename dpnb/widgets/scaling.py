@@ -15,6 +15,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from matplotlib.ticker import FuncFormatter, LogLocator
+
 from dpnb.core import ConfigError, Link, ScalingPoint, allreduce_comm, scaling
 
 from . import _common as C
@@ -195,13 +197,11 @@ def figure(d: ScalingView):
     if d.measured:
         ax.plot([m.dp for m in d.measured], [m.samples_per_s for m in d.measured], "D", color=C.COLORS["measured"],
                 mec="black", ms=7, label="measured", zorder=5)
-    from matplotlib.ticker import FuncFormatter
 
     dp_fmt = FuncFormatter(lambda v, _p: f"{v:g}")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(dp_fmt)
     ax.set_yscale("log")
-    from matplotlib.ticker import LogLocator
 
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:,.0f}" if v >= 1 else f"{v:g}"))

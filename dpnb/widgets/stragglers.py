@@ -16,11 +16,20 @@ that everyone pays.
 from __future__ import annotations
 
 import statistics
-
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpnb.core import ConfigError, StragglerEstimate, straggler_estimate, straggler_probability
+import ipywidgets as w
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
+
+from dpnb.core import (
+    ConfigError,
+    StragglerEstimate,
+    straggler_estimate,
+    straggler_probability,
+)
 
 from . import _common as C
 
@@ -194,8 +203,6 @@ def html(d: StragglerView) -> str:
 def _spread_panel(ax, d: StragglerView) -> None:
     """Many ranks: per step the range of compute times over all ranks, the
     median, the slowest rank (named) and the step time everyone waited for."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     for i, r in enumerate(d.steps):
         cs = [c * 1e3 for c in r.compute_s]
@@ -239,8 +246,6 @@ def figure(d: StragglerView):
         ax.set_xticklabels([str(r.step) for r in d.steps], fontsize=8)
         top = max(max(max(r.compute_s), r.step_s) for r in d.steps) * 1e3
         ax.set_ylim(0, top * 1.3)
-        from matplotlib.lines import Line2D
-        from matplotlib.patches import Patch
 
         handles = [Patch(color=cmap[k % len(cmap)], label=f"rank {k} compute") for k in range(ws)]
         handles += [Line2D([], [], color="black", lw=2, label="step time (all ranks)"),
@@ -263,7 +268,6 @@ def figure(d: StragglerView):
                  bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="gray", lw=0.5),
                  arrowprops=dict(arrowstyle="-", color="gray", lw=0.8))
     ax2.set_xscale("log", base=2)
-    from matplotlib.ticker import FuncFormatter
 
     ax2.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
     ax2.set_ylim(0, 1.05)
@@ -280,7 +284,6 @@ def view(cluster=None, *, records: list[dict] | None = None, p: float = 0.01, n:
          delay_ms: float | None = None, last: int = MAX_STEPS_DRAWN):
     """The straggler widget.  With ``cluster``: the last steps' records, an
     inject control (rank, delay, button) and a refresh button."""
-    import ipywidgets as w
 
     state = {"records": records or [], "delays": None}
     if cluster is not None:

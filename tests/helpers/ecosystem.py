@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
 import sys
+
+log = logging.getLogger(__name__)
+#: what the C++ runtime prints when a process exits with a thread still joinable
+TEARDOWN_ABORT = "terminate called without an active exception"
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ecosystem",
                        "scripts")
@@ -21,6 +26,12 @@ def torchrun(name: str, *args: str, cwd: str) -> str:
            "--standalone", script(name), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    if p.returncode != 0 and TEARDOWN_ABORT in p.stderr:
+        # torch 2.13's FSDP2 + gloo teardown: once in a CI run the reference (plain
+        # torchrun, no dpnb) aborted in destroy_process_group after its last step;
+        # the reference is run again rather than blamed on the code under test
+        log.warning("reference torchrun aborted at teardown; running it again:\n%s", p.stderr[-2000:])
+        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
 

@@ -45,3 +45,12 @@ def test_bad_arguments(kw, msg):
     args = dict(micro_batch=2, grad_accum=1, old_dp=2, new_dp=3) | kw
     with pytest.raises(ConfigError, match=msg):
         plan_resize(**args)
+
+
+def test_describe_names_the_rule_that_sets_the_rate():
+    p = plan_resize(2, 3, 2, 3, keep="lr")
+    ruled = p.describe(lr_rule="--lr-scale sqrt")
+    assert ruled.endswith("; the learning rate follows --lr-scale sqrt") and "x 1.5" not in ruled
+    assert p.describe(lr_now=0.15).endswith("learning rate x 1.5 (now 0.15)")
+    kept = plan_resize(2, 3, 2, 3)
+    assert kept.describe(lr_now=0.1) == kept.describe()  # a kept batch leaves the rate alone

@@ -9,6 +9,7 @@ order the user gave them.
 
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING
 
 from .. import agents as agents_mod
@@ -20,7 +21,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def local_address_towards(addr: str) -> str:
     """This host's address on the route to ``addr`` (a UDP connect sends nothing)."""
-    import socket
 
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
