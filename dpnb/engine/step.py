@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ..core.strategies import LR_SCALES, is_fsdp
 from . import device
-from .batches import _arity, _resolve_callable, _split, _to_device, default_loss
+from .microbatch import _arity, _resolve_callable, _split, _to_device, default_loss
 from .dataset import current_data
 from .measure import state_bytes
 from .state import get_state

@@ -19,7 +19,7 @@ Return values are small dicts of builtins: they travel back over ipyparallel.
 from __future__ import annotations
 
 from ..core.strategies import LR_SCALES, MIXED_PRECISION, OPTIMIZERS, STRATEGIES
-from .batches import default_loss
+from .microbatch import default_loss
 from .dataset import set_data
 from .measure import state_bytes
 from .state import get_state
