@@ -65,6 +65,7 @@ class EngineState:
     # (key, intra-host group, inter-host group) of dpnb.engine.hierbench; the
     # key holds the generation, so a re-formed group forms new subgroups
     subgroups: Any = None
+    profiler: Any = None  # dpnb.engine.profile's running torch.profiler, between begin and end
 
     @property
     def comm_device(self):

@@ -126,6 +126,20 @@ class DPMagics(Magics, *AREAS):
             raise UsageError("no dpnb cluster is running: start one with %dp start -n 2")
         return self.cluster
 
+    def _profiled(self, a, what: str, run):
+        """``run()``, under torch.profiler on the ranks when ``--profile`` was given; the
+        profile is shown even when ``run`` fails (before its error)."""
+        if a.profile_dir and not a.profile:
+            raise UsageError("--profile-dir goes with --profile")
+        if not a.profile:
+            return run()
+        c = self._need()
+        try:
+            return c.profiled(run, ranks=getattr(a, "ranks", None), what=what, out_dir=a.profile_dir)
+        finally:
+            if c.last_profile is not None:
+                self._show("profile", a, c, {})
+
 
 def load(ip) -> DPMagics:
     m = DPMagics(ip)

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..session.resume import describe as describe_resume
-from .options import run_options, subcommand
+from .options import profile_options, run_options, subcommand
 
 
 class CellCommands:
@@ -22,13 +22,15 @@ class CellCommands:
               help="do not stream output while the cell runs")
     @argument("--setup", action="store_true",
               help="record this cell (once it succeeds on every rank) for restart --resume")
+    @profile_options("the cell")
     def cell(self, a, code: str):
-        """%%dp [--ranks SPEC] [--timeout S] [--setup] [--unchecked]: run the cell on the selected ranks."""
+        """%%dp [--ranks SPEC] [--timeout S] [--setup] [--unchecked] [--profile]: run the cell on the selected ranks."""
         c = self._need()
         if not code.strip():
             raise UsageError("%%dp cell is empty: put code to run on the ranks below %%dp")
-        c.run(code, ranks=a.ranks, timeout=a.timeout, stream=not a.no_stream,
-              setup=a.setup, unchecked=a.unchecked)
+        self._profiled(a, "cell", lambda: c.run(code, ranks=a.ranks, timeout=a.timeout,
+                                                stream=not a.no_stream, setup=a.setup,
+                                                unchecked=a.unchecked))
 
     @subcommand("push")
     @magic_arguments()

@@ -9,7 +9,7 @@ import argparse
 
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .options import run_options, subcommand
+from .options import profile_options, run_options, subcommand
 
 
 class JobCommands:
@@ -19,12 +19,14 @@ class JobCommands:
     @magic_arguments()
     @run_options("the script")
     @argument("script", help="the Python script, as you would give it to torchrun")
+    @profile_options("the script")
     @argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     def run(self, a):
         """Run a torchrun script on every rank as torchrun would (__main__, sys.argv, RANK,
         LOCAL_RANK, ...); its module globals are then in each rank's namespace."""
-        self._need().run_script(a.script, a.args, ranks=a.ranks, timeout=a.timeout,
-                                unchecked=a.unchecked)
+        c = self._need()
+        self._profiled(a, "script", lambda: c.run_script(a.script, a.args, ranks=a.ranks,
+                                                         timeout=a.timeout, unchecked=a.unchecked))
 
     @subcommand("export")
     @magic_arguments()

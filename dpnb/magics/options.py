@@ -76,3 +76,21 @@ def run_options(what: str):
         return f
 
     return apply
+
+
+def profile_options(what: str):
+    """``--profile`` / ``--profile-dir``: run ``what`` with torch.profiler on every rank."""
+    decos = [
+        argument("--profile", action="store_true",
+                 help=f"run {what} with torch.profiler on every rank and show where each rank's "
+                      f"time went (again later: %%dp profile)"),
+        argument("--profile-dir", default=None, metavar="DIR",
+                 help="with --profile: the folder for the traces (default dpnb-profiles/<time>)"),
+    ]
+
+    def apply(f):
+        for d in reversed(decos):
+            f = d(f)
+        return f
+
+    return apply

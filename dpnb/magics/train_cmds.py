@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..core.strategies import LR_SCALES, MIXED_PRECISION, OPTIMIZERS, STRATEGIES
-from .options import subcommand
+from .options import profile_options, subcommand
 
 
 class TrainingCommands:
@@ -82,10 +82,11 @@ class TrainingCommands:
               help="wall-clock limit in seconds; ranks still running are interrupted and named")
     @argument("--checkpoint-every", nargs=2, default=None, metavar=("K", "DIR"),
               help="checkpoint into DIR every K steps; %%dp restart --resume loads the latest")
+    @profile_options("the steps (a few: --steps 3 --profile)")
     def train(self, a):
         """Run training steps with a live progress bar and loss curve (Ctrl-C stops cleanly)."""
         try:
-            s = self._train(a)
+            s = self._profiled(a, "train", lambda: self._train(a))
         finally:
             if self.live_dashboard is not None:  # the live dashboard shows the run's end
                 self.live_dashboard.catch_up()

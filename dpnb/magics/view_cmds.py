@@ -209,6 +209,15 @@ class ViewCommands:
         kw = self._kw(a, p="p", n="n", delay_ms="delay")
         self._show("stragglers", a, self._need(), kw)
 
+    @subcommand("profile")
+    @magic_arguments()
+    @argument("--ranks", default=None, help="the ranks whose lanes are drawn (default: up to 8)")
+    @save_option
+    def profile(self, a):
+        """The last %%dp --profile: every rank's compute and communication on one clock,
+        exposed communication, who entered each collective last, bus bandwidth vs model."""
+        self._show("profile", a, self._need(), self._kw(a, ranks="ranks"))
+
     @subcommand("ring")
     @magic_arguments()
     @argument("--n", type=int, default=None, help="ranks in the drawn ring (default 4)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..cluster import Engines
 from . import export as _export
+from . import profile as _profile
 from . import resize as _resize
 from . import resume as _resume
 from . import verbs as _train
@@ -42,6 +43,17 @@ class Cluster(Engines):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.training = TrainingState()
+        self.last_profile = None  # dpnb.core.profile.Profiled of the last profiled cell
+
+    def profile(self, code: str, ranks=None, *, out_dir: str | None = None, **run_kw):
+        """Run a cell with ``torch.profiler`` on every selected rank (``%%dp --profile``);
+        the analysis is kept in :attr:`last_profile`.  See :mod:`dpnb.session.profile`."""
+        return self.profiled(lambda: self.run(code, ranks=ranks, **run_kw), ranks=ranks,
+                             out_dir=out_dir)
+
+    def profiled(self, run, *, ranks=None, what: str = "cell", out_dir: str | None = None):
+        """``run()`` (a cell, a train, a script) with every selected rank profiled; its result."""
+        return _profile.profiled(self, run, ranks=ranks, what=what, out_dir=out_dir)[0]
 
     def wrap(self, model: str = "model", strategy: str = "ddp", **opts) -> dict:
         """Wrap a model that exists on every rank; see :func:`dpnb.session.verbs.wrap`."""

@@ -87,6 +87,13 @@ Magics to wire (``%dp <view>`` → function, arguments → keyword)
     ``dashboard.show(cluster, interval=S)``; live loss / throughput need
     ``train(..., publish=True)``.  ``box.stop()`` ends its poller thread.
 
+``%%dp --profile [--profile-dir DIR]`` / ``%dp profile [--ranks R] [--save PATH]``
+    ``cluster.profile(code)`` runs the cell with ``torch.profiler`` on every rank
+    and keeps ``cluster.last_profile``; ``profile.show(cluster, ranks=R)`` shows
+    it: compute and communication lanes per rank on one clock, exposed
+    communication, entries into collectives (the straggler), the collectives'
+    bus bandwidth beside the α–β model.
+
 Engine-side helpers live in :mod:`dpnb.engine.views` (called by dotted name).
 """
 
@@ -97,7 +104,7 @@ from typing import Any
 
 from ._common import ViewError
 
-VIEWS = ("gradsync", "batch", "memory", "comm", "scaling", "stragglers", "ring", "dashboard")
+VIEWS = ("gradsync", "batch", "memory", "comm", "scaling", "stragglers", "ring", "dashboard", "profile")
 
 __all__ = ["ViewError", "VIEWS", *VIEWS]
 

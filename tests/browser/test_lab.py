@@ -18,6 +18,7 @@ go to a temp dir, and the file's bytes are compared before and after.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -316,6 +317,25 @@ def _screenshot(page, path: Path) -> None:
     page.screenshot(path=str(path), full_page=True)
 
 
+@contextlib.contextmanager
+def _ran(browser, lab, name: str, cells: list[str], settle_ms: int = 1500):
+    """A scratch notebook of ``cells`` run in Lab: yields (page, output areas); the
+    screenshot is taken and error outputs are refused before the test looks."""
+    base, token = lab
+    nb_file = _scratch_notebook(name, cells)
+    shot = nb_file.with_suffix(".png")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        _run_all(page, base, token, str(nb_file.relative_to(nbu.REPO)))
+        page.wait_for_timeout(settle_ms)
+        _screenshot(page, shot)
+        _assert_no_error_output(page)
+        yield page, page.locator(".jp-Notebook .jp-CodeCell .jp-OutputArea")
+    finally:
+        page.close()
+    print(f"screenshot: {shot}")
+
+
 VIEWS32_CELLS = [
     "import sys\nsys.path.insert(0, {tests!r})\n"
     "from helpers import recorded as R\n"
@@ -371,16 +391,7 @@ TABS_CELLS = [
 def test_rank_tabs_in_jupyterlab(browser, lab, tmp_path):
     """Ranks that print differently get tabs -- the folded view first, then one per
     rank -- in a quick cell and in one that streams; identical output stays text."""
-    base, token = lab
-    nb_file = _scratch_notebook("tabs.ipynb", TABS_CELLS)
-    shot = nb_file.with_suffix(".png")
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        _run_all(page, base, token, str(nb_file.relative_to(nbu.REPO)))
-        page.wait_for_timeout(1500)
-        _screenshot(page, shot)
-        _assert_no_error_output(page)
-        outs = page.locator(".jp-Notebook .jp-CodeCell .jp-OutputArea")
+    with _ran(browser, lab, "tabs.ipynb", TABS_CELLS) as (page, outs):
         quick, streamed, same = (outs.nth(i).locator(".dpnb-rank-tabs") for i in (1, 2, 3))
         assert same.count() == 0 and "[all 2 ranks]" in outs.nth(3).inner_text()
         for box, words in ((quick, ("rank 1 says 11", "rank 0 says 0")),
@@ -394,6 +405,30 @@ def test_rank_tabs_in_jupyterlab(browser, lab, tmp_path):
             page.wait_for_timeout(300)
             pane = box.locator(".widget-html:visible, .jupyter-widget-html:visible").first.inner_text()
             assert words[0] in pane and words[1] not in pane, pane
-    finally:
-        page.close()
-    print(f"screenshot: {shot}")
+
+
+PROFILE_CELLS = [
+    "%load_ext dpnb\n%dp start -n 2",
+    "%%dp\nimport time, torch, torch.distributed as dist\n"
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+    "torch.manual_seed(0)\n"
+    "ddp_model = DDP(torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]))\n"
+    "optimizer = torch.optim.SGD(ddp_model.parameters(), lr=1e-3)\nx = torch.randn(256, 256)",
+    "%%dp --profile\nfor _ in range(2):\n    loss = ddp_model(x).square().mean()\n"
+    "    if dist.get_rank() == 1:\n        time.sleep(0.08)\n"
+    "    loss.backward()\n    optimizer.step()\n    optimizer.zero_grad()",
+    "%dp profile --ranks 1",
+    "%dp stop",
+]
+
+
+def test_a_profiled_cell_in_jupyterlab(browser, lab, tmp_path):
+    """``%%dp --profile`` on a hand-written DDP step in Lab: the figure draws, the text
+    names the late rank, and ``%dp profile --ranks`` shows it again with one lane pair."""
+    with _ran(browser, lab, "profile.ipynb", PROFILE_CELLS) as (page, outs):
+        profiled, again = outs.nth(2), outs.nth(3)
+        assert profiled.locator("img").count() >= 1, "no figure under the profiled cell"
+        text = profiled.inner_text()
+        assert "Straggler: rank 1 entered" in text and "merged.json" in text, text[-800:]
+        assert again.locator("img").count() >= 1 and "Straggler: rank 1" in again.inner_text()
+        assert again.locator("select").count() >= 1  # the lane chooser

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers.ecosystem import assert_whole, script
+from helpers.ecosystem import ACCELERATE_LOOP, assert_whole, script
 
 from dpnb.errors import RemoteCellError
 
@@ -78,20 +78,7 @@ def test_what_a_cell_built_keeps_training_after_a_release(c):
 def test_accelerate_prepare_and_backward_stay_in_step(c):
     pids = [r.pid for r in c.ranks]
     c.run(IN_SYNC, display=False)
-    r = c.run("""
-from accelerate import Accelerator
-from torch.utils.data import DataLoader, TensorDataset
-accelerator = Accelerator(cpu=True)
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8)
-model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-for x, y in loader:
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    accelerator.backward(loss)
-    optimizer.step()
-    optimizer.zero_grad()
+    r = c.run(ACCELERATE_LOOP + """
 accelerator.wait_for_everyone()
 _acc = (accelerator.num_processes, accelerator.process_index,
         _same(accelerator.unwrap_model(model)[0].weight))

@@ -55,3 +55,22 @@ def assert_whole(c, pids: list[int]) -> None:
     assert c.generation >= gen + 2 and "replaced" not in msg
     assert [r.pid for r in c.ranks] == pids
     assert c.pull("_whole") == [0, 3]
+
+
+#: an Accelerate training loop as its docs write one (CPU, two ranks): the
+#: model, optimizer and loader prepared, ``accelerator.backward``
+ACCELERATE_LOOP = """
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, TensorDataset
+accelerator = Accelerator(cpu=True)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for x, y in loader:
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+"""

@@ -1,0 +1,357 @@
+"""One profiled window of every rank: compute, communication, overlap, idle, stragglers.
+
+The distributed story.  ``torch.profiler`` on each rank records what that
+rank's threads and devices did; nothing in one rank's trace says which rank
+held a collective up.  Put side by side on one clock, the traces answer the
+questions of a scaling engineer:
+
+* **Where does a rank's time go?**  Compute (CPU ops, or the GPU's
+  non-NCCL kernels), communication (gloo's worker-thread spans on CPU, NCCL
+  kernels on a GPU), the part of communication that compute hid
+  (*overlapped*) and the part the rank sat through (*exposed*), and idle
+  time (neither).
+* **Who arrived last?**  A collective completes only when every rank has
+  entered it.  The k-th collective of one kind on every rank is the same
+  collective (collectives are issued in the same order on every rank, or
+  the job would hang), so the rank whose k-th entry is latest held the
+  others back, by the difference to the earliest entry.
+* **Is the link doing what it should?**  A collective's *transfer* time is
+  its end minus the last rank's entry (the wait for late peers is not the
+  link's fault); bytes over that time give the bus bandwidth nccl-tests
+  defines, beside :func:`dpnb.core.comm.collective_time`'s α–β model.
+
+Names (gloo's, NCCL's old and new, c10d's) are read by :mod:`dpnb.core.traces`.
+
+Clocks: each rank's trace has its own clock.  Every rank notes its wall
+clock beside a marker event when profiling starts, which maps its trace onto
+the wall clock; ranks on one host share that clock exactly.  Across hosts
+the wall clocks differ by their NTP error, so each rank's offset is then
+refined by the median difference of its collective end times to rank 0's
+(a collective ends on all ranks within about one message latency), and the
+residual spread is reported as the skew.
+
+Pure Python (no torch): the engine extracts a bounded
+:class:`~dpnb.core.traces.RankTrace` from its Chrome trace
+(:mod:`dpnb.core.traces`); the notebook aligns and analyses the ranks'
+traces with :func:`analyze`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from .comm import Link, busbw, collective_bytes, collective_steps
+from .errors import ConfigError
+from .traces import (  # noqa: F401  (re-exported: one import for the notebook side)
+    CLOCK_MARKER,
+    END_MARKER,
+    MAX_COMM_EVENTS,
+    MAX_COMPUTE_INTERVALS,
+    CommEvent,
+    Kind,
+    RankTrace,
+    classify,
+    extract,
+    intersect,
+    is_nccl_kernel,
+    merge,
+    op_of,
+    subtract,
+    total,
+    wall_offset,
+)
+
+#: the collectives the α–β model knows (see :mod:`dpnb.core.comm`)
+MODELLED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+
+
+# ------------------------------------------------------------------ analysis
+@dataclass(frozen=True)
+class RankStats:
+    """One rank's window, in seconds."""
+
+    rank: int
+    window_s: float
+    compute_s: float
+    comm_s: float
+    overlapped_s: float
+    exposed_s: float
+    idle_s: float
+    steps: int
+
+    @property
+    def overlap_pct(self) -> float:
+        """Share of communication hidden behind compute (0 when there was none)."""
+        return 100.0 * self.overlapped_s / self.comm_s if self.comm_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Collective:
+    """The k-th collective of one op, on every rank (seconds on the common clock)."""
+
+    op: str
+    index: int
+    nbytes: int | None
+    arrive_s: tuple[float, ...]
+    end_s: tuple[float, ...]
+
+    @property
+    def last_rank(self) -> int:
+        """Position (in the report's ranks) of the last to enter."""
+        return max(range(len(self.arrive_s)), key=lambda r: self.arrive_s[r])
+
+    @property
+    def lateness_s(self) -> float:
+        """Last entry minus first entry: how long the early ranks waited."""
+        return max(self.arrive_s) - min(self.arrive_s)
+
+    @property
+    def transfer_s(self) -> float:
+        """From the last rank's entry to the median end: what the link took."""
+        return max(0.0, statistics.median(self.end_s) - max(self.arrive_s))
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """All collectives of one op and size: measured beside the α–β model."""
+
+    op: str
+    nbytes: int | None
+    count: int
+    transfer_s: float  # median
+    busbw_Bps: float | None
+    model_s: float | None
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The rank that entered collectives last most (by summed lateness)."""
+
+    rank: int
+    last_at: int  # how many collectives it entered last
+    of: int
+    mean_late_s: float  # by how much, on average, where it was last
+    total_late_s: float
+    max_late_s: float = 0.0  # the most it was late by
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """Every rank's profiled window on one clock, and what it says."""
+
+    world_size: int
+    ranks: tuple[RankTrace, ...]  # the ranks profiled, in rank order
+    offsets_s: tuple[float, ...]  # add to a rank's trace-clock seconds for the common clock
+    stats: tuple[RankStats, ...]
+    collectives: tuple[Collective, ...]
+    ops: tuple[OpRow, ...]
+    straggler: Straggler | None
+    link: Link | None
+    skew_s: float | None  # residual clock disagreement (None: one host, one clock)
+    clock_note: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def busiest(self) -> RankStats | None:
+        """The rank with the most compute (waiting in a collective is not work)."""
+        return max(self.stats, key=lambda s: s.compute_s, default=None)
+
+    def on_clock(self, i: int, t_us: float) -> float:
+        """Trace-clock µs of ``self.ranks[i]`` to seconds on the common clock."""
+        return t_us * 1e-6 + self.offsets_s[i]
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """One profiled cell (or train): the analysis, where its traces are, how it ended."""
+
+    report: ProfileReport
+    folder: str  # rank<R>.json and merged.json
+    what: str  # "cell", "train"
+    failure: str = ""  # its one-line error ("" when it succeeded)
+
+    @property
+    def merged_path(self) -> str:
+        """The merged Chrome trace (opens in ui.perfetto.dev)."""
+        return self.folder.rstrip("/") + "/merged.json"
+
+
+def _match(ranks: Sequence[RankTrace], offs: Sequence[float]) -> tuple[list[Collective], list[str]]:
+    notes, out = [], []
+    ops = sorted({c.op for r in ranks for c in r.comm})
+    for op in ops:
+        lists = [[c for c in r.comm if c.op == op] for r in ranks]
+        counts = {len(x) for x in lists}
+        if len(counts) > 1:
+            notes.append(f"{op}: the ranks ran {', '.join(str(len(x)) for x in lists)} of them; "
+                         f"the first {min(counts)} are matched")
+        for k in range(min(counts)):
+            cs = [x[k] for x in lists]
+            sizes = {c.nbytes for c in cs if c.nbytes is not None}
+            out.append(Collective(op, k, max(sizes) if sizes else None,
+                                  tuple(c.arrive_us * 1e-6 + o for c, o in zip(cs, offs)),
+                                  tuple(c.end_us * 1e-6 + o for c, o in zip(cs, offs))))
+    out.sort(key=lambda c: min(c.arrive_s))
+    return out, notes
+
+
+def _clip(ranks: Sequence[RankTrace], offs: Sequence[float]) -> tuple[list[RankTrace], int]:
+    """Cut each rank's span of a collective at its first finisher's end plus one ring step.
+
+    A collective completes on every rank within about one ring step (the
+    last chunk's hop).  A span that runs on much longer was closed late:
+    measured here, on two busy cores, gloo's worker thread closed its span
+    2.6 ms after the calling thread had already run the optimizer step;
+    left alone, that tail counts as communication hidden behind the next
+    forward.
+    """
+    n = len(ranks)
+    comm = [list(r.comm) for r in ranks]
+    cut = 0
+    for op in sorted({c.op for r in ranks for c in r.comm}):
+        idx = [[j for j, c in enumerate(r.comm) if c.op == op] for r in ranks]
+        steps = collective_steps(op, n) if op in MODELLED and n > 1 else 1  # type: ignore[arg-type]
+        for k in range(min(len(x) for x in idx)):
+            evs = [ranks[i].comm[idx[i][k]] for i in range(n)]
+            ends = [c.end_us * 1e-6 + o for c, o in zip(evs, offs)]
+            first, entered = min(ends), max(c.arrive_us * 1e-6 + o for c, o in zip(evs, offs))
+            limit = first + max(0.0, first - entered) / steps
+            for i, (c, end) in enumerate(zip(evs, ends)):
+                if end > limit:
+                    comm[i][idx[i][k]] = replace(c, end_us=max(c.start_us, (limit - offs[i]) * 1e6))
+                    cut += 1
+    return [replace(r, comm=tuple(c)) for r, c in zip(ranks, comm)], cut
+
+
+def _align(ranks: Sequence[RankTrace]) -> tuple[list[float], float | None, str]:
+    """Offsets (s) from each trace clock to the common clock; the skew; how."""
+    offs = [r.wall_offset_us * 1e-6 for r in ranks]
+    t0 = min(r.start_us * 1e-6 + o for r, o in zip(ranks, offs))
+    offs = [o - t0 for o in offs]
+    if len({r.host for r in ranks}) <= 1:
+        return offs, None, "one host: the ranks' wall clocks are the same clock"
+    cols, _ = _match(ranks, offs)
+    if not cols:
+        return offs, None, ("several hosts, aligned on their wall clocks (NTP); no collective "
+                            "to check the skew against")
+    for i in range(1, len(ranks)):
+        diffs = [c.end_s[0] - c.end_s[i] for c in cols]
+        offs[i] += statistics.median(diffs)
+    cols, _ = _match(ranks, offs)
+    skew = statistics.median(max(c.end_s) - min(c.end_s) for c in cols)
+    return offs, skew, (f"several hosts: wall clocks, then each rank shifted so that its "
+                        f"collectives end with rank {ranks[0].rank}'s (median); residual "
+                        f"skew {skew * 1e6:.0f} µs")
+
+
+def _stats(r: RankTrace) -> RankStats:
+    comp = list(r.compute)
+    comm = merge((c.start_us, c.end_us) for c in r.comm)
+    both = merge(comp + comm)
+    window = max(r.end_us - r.start_us, total(both))
+    ov = total(intersect(comp, comm))
+    cs = total(comm)
+    return RankStats(r.rank, window * 1e-6, total(comp) * 1e-6, cs * 1e-6, ov * 1e-6,
+                     (cs - ov) * 1e-6, max(0.0, window - total(both)) * 1e-6, r.steps)
+
+
+def fit_link(cols: Sequence[Collective], n: int) -> Link | None:
+    """α–β through the measured transfers (least squares; α = 0 below three sizes)."""
+    pts = [(collective_bytes(c.op, c.nbytes, n), collective_steps(c.op, n), c.transfer_s)  # type: ignore[arg-type]
+           for c in cols if c.op in MODELLED and c.nbytes and c.transfer_s > 0]
+    if n < 2 or not pts:
+        return None
+    if len({p[0] for p in pts}) >= 3:
+        k = len(pts)
+        mx, mt = sum(p[0] for p in pts) / k, sum(p[2] for p in pts) / k
+        sxx = sum((p[0] - mx) ** 2 for p in pts)
+        slope = sum((p[0] - mx) * (p[2] - mt) for p in pts) / sxx if sxx else 0.0
+        a = mt - slope * mx
+        steps = statistics.median(p[1] for p in pts)
+        if slope > 0 and a >= 0:
+            return Link("fitted", 1.0 / slope, a / steps, f"least squares over {k} collectives")
+    return Link("fitted", sum(p[0] for p in pts) / sum(p[2] for p in pts), 0.0,
+                "β = bytes / transfer time over all collectives (α = 0)")
+
+
+def _op_rows(cols: Sequence[Collective], n: int, link: Link | None) -> list[OpRow]:
+    groups: dict[tuple[str, int | None], list[Collective]] = {}
+    for c in cols:
+        groups.setdefault((c.op, c.nbytes), []).append(c)
+    rows = []
+    for (op, nb), cs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        t = statistics.median(c.transfer_s for c in cs)
+        bw = busbw(op, nb, t, n) if op in MODELLED and nb and t > 0 and n > 1 else None  # type: ignore[arg-type]
+        model = (collective_steps(op, n) * link.latency_s + collective_bytes(op, nb, n) / link.bandwidth_Bps  # type: ignore[arg-type]
+                 if link and op in MODELLED and nb and n > 1 else None)
+        rows.append(OpRow(op, nb, len(cs), t, bw, model))
+    return rows
+
+
+def _straggler(cols: Sequence[Collective], ranks: Sequence[RankTrace]) -> Straggler | None:
+    late = [c for c in cols if c.op != "barrier" and len(c.arrive_s) > 1]
+    if not late:
+        return None
+    by: dict[int, list[float]] = {}
+    for c in late:
+        by.setdefault(c.last_rank, []).append(c.lateness_s)
+    i, ls = max(by.items(), key=lambda kv: sum(kv[1]))
+    return Straggler(ranks[i].rank, len(ls), len(late), sum(ls) / len(ls), sum(ls), max(ls))
+
+
+def analyze(ranks: Sequence[RankTrace], world_size: int, link: Link | None = None,
+            notes: Sequence[str] = ()) -> ProfileReport:
+    """Align the ranks' traces, split each window, match collectives, find the straggler.
+
+    ``link``: the α–β model's link (default: fitted to the measured
+    transfers).  Raises :class:`ConfigError` when there is nothing to analyse.
+    """
+    ranks = sorted(ranks, key=lambda r: r.rank)
+    if not ranks:
+        raise ConfigError("no rank sent a profile: nothing to show")
+    offs, skew, how = _align(ranks)
+    ranks, cut = _clip(ranks, offs)
+    cols, match_notes = _match(ranks, offs)
+    n = len(ranks)
+    if link is None:
+        link = fit_link(cols, n)
+    notes = list(notes) + match_notes
+    dropped = [r.rank for r in ranks if r.dropped]
+    if dropped:
+        notes.append(f"ranks {dropped}: more than {MAX_COMPUTE_INTERVALS} compute intervals or "
+                     f"{MAX_COMM_EVENTS} collectives; the rest were left out (profile fewer steps)")
+    notes += [f"rank {r.rank}: {r.error}" for r in ranks if r.error]
+    if cut:
+        notes.append(f"{cut} communication spans outlasted their collective's first finisher by "
+                     f"more than one ring step and were cut there (a busy CPU closes gloo's spans late)")
+    return ProfileReport(world_size, tuple(ranks), tuple(offs), tuple(_stats(r) for r in ranks),
+                         tuple(cols), tuple(_op_rows(cols, n, link)), _straggler(cols, ranks), link,
+                         skew, how, tuple(notes))
+
+
+def merged_trace(report: ProfileReport, traces: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One Chrome trace of every rank (``pid`` = rank), shifted onto the common clock.
+
+    ``traces``: each rank's own Chrome trace (as torch.profiler wrote it).
+    Opens in Perfetto (ui.perfetto.dev) and chrome://tracing.
+    """
+    out: list[dict[str, Any]] = []
+    for i, r in enumerate(report.ranks):
+        t = traces.get(r.rank)
+        if t is None:
+            continue
+        shift = report.offsets_s[i] * 1e6
+        out.append({"name": "process_name", "ph": "M", "pid": r.rank,
+                    "args": {"name": f"rank {r.rank} ({r.host})"}})
+        out.append({"name": "process_sort_index", "ph": "M", "pid": r.rank, "args": {"sort_index": r.rank}})
+        for e in t.get("traceEvents", []):
+            if e.get("ph") == "M" and e.get("name") in ("process_name", "process_sort_index"):
+                continue
+            e = dict(e)
+            e["pid"] = r.rank
+            if "ts" in e:
+                e["ts"] = float(e["ts"]) + shift
+            out.append(e)
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"dpnb": f"{len(report.ranks)} ranks on one clock: {report.clock_note}"}}

@@ -1,0 +1,246 @@
+"""``%dp profile``: one profiled cell of your own code, every rank on one clock.
+
+The distributed story: in synchronous data parallelism every rank waits in
+each collective for the last rank to enter it, so one slow rank makes every
+rank slow, and communication costs step time only where compute does not
+hide it.  The view shows, per rank, a compute lane and a communication lane
+(exposed communication hatched red, as in ``%dp gradsync``), a tick where
+each rank entered each collective (the last one red: the straggler), and
+the split of each rank's window into compute, hidden communication, exposed
+communication and idle time; the tables give the collectives' bus bandwidth
+beside the α–β model (:mod:`dpnb.core.comm`) and name the straggler.
+
+Reads only :class:`dpnb.core.profile.Profiled` (``cluster.last_profile``,
+made by ``%%dp --profile``); nothing is computed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from dpnb.core.profile import Profiled, RankStats, merge, subtract
+from dpnb.core.units import fmt_bytes
+from dpnb.ranks import parse_ranks
+
+from . import _common as C
+
+#: lanes drawn by default on a large cluster (the rest stay in the tables)
+MAX_LANES = 8
+
+
+@dataclass(frozen=True)
+class ProfileView:
+    """What the view shows: the profile and the ranks whose lanes are drawn."""
+
+    profiled: Profiled
+    shown: tuple[int, ...]  # positions in profiled.report.ranks
+
+
+def _default_shown(p: Profiled) -> tuple[int, ...]:
+    rep = p.report
+    n = len(rep.ranks)
+    if n <= MAX_LANES:
+        return tuple(range(n))
+    pick = {0, n - 1}
+    if rep.straggler is not None:
+        pick.add(next(i for i, r in enumerate(rep.ranks) if r.rank == rep.straggler.rank))
+    busy = rep.busiest()
+    if busy is not None:
+        pick.add(next(i for i, r in enumerate(rep.ranks) if r.rank == busy.rank))
+    for i in range(n):  # then the lowest ranks, up to the cap
+        if len(pick) >= MAX_LANES:
+            break
+        pick.add(i)
+    return tuple(sorted(pick))
+
+
+def data(profiled: Profiled | None = None, cluster=None, ranks=None) -> ProfileView:
+    """The view of ``profiled`` (default: ``cluster.last_profile``); ``ranks`` picks the lanes."""
+    if profiled is None:
+        profiled = getattr(cluster, "last_profile", None)
+    if profiled is None:
+        raise C.ViewError("no profile yet: run a cell with %%dp --profile first")
+    rep = profiled.report
+    if ranks is None:
+        return ProfileView(profiled, _default_shown(profiled))
+    have = [r.rank for r in rep.ranks]
+    want = parse_ranks(ranks, rep.world_size)
+    missing = [r for r in want if r not in have]
+    if missing:
+        raise C.ViewError(f"ranks {missing} were not profiled (profiled: {have}); pick among those")
+    return ProfileView(profiled, tuple(have.index(r) for r in want))
+
+
+# ----------------------------------------------------------------- tables
+def _ms(s: float | None) -> str:
+    return "—" if s is None else f"{s * 1e3:.2f} ms"
+
+
+def rank_rows(d: ProfileView) -> list[list[str]]:
+    """Per rank: window, compute, communication, hidden %, exposed, idle, forwards."""
+    return [[str(s.rank), _ms(s.window_s), _ms(s.compute_s), _ms(s.comm_s), f"{s.overlap_pct:.0f} %",
+             _ms(s.exposed_s), _ms(s.idle_s), str(s.steps or "—")] for s in d.profiled.report.stats]
+
+
+RANK_HEADERS = ("rank", "window", "compute", "comm", "comm hidden", "exposed comm", "idle", "forwards")
+OP_HEADERS = ("collective", "size", "count", "transfer (median)", "bus bw", "α–β model")
+
+
+def op_rows(d: ProfileView) -> list[list[str]]:
+    """Per op and size: count, transfer time, bus bandwidth, the model's time."""
+    return [[o.op, fmt_bytes(o.nbytes) if o.nbytes else "?", str(o.count), _ms(o.transfer_s),
+             f"{o.busbw_Bps / 1e9:.3g} GB/s" if o.busbw_Bps else "—", _ms(o.model_s)]
+            for o in d.profiled.report.ops]
+
+
+def summary(d: ProfileView) -> list[str]:
+    """The sentences above the tables: the straggler, the slowest rank, the clock, the files."""
+    p = d.profiled
+    rep = p.report
+    out = [f"Profiled {p.what} on {len(rep.ranks)} of {rep.world_size} ranks."]
+    st = rep.straggler
+    if st is not None and st.mean_late_s > 0:
+        out.append(f"Straggler: rank {st.rank} entered {st.last_at} of {st.of} collectives last, "
+                   f"{st.mean_late_s * 1e3:.2f} ms after the first rank on average, up to "
+                   f"{st.max_late_s * 1e3:.2f} ms ({st.total_late_s * 1e3:.1f} ms in all, waited "
+                   f"by every other rank).")
+    busy: RankStats | None = rep.busiest()
+    if busy is not None:
+        out.append(f"Most compute: rank {busy.rank}, {_ms(busy.compute_s)} of a "
+                   f"{_ms(busy.window_s)} window ({_ms(busy.exposed_s)} exposed communication, "
+                   f"{_ms(busy.idle_s)} idle).")
+    if rep.link is not None:
+        out.append(f"Model link: {rep.link.name} (β {rep.link.bandwidth_Bps / 1e9:.3g} GB/s, "
+                   f"α {rep.link.latency_s * 1e6:.3g} µs; {rep.link.note}).")
+    out.append(f"Clock: {rep.clock_note}.")
+    out.append(f"Traces: {p.folder} (rank<R>.json; merged.json opens in ui.perfetto.dev).")
+    return out
+
+
+def text(d: ProfileView) -> str:
+    """The terminal summary."""
+    lines = summary(d)
+    lines += ["", C.text_table(RANK_HEADERS, rank_rows(d))]
+    if d.profiled.report.ops:
+        lines += ["", C.text_table(OP_HEADERS, op_rows(d))]
+    lines += [f"note: {n}" for n in d.profiled.report.notes]
+    return "\n".join(lines)
+
+
+def html(d: ProfileView) -> str:
+    """The readouts and tables for the notebook."""
+    out = C.html_lines(summary(d), warn=d.profiled.report.notes)
+    out += C.html_table(RANK_HEADERS, rank_rows(d), caption="Where each rank's window went")
+    if d.profiled.report.ops:
+        out += C.html_table(OP_HEADERS, op_rows(d), caption="Collectives: measured beside the model")
+    return out
+
+
+# ----------------------------------------------------------------- figure
+def _lanes(ax, d: ProfileView) -> None:
+    rep = d.profiled.report
+    ylabels = []
+    for y0, i in enumerate(d.shown):
+        r = rep.ranks[i]
+        off = rep.offsets_s[i]
+        comp = [(s * 1e-6 + off, e * 1e-6 + off) for s, e in r.compute]
+        comm = merge((c.start_us * 1e-6 + off, c.end_us * 1e-6 + off) for c in r.comm)
+        y = 2 * y0
+        C.barh(ax, [(s * 1e3, (e - s) * 1e3) for s, e in comp], y, facecolors=C.COLORS["backward"])
+        C.barh(ax, [(s * 1e3, (e - s) * 1e3) for s, e in comm], y + 1, facecolors=C.COLORS["all_reduce"])
+        exposed = subtract(comm, merge(comp))  # what the rank sat through
+        if exposed:
+            ax.broken_barh([(s * 1e3, (e - s) * 1e3) for s, e in exposed], (y + 1 - 0.45, 0.9),
+                           facecolors="none", edgecolor=C.COLORS["exposed"], hatch="////", linewidth=1)
+        ylabels += [f"rank {r.rank} compute", f"rank {r.rank} comm"]
+    for c in rep.collectives:  # each rank's entry; the last one red
+        last = c.last_rank
+        for y0, i in enumerate(d.shown):
+            red = i == last and c.lateness_s > 0
+            ax.plot([c.arrive_s[i] * 1e3], [2 * y0 + 1.42], marker="v", ms=4 if red else 3,
+                    color=C.COLORS["exposed"] if red else "#404040", zorder=3, linestyle="none")
+    ax.set_yticks(range(len(ylabels)))
+    ax.set_yticklabels(ylabels, fontsize=8)
+    ax.set_ylim(len(ylabels) - 0.4, -0.6)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_xlabel("time on the common clock (ms)")
+
+
+def _split(ax, d: ProfileView) -> None:
+    stats = [d.profiled.report.stats[i] for i in d.shown]
+    parts = (("compute only", lambda s: s.compute_s - s.overlapped_s, C.COLORS["backward"]),
+             ("comm hidden by compute", lambda s: s.overlapped_s, C.COLORS["all_reduce_alt"]),
+             ("exposed comm", lambda s: s.exposed_s, C.COLORS["exposed"]),
+             ("idle", lambda s: s.idle_s, C.COLORS["wait"]))
+    for y, s in enumerate(stats):
+        x = 0.0
+        for _, f, col in parts:
+            v = max(0.0, f(s)) * 1e3
+            ax.barh(y, v, left=x, color=col, edgecolor="white", height=0.7)
+            x += v
+    ax.set_yticks(range(len(stats)))
+    ax.set_yticklabels([f"rank {s.rank}" for s in stats], fontsize=8)
+    ax.set_ylim(len(stats) - 0.4, -0.6)
+    ax.set_xlabel("ms of the profiled window")
+    ax.legend(handles=[Patch(color=c, label=lab) for lab, _, c in parts], fontsize=7.5, ncol=4,
+              loc="lower left", bbox_to_anchor=(0, 1.0), frameon=False)
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def figure(d: ProfileView):
+    """Top: lanes per rank with entries into collectives; bottom: where the window went."""
+    n = len(d.shown)
+    fig = C.new_figure(max(3.4, 1.6 + 0.5 * n + 0.9 + 0.3 * n))
+    ax, ax2 = fig.subplots(2, 1, height_ratios=[2 * n + 1, n + 1.2])
+    _lanes(ax, d)
+    p = d.profiled
+    st = p.report.straggler
+    who = (f"; straggler rank {st.rank} (+{st.mean_late_s * 1e3:.2f} ms)"
+           if st is not None and st.mean_late_s > 0 else "")
+    handles = [Patch(color=C.COLORS["backward"], label="compute"),
+               Patch(color=C.COLORS["all_reduce"], label="communication"),
+               Patch(facecolor="none", edgecolor=C.COLORS["exposed"], hatch="////", label="exposed comm"),
+               Line2D([], [], marker="v", color="#404040", linestyle="none", label="entry into a collective"),
+               Line2D([], [], marker="v", color=C.COLORS["exposed"], linestyle="none", label="last entry")]
+    ax.legend(handles=handles, fontsize=7.5, ncol=5, loc="lower left", bbox_to_anchor=(0, 1.0),
+              frameon=False, handlelength=1.2, columnspacing=1.0)
+    ax.set_title(f"Profiled {p.what}: {len(p.report.ranks)} ranks{who}", fontsize=10, pad=20)
+    _split(ax2, d)
+    return fig
+
+
+# ----------------------------------------------------------------- widget
+def view(cluster=None, *, profiled: Profiled | None = None, ranks=None):
+    """The profile widget: a rank chooser over the lanes."""
+    d0 = data(profiled, cluster, ranks)
+    rep = d0.profiled.report
+    choices = [("default", ""), ("all", "all")] + [(f"rank {r.rank}", str(r.rank)) for r in rep.ranks]
+    given = "" if ranks is None else str(ranks)
+    if given not in [v for _, v in choices]:
+        choices.append((f"ranks {given}", given))
+    controls = {"ranks": C.dropdown("lanes", choices, given)}
+
+    def compute(v: dict) -> ProfileView:
+        return data(d0.profiled, None, v["ranks"] or None)
+
+    return C.viewbox("Profile", controls, compute, figure, html, text)
+
+
+def show(cluster=None, **kw: Any) -> None:
+    """In a kernel the widget (with a static copy); elsewhere the text."""
+    if C._in_kernel():
+        C.show_view(view(cluster, **kw))
+    else:
+        print(text(data(kw.get("profiled"), cluster, kw.get("ranks"))))
+
+
+def save(path: str, cluster=None, **kw: Any) -> str:
+    """Write the figure to ``path`` (.png or .svg)."""
+    return C.save_figure(figure(data(kw.get("profiled"), cluster, kw.get("ranks"))), path)
+
+
+__all__ = ["data", "figure", "text", "html", "view", "show", "save", "ProfileView", "rank_rows", "op_rows"]

@@ -1,0 +1,72 @@
+"""``--profile`` on every path people bring code by: a torchrun script (``%dp run``),
+an Accelerate loop and an FSDP2 model built in cells, and dpnb's own ``%dp train``.
+
+Each profile must find what that code really did on every rank -- its
+collectives by kind, the model's forwards -- and leave the cluster whole.
+"""
+
+from __future__ import annotations
+
+from helpers.ecosystem import ACCELERATE_LOOP, assert_whole, script
+from helpers.shell import magics_on
+
+
+def _ops(c) -> set[str]:
+    return {col.op for col in c.last_profile.report.collectives}
+
+
+def test_a_torchrun_script_profiled_with_dp_run(c, tmp_path, capsys):
+    pids = [r.pid for r in c.ranks]
+    with magics_on(c) as ip:
+        ip.run_line_magic("dp", f"run --profile --profile-dir {tmp_path} "
+                                f"{script('ddp_train.py')} --epochs 1 --samples 64")
+    out = capsys.readouterr().out
+    p = c.last_profile
+    assert p.what == "script" and p.failure == "" and "Profiled script on 2 of 2 ranks" in out
+    assert "all_reduce" in _ops(c)
+    assert all(s.steps == 4 for s in p.report.stats)  # 64 samples / (8 x 2 ranks) forwards
+    assert (tmp_path / "merged.json").is_file()
+    assert_whole(c, pids)
+
+
+def test_an_accelerate_loop_profiled_in_a_cell(c, tmp_path):
+    pids = [r.pid for r in c.ranks]
+    c.profile(ACCELERATE_LOOP, display=False, out_dir=str(tmp_path))
+    rep = c.last_profile.report
+    assert "all_reduce" in _ops(c) and all(s.steps == 4 for s in rep.stats), rep.stats
+    assert all(s.comm_s > 0 and s.compute_s > 0 for s in rep.stats)
+    assert_whole(c, pids)
+
+
+def test_fsdp2_built_in_a_cell_shows_its_gathers_and_scatters(c, tmp_path):
+    pids = [r.pid for r in c.ranks]
+    c.run("""
+from torch.distributed.fsdp import fully_shard
+torch.manual_seed(0)
+fs = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+fully_shard(fs[0]); fully_shard(fs[2]); fully_shard(fs)
+fs_opt = torch.optim.SGD(fs.parameters(), lr=0.05)
+""", display=False)
+    c.profile("for _ in range(2):\n"
+              "    fs(torch.randn(16, 32)).square().mean().backward()\n"
+              "    fs_opt.step(); fs_opt.zero_grad()", display=False, out_dir=str(tmp_path))
+    ops = _ops(c)
+    # gloo runs the reduce-scatter as an all-reduce; the profile names what FSDP asked for
+    assert ops == {"all_gather", "reduce_scatter"}, ops
+    rows = {o.op: o for o in c.last_profile.report.ops}
+    assert rows["all_gather"].nbytes and rows["all_gather"].count >= 2
+    assert_whole(c, pids)
+
+
+def test_dpnb_train_profiled(c, tmp_path):
+    pids = [r.pid for r in c.ranks]
+    c.run("import dpnb.data\nnet = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), "
+          "torch.nn.Linear(32, 2))\nds = dpnb.data.SyntheticRegression(n=256, in_dim=8, out_dim=2)",
+          display=False)
+    c.wrap("net", "ddp", optimizer="sgd", lr=0.05)
+    c.set_data("ds")
+    s = c.profiled(lambda: c.train(steps=3, micro_batch=8, progress=False), what="train",
+                   out_dir=str(tmp_path))
+    assert s["steps"] == 3 and c.last_profile.what == "train"
+    assert "all_reduce" in _ops(c)
+    assert_whole(c, pids)

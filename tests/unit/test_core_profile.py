@@ -1,0 +1,156 @@
+"""dpnb.core.profile on synthetic traces: names, lanes, overlap, stragglers, clocks."""
+
+import json
+
+import pytest
+
+from dpnb.core import profile as P
+from dpnb.core.errors import ConfigError
+
+
+@pytest.mark.parametrize("name,cat,kind,op", [
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", P.Kind.COMM, "all_reduce"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float", "kernel", P.Kind.COMM, "all_reduce"),
+    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "kernel", P.Kind.COMM, "reduce_scatter"),
+    ("ncclDevKernel_AllGather_RING_LL", "kernel", P.Kind.COMM, "all_gather"),
+    ("ncclDevKernel_SendRecv", "kernel", P.Kind.COMM, "send_recv"),
+    ("ncclDevKernel_Broadcast_RING_LL", "kernel", P.Kind.COMM, "broadcast"),
+    ("ampere_sgemm_128x64_nn", "kernel", P.Kind.COMPUTE, "other"),
+    ("gloo:all_reduce", "user_annotation", P.Kind.COMM, "all_reduce"),
+    ("gloo:barrier", "user_annotation", P.Kind.COMM, "barrier"),
+    ("c10d::allreduce_", "cpu_op", P.Kind.ENQUEUE, "all_reduce"),
+    ("c10d::_reduce_scatter_base_", "cpu_op", P.Kind.ENQUEUE, "reduce_scatter"),
+    ("c10d::allgather_into_tensor_coalesced_", "cpu_op", P.Kind.ENQUEUE, "all_gather"),
+    ("aten::mm", "cpu_op", P.Kind.COMPUTE, "other"),
+    ("DistributedDataParallel.forward", "user_annotation", P.Kind.OTHER, "other"),
+])
+def test_every_name_nccl_and_gloo_use(name, cat, kind, op):
+    assert P.classify(name, cat) is kind
+    assert P.op_of(name) == op
+
+
+def _x(name, ts, dur, cat="cpu_op", tid=1, **args):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "tid": tid, "pid": 0,
+            "args": args}
+
+
+def _gpu_rank(arrive):
+    """Three compute kernels 0-300 µs; one all-reduce kernel from ``arrive`` to 350."""
+    return [_x(P.CLOCK_MARKER, 0, 1, cat="user_annotation"),
+            _x("sm80_xmma_gemm", 0, 100, cat="kernel", tid=7),
+            _x("sm80_xmma_gemm", 100, 100, cat="kernel", tid=7),
+            _x("sm80_xmma_gemm", 200, 100, cat="kernel", tid=7),
+            _x("aten::mm", 0, 20),  # the CPU's launch: not GPU work
+            _x("c10d::allreduce_", 10, 5),
+            _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", arrive, 350 - arrive, cat="kernel", tid=8),
+            _x(P.END_MARKER, 400, 1, cat="user_annotation")]
+
+
+def test_gpu_lanes_overlap_and_exposed_comm():
+    r0 = P.extract(_gpu_rank(150), rank=0, host="a")
+    r1 = P.extract(_gpu_rank(250), rank=1, host="a")
+    assert r0.device == "cuda" and r0.compute == ((0.0, 300.0),)
+    assert [c.arrive_us for c in r1.comm] == [250.0]  # the kernel's start, not the launch
+    rep = P.analyze([r1, r0], world_size=2)
+    s0, s1 = rep.stats
+    assert s0.comm_s == pytest.approx(200e-6) and s0.overlapped_s == pytest.approx(150e-6)
+    assert s0.exposed_s == pytest.approx(50e-6) and s0.overlap_pct == pytest.approx(75.0)
+    assert s0.idle_s == pytest.approx(50e-6)  # 350-400 µs: neither
+    assert rep.straggler.rank == 1 and rep.straggler.mean_late_s == pytest.approx(100e-6)
+    assert rep.skew_s is None and "one host" in rep.clock_note
+
+
+def _cpu_rank(arrive_ms, host="h", shift_us=0.0, size=65792):
+    """Forward/backward ops on the main thread, one all-reduce on gloo's thread."""
+    a = arrive_ms * 1000 + shift_us
+    return [_x(P.CLOCK_MARKER, shift_us, 1, cat="user_annotation"),
+            _x("aten::addmm", shift_us + 100, 900),
+            _x("c10d::allreduce_", a, 50),
+            _x("gloo:all_reduce", a + 20, 60_000 + shift_us - a, cat="user_annotation", tid=2,
+               **{"Input Dims": [[size]], "Input type": ["float"]}),
+            _x("aten::add_", 61_000 + shift_us, 500),
+            _x(P.END_MARKER, 62_000 + shift_us, 1, cat="user_annotation")]
+
+
+def test_cpu_straggler_named_with_its_lateness():
+    ranks = [P.extract(_cpu_rank(ms), rank=i, host="h") for i, ms in enumerate((1, 51, 2))]
+    rep = P.analyze(ranks, world_size=3)
+    assert rep.straggler.rank == 1 and rep.straggler.mean_late_s == pytest.approx(0.050)
+    (col,) = rep.collectives
+    assert col.nbytes == 65792 * 4 and col.last_rank == 1
+    (row,) = rep.ops
+    assert row.op == "all_reduce" and row.count == 1 and row.busbw_Bps > 0
+    # gloo's span is communication, the thread's ops compute
+    assert rep.stats[0].compute_s == pytest.approx((900 + 500) * 1e-6)
+
+
+def test_several_hosts_are_aligned_on_their_collectives():
+    # rank 1's host clock runs 7 ms ahead; its wall clock says 3 ms (NTP error)
+    r0 = P.extract(_cpu_rank(1, host="a"), rank=0, host="a", wall_offset_us=1e9)
+    r1 = P.extract(_cpu_rank(1, host="b", shift_us=7000), rank=1, host="b",
+                   wall_offset_us=1e9 - 4000)
+    rep = P.analyze([r0, r1], world_size=2)
+    assert rep.skew_s == pytest.approx(0.0, abs=1e-9) and "several hosts" in rep.clock_note
+    assert rep.collectives[0].lateness_s == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_merged_trace_is_chrome_json_with_one_process_per_rank():
+    evs = {0: _cpu_rank(1), 1: _cpu_rank(3)}
+    ranks = [P.extract(e, rank=r, host="h", wall_offset_us=5e6) for r, e in evs.items()]
+    rep = P.analyze(ranks, world_size=2)
+    merged = json.loads(json.dumps(P.merged_trace(rep, {r: {"traceEvents": e} for r, e in evs.items()})))
+    names = {e["args"]["name"] for e in merged["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {"rank 0 (h)", "rank 1 (h)"}
+    assert {e["pid"] for e in merged["traceEvents"]} == {0, 1}
+    assert min(e["ts"] for e in merged["traceEvents"] if "ts" in e) == pytest.approx(0.0)
+
+
+def test_caps_and_bad_input_say_so():
+    many = [_x("aten::add", 10 * i, 5) for i in range(P.MAX_COMPUTE_INTERVALS + 7)]
+    r = P.extract(many, rank=0, host="h")
+    assert r.dropped == 7 and len(r.compute) == P.MAX_COMPUTE_INTERVALS
+    rep = P.analyze([r], world_size=1)
+    assert any("left out" in n for n in rep.notes)
+    with pytest.raises(ConfigError, match="no rank sent a profile"):
+        P.analyze([], world_size=2)
+
+
+def test_mismatched_collective_counts_are_noted_not_guessed():
+    a = _cpu_rank(1)
+    b = _cpu_rank(2) + [_x("gloo:all_reduce", 61_500, 10, cat="user_annotation", tid=2)]
+    rep = P.analyze([P.extract(a, rank=0, host="h"), P.extract(b, rank=1, host="h")], 2)
+    assert len(rep.collectives) == 1
+    assert any("ran 1, 2 of them" in n for n in rep.notes)
+
+
+def test_time_inside_a_c10d_call_is_not_compute_even_under_a_parent_op():
+    # autograd's AccumulateGrad hook spans DDP's enqueue, which blocks 3 ms
+    ev = [_x("autograd::engine::evaluate_function: AccumulateGrad", 0, 4000),
+          _x("c10d::allreduce_", 500, 3000),
+          _x("gloo:all_reduce", 520, 2900, cat="user_annotation", tid=2)]
+    r = P.extract(ev, rank=0, host="h")
+    assert r.compute == ((0.0, 500.0), (3500.0, 4000.0))
+    assert P.subtract([(0, 10), (20, 30)], [(5, 25)]) == [(0, 5), (25, 30)]
+    assert P.subtract([(0, 10)], []) == [(0, 10)] and P.subtract([], [(0, 1)]) == []
+
+
+def test_a_span_closed_late_is_cut_at_the_first_finisher_plus_one_ring_step():
+    a = _cpu_rank(1)  # entered at 1 000 µs, its all-reduce span ends at 60 020 µs
+    b = [dict(e) for e in _cpu_rank(1)]
+    b[3]["dur"] += 40_000  # gloo's thread closed its span 40 ms late
+    rep = P.analyze([P.extract(a, rank=0, host="h"), P.extract(b, rank=1, host="h")], 2)
+    ends = [c.end_us for r in rep.ranks for c in r.comm]
+    step = (60_020 - 1000) / P.collective_steps("all_reduce", 2)  # from the last entry
+    assert ends[0] == pytest.approx(60_020) and ends[1] == pytest.approx(60_020 + step)
+    assert any("were cut there" in n for n in rep.notes)
+
+
+def test_gloo_runs_a_reduce_scatter_as_an_all_reduce_and_the_call_names_it():
+    ev = [_x("c10d::_allgather_base_", 0, 10), _x("c10d::_reduce_scatter_base_", 100, 10),
+          _x("gloo:all_gather", 5, 50, cat="user_annotation", tid=2),
+          _x("gloo:all_reduce", 105, 50, cat="user_annotation", tid=2,
+             **{"Input Dims": [[128]], "Input type": ["float"]})]
+    r = P.extract(ev, rank=0, host="h")
+    assert [(c.op, c.name, c.arrive_us) for c in r.comm] == [
+        ("all_gather", "gloo:all_gather", 0.0), ("reduce_scatter", "gloo:all_reduce", 100.0)]
+    assert r.comm[1].nbytes == 512
