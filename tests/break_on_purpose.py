@@ -102,7 +102,7 @@ MUTATIONS = [
   "        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n",
   "        import time\n        time.sleep(5)\n        signal.signal(signal.SIGTERM, signal.SIG_DFL)\n",
   ["tests/cluster/test_lifecycle.py::test_sigterm_ends_an_engine_at_once_after_its_atexit_hooks"]),
- ("slurm: both hosts, ranks contiguous per host", "dpnb/cluster/launchers/batch.py",
+ ("slurm: both hosts, ranks contiguous per host", "dpnb/cluster/launchers/slurm_mpi.py",
   "    lines = \"\".join(f\"#SBATCH {o.replace('{', '{{').replace('}', '}}')}\\n\" for o in options)",
   "    lines = \"\"",
   ["tests/multihost/test_slurm.py::test_slurm_start_train_restart_stop"]),

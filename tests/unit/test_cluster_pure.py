@@ -216,7 +216,7 @@ def test_slurm_nodes_and_options_reach_the_job_script():
 
     from traitlets.config import Config
 
-    from dpnb.cluster.launchers.batch import apply_slurm_args
+    from dpnb.cluster.launchers.slurm_mpi import apply_slurm_args
 
     ic = types.SimpleNamespace(config=Config())
     apply_slurm_args(ic, ["nodes=2", "options=--ntasks-per-node=2 --gres={gpu}:1",

@@ -11,7 +11,7 @@ import pytest
 
 from dpnb.cluster.launchers import launcher_for
 from dpnb.cluster.launchers.base import ENGINES_PER_CORE
-from dpnb.cluster.launchers.batch import MpiLauncher, SlurmLauncher
+from dpnb.cluster.launchers.slurm_mpi import MpiLauncher, SlurmLauncher
 from dpnb.cluster.launchers.local import LocalLauncher, ZygoteLauncher
 from dpnb.cluster.launchers.ssh import SshLauncher
 from dpnb.cluster.types import LaunchSpec, RankInfo

@@ -28,7 +28,7 @@ from __future__ import annotations
 from ...errors import DpnbError
 from ..types import LaunchSpec
 from .base import EngineLauncher
-from .batch import MpiLauncher, SlurmLauncher
+from .slurm_mpi import MpiLauncher, SlurmLauncher
 from .local import LocalLauncher, ZygoteLauncher
 from .ssh import SshLauncher
 
