@@ -18,6 +18,8 @@ import signal
 import subprocess
 import time
 
+import psutil
+
 from .hosts import Hosts, TornDownOnFailure
 
 
@@ -139,9 +141,28 @@ SlurmdParameters=config_overrides
     def jobs(self) -> list[str]:
         return [j for j in self.run("squeue", "-h", "-o", "%i %T").stdout.splitlines() if j]
 
+    def _strays(self) -> list:
+        """Processes this cluster's slurmds started that outlived them (job steps'
+        slurmstepd daemonize and leave slurmd's session): known by the unique
+        SLURM_CONF they inherited, held as psutil objects (PID and start time)."""
+        out = []
+        mine = {p.pid for p in self.procs}
+        # the raw bytes: slurmstepd writes its title over the start of its
+        # environment, so a parsed environment can lose the first variable
+        mark = b"SLURM_CONF=" + self.conf.encode() + b"\0"
+        for q in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                with open(f"/proc/{q.pid}/environ", "rb") as f:
+                    if q.pid not in mine and mark in f.read():
+                        out.append(q)
+        return out
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.run("scancel", "--full", "--user=root")
+            deadline = time.monotonic() + 15  # let the steps end before their slurmd goes
+            while self.jobs() and time.monotonic() < deadline:
+                time.sleep(0.3)
         for p in reversed(self.procs):
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -153,3 +174,11 @@ SlurmdParameters=config_overrides
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
+        strays = self._strays()
+        for q in strays:
+            with contextlib.suppress(psutil.Error):
+                q.terminate()
+        _, alive = psutil.wait_procs(strays, timeout=5)
+        for q in alive:
+            with contextlib.suppress(psutil.Error):
+                q.kill()
