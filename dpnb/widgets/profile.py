@@ -103,9 +103,9 @@ def summary(d: ProfileView) -> list[str]:
     rep = p.report
     out = [f"Profiled {p.what} on {len(rep.ranks)} of {rep.world_size} ranks."]
     st = rep.straggler
-    if st is not None and st.mean_late_s > 0:
+    if st is not None and st.total_late_s > 0:
         out.append(f"Straggler: rank {st.rank} entered {st.last_at} of {st.of} collectives last, "
-                   f"{st.mean_late_s * 1e3:.2f} ms after the first rank on average, up to "
+                   f"typically {st.typical_late_s * 1e3:.2f} ms after the first rank (median), up to "
                    f"{st.max_late_s * 1e3:.2f} ms ({st.total_late_s * 1e3:.1f} ms in all, waited "
                    f"by every other rank).")
     busy: RankStats | None = rep.busiest()
@@ -199,8 +199,8 @@ def figure(d: ProfileView):
     _lanes(ax, d)
     p = d.profiled
     st = p.report.straggler
-    who = (f"; straggler rank {st.rank} (+{st.mean_late_s * 1e3:.2f} ms)"
-           if st is not None and st.mean_late_s > 0 else "")
+    who = (f"; straggler rank {st.rank} (typically +{st.typical_late_s * 1e3:.2f} ms)"
+           if st is not None and st.total_late_s > 0 else "")
     handles = [Patch(color=C.COLORS["backward"], label="compute"),
                Patch(color=C.COLORS["all_reduce"], label="communication"),
                Patch(facecolor="none", edgecolor=C.COLORS["exposed"], hatch="////", label="exposed comm"),

@@ -151,3 +151,26 @@ def test_ranks_land_on_the_hosts_in_the_order_given_every_start(two_hosts):
             c.stop()
     assert seen[:5] == [([a.name] * 2 + [b.name] * 2, [0, 1, 0, 1], a.ip)] * 5, seen
     assert seen[5] == ([b.name] * 2 + [a.name] * 2, [0, 1, 0, 1], b.ip), seen[5]
+
+
+def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
+    """%%dp --profile with a rank on each host: the traces come home over the
+    engines' own connections, the ranks are aligned on their collectives (several
+    hosts), the residual skew is reported, and the late rank is still named."""
+    c = _start(two_hosts, n_per_host=1)
+    try:
+        c.run("from torch.nn.parallel import DistributedDataParallel as DDP\nimport time\n"
+              "torch.manual_seed(0)\n"
+              "m = DDP(torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)]))\n"
+              "x = torch.randn(128, 128)\nm(x).sum().backward()", display=False)
+        c.profile("for _ in range(3):\n    loss = m(x).square().mean()\n"
+                  "    if rank == 1:\n        time.sleep(0.1)\n    loss.backward()",
+                  display=False, out_dir=str(tmp_path))
+        rep = c.last_profile.report
+        assert {r.host for r in rep.ranks} == {h.name for h in two_hosts.hosts}
+        assert "several hosts" in rep.clock_note and rep.skew_s is not None, rep.clock_note
+        assert rep.skew_s < 0.005, rep.skew_s  # one kernel's clock underneath: little to correct
+        assert rep.straggler.rank == 1 and abs(rep.straggler.typical_late_s - 0.1) < 0.02, rep.straggler
+        assert (tmp_path / "rank1.json").is_file() and (tmp_path / "merged.json").is_file()
+    finally:
+        c.stop()

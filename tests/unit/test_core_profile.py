@@ -56,7 +56,7 @@ def test_gpu_lanes_overlap_and_exposed_comm():
     assert s0.comm_s == pytest.approx(200e-6) and s0.overlapped_s == pytest.approx(150e-6)
     assert s0.exposed_s == pytest.approx(50e-6) and s0.overlap_pct == pytest.approx(75.0)
     assert s0.idle_s == pytest.approx(50e-6)  # 350-400 µs: neither
-    assert rep.straggler.rank == 1 and rep.straggler.mean_late_s == pytest.approx(100e-6)
+    assert rep.straggler.rank == 1 and rep.straggler.typical_late_s == pytest.approx(100e-6)
     assert rep.skew_s is None and "one host" in rep.clock_note
 
 
@@ -75,7 +75,7 @@ def _cpu_rank(arrive_ms, host="h", shift_us=0.0, size=65792):
 def test_cpu_straggler_named_with_its_lateness():
     ranks = [P.extract(_cpu_rank(ms), rank=i, host="h") for i, ms in enumerate((1, 51, 2))]
     rep = P.analyze(ranks, world_size=3)
-    assert rep.straggler.rank == 1 and rep.straggler.mean_late_s == pytest.approx(0.050)
+    assert rep.straggler.rank == 1 and rep.straggler.typical_late_s == pytest.approx(0.050)
     (col,) = rep.collectives
     assert col.nbytes == 65792 * 4 and col.last_rank == 1
     (row,) = rep.ops
@@ -154,3 +154,20 @@ def test_gloo_runs_a_reduce_scatter_as_an_all_reduce_and_the_call_names_it():
     assert [(c.op, c.name, c.arrive_us) for c in r.comm] == [
         ("all_gather", "gloo:all_gather", 0.0), ("reduce_scatter", "gloo:all_reduce", 100.0)]
     assert r.comm[1].nbytes == 512
+
+
+def test_the_typical_lateness_is_not_hidden_by_a_tiny_collective():
+    def rank(late_ms, bcast_at):
+        ev = [_x("c10d::broadcast_", bcast_at, 5),
+              _x("gloo:broadcast", bcast_at + 1, 20, cat="user_annotation", tid=2)]
+        for k in range(2):
+            a = 10_000 + k * 100_000 + late_ms * 1000
+            ev += [_x("c10d::allreduce_", a, 5),
+                   _x("gloo:all_reduce", a + 1, 10_000 + k * 100_000 + 51_000 - a,
+                      cat="user_annotation", tid=2)]
+        return ev
+    # rank 0 enters the broadcast last (by 1 ms); rank 1 is 50 ms late to both all-reduces
+    r = [P.extract(rank(0, 1000), rank=0, host="h"), P.extract(rank(50, 0), rank=1, host="h")]
+    st = P.analyze(r, 2).straggler
+    assert st.rank == 1 and (st.last_at, st.of) == (2, 3)
+    assert st.typical_late_s == pytest.approx(0.050) and st.max_late_s == pytest.approx(0.050)
