@@ -16,6 +16,8 @@ made by ``%%dp --profile``); nothing is computed here.
 
 from __future__ import annotations
 
+import html as _html
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,9 +133,23 @@ def text(d: ProfileView) -> str:
     return "\n".join(lines)
 
 
+def _links(p: Profiled) -> str:
+    """The trace files as links: relative to the notebook's folder, JupyterLab opens them."""
+    try:
+        rel = os.path.relpath(p.folder)
+    except ValueError:  # another drive: no relative link
+        return ""
+    if rel.startswith(".."):
+        return ""
+    files = ["merged.json"] + [f"rank{r.rank}.json" for r in p.report.ranks]
+    links = " · ".join(f"<a href='{_html.escape(os.path.join(rel, f))}' target='_blank'>{f}</a>"
+                       for f in files if os.path.isfile(os.path.join(p.folder, f)))
+    return f"<div style='font-size:13px'>Trace files: {links}</div>" if links else ""
+
+
 def html(d: ProfileView) -> str:
     """The readouts and tables for the notebook."""
-    out = C.html_lines(summary(d), warn=d.profiled.report.notes)
+    out = C.html_lines(summary(d), warn=d.profiled.report.notes) + _links(d.profiled)
     out += C.html_table(RANK_HEADERS, rank_rows(d), caption="Where each rank's window went")
     if d.profiled.report.ops:
         out += C.html_table(OP_HEADERS, op_rows(d), caption="Collectives: measured beside the model")
