@@ -79,13 +79,19 @@ def profiled(cluster, run, *, ranks=None, what: str = "cell", out_dir: str | Non
     result, err = None, None
     try:
         result = run()
-    except Exception as e:  # raised again below, once the profile is safe
+    except BaseException as e:  # Ctrl-C too: raised again below, once the profilers are stopped
         err = e
-    ended = cluster.call("dpnb.engine.profile.end", ranks=ranks, raise_errors=False)
+    try:
+        ended = cluster.call("dpnb.engine.profile.end", ranks=ranks, raise_errors=False)
+    except Exception as e:  # the cluster itself went (a stop, a dead controller)
+        log.warning("profiles not collected: %s: %s", type(e).__name__, e)
+        if err is not None:
+            raise err from e
+        raise
     notes = [f"rank {r}: the profile did not come back ({o.ename}: {o.evalue})"
              for r, o in ended.outcomes.items() if not o.ok]
     ranks_got, traces = _gather([o.value for o in ended.outcomes.values() if o.ok], folder, notes)
-    failure = str(err).splitlines()[0] if err is not None else ""
+    failure = ((str(err).splitlines() or [type(err).__name__])[0]) if err is not None else ""
     if failure:
         notes.append(f"the {what} failed: {failure} (what ran before is shown)")
     try:
