@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..core.strategies import LR_SCALES, MIXED_PRECISION, OPTIMIZERS, STRATEGIES
+from ..session.profile import MAX_PROFILED_STEPS
 from .options import profile_options, subcommand
 
 
@@ -85,6 +86,9 @@ class TrainingCommands:
     @profile_options("the steps (a few: --steps 3 --profile)")
     def train(self, a):
         """Run training steps with a live progress bar and loss curve (Ctrl-C stops cleanly)."""
+        if a.profile and (a.steps is None or a.steps > MAX_PROFILED_STEPS):
+            raise UsageError(f"profile a few steps, not a whole run: --steps 3 --profile (at most "
+                             f"{MAX_PROFILED_STEPS}: the profiler keeps every event in memory)")
         try:
             s = self._profiled(a, "train", lambda: self._train(a))
         finally:

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 #: where profiles go unless ``out_dir`` says otherwise (relative to the notebook)
 DEFAULT_DIR = "dpnb-profiles"
+#: the most ``%dp train`` steps one profile takes: torch.profiler holds every
+#: event of every profiled step in each rank's memory until the profile ends
+MAX_PROFILED_STEPS = 20
 
 
 def _gather(results: list, folder: str, notes: list[str]) -> tuple[list[RankTrace], dict]:

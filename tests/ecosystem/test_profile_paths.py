@@ -7,6 +7,8 @@ collectives by kind, the model's forwards -- and leave the cluster whole.
 
 from __future__ import annotations
 
+import pytest
+
 from helpers.ecosystem import ACCELERATE_LOOP, assert_whole, script
 from helpers.shell import magics_on
 
@@ -69,4 +71,9 @@ def test_dpnb_train_profiled(c, tmp_path):
                    out_dir=str(tmp_path))
     assert s["steps"] == 3 and c.last_profile.what == "train"
     assert "all_reduce" in _ops(c)
+    with magics_on(c) as ip:  # a whole run is refused before anything starts
+        for opts in ("--epochs 1", "--steps 500"):
+            with pytest.raises(Exception, match="profile a few steps, not a whole run"):
+                ip.run_line_magic("dp", f"train {opts} --micro-batch 8 --profile")
+    assert c.call("dpnb.engine.profile.drop").values == [False, False]
     assert_whole(c, pids)
