@@ -55,7 +55,6 @@ def init(ns: dict, *, backend: str = "auto", timeout_s: float = 600.0) -> dict:
     import torch
     import torch.distributed as dist
 
-
     dpnb_log.install()
     compat.ensure_single_collectives()
     env = os.environ
@@ -109,6 +108,7 @@ def run(ns: dict, schedule: list[dict], args) -> dict:
     world size x grad-accum): run with the notebook's number of ranks to keep it.
     """
     # lazy: torch-free at import (boot loads torch in a background thread)
+    import torch.distributed as dist
     from . import checkpoint, training
 
     es = ns[STATE_NAME]
@@ -139,4 +139,10 @@ def run(ns: dict, schedule: list[dict], args) -> dict:
         say(f"final loss {summary['loss']:.9g} at step {summary['last_step']}; saved {final}")
     else:
         say("nothing to train: the checkpoint is past every training call (add --steps N)")
+    # A process that reaches interpreter teardown with its gloo group alive can
+    # abort there: gloo's worker threads still hold work whose tensors need the
+    # GIL (pytorch/pytorch#179291).  An exported job aborted so in CI, after it
+    # had trained and saved; end the group while Python is whole.  Inside a
+    # dpnb engine this is dpnb's noted no-op (dpnb.engine.lifecycle).
+    dist.destroy_process_group()
     return summary
