@@ -42,7 +42,7 @@ NVLS algorithms, in-network reduction (SHARP), compute cost of the reduction.
 """
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 from dpnb.core.errors import ConfigError
 
@@ -150,6 +150,31 @@ def collective_time(kind: Collective, size_bytes: float, n: int, link: Link) -> 
     the full link bandwidth and no contention.
     """
     return collective_steps(kind, n) * link.latency_s + collective_bytes(kind, size_bytes, n) / link.bandwidth_Bps
+
+
+def fit_link_ols(sent_bytes: Sequence[float], times_s: Sequence[float], steps: float, what: str,
+                 fallback: str) -> Link | None:
+    """α–β through measured collectives: ``sent_bytes`` per rank (see
+    :func:`collective_bytes`), their times, and the collective's latency steps.
+
+    With three or more distinct sizes, ordinary least squares (its residuals
+    sum to zero, so the link reproduces the total measured time) when it
+    gives α ≥ 0 and β > 0; otherwise α = 0 and β = bytes / time over all.
+    ``what`` / ``fallback`` name the measurements in the link's note.  None
+    when there is nothing to fit.
+    """
+    xs, ts = list(sent_bytes), list(times_s)
+    if not xs:
+        return None
+    if len(set(xs)) >= 3:
+        k = len(xs)
+        mx, mt = sum(xs) / k, sum(ts) / k
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sxx if sxx else 0.0
+        a = mt - slope * mx
+        if slope > 0 and a >= 0:
+            return Link("fitted", 1.0 / slope, a / steps, f"least squares over {k} {what}")
+    return Link("fitted", sum(xs) / sum(ts), 0.0, f"β = bytes / {fallback} (α = 0)")
 
 
 def algbw(size_bytes: float, time_s: float) -> float:

@@ -42,7 +42,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from .comm import Link, busbw, collective_bytes, collective_steps
+from .comm import Link, busbw, collective_bytes, collective_steps, collective_time, fit_link_ols
 from .errors import ConfigError
 from .traces import (  # noqa: F401  (re-exported: one import for the notebook side)
     CLOCK_MARKER,
@@ -54,8 +54,6 @@ from .traces import (  # noqa: F401  (re-exported: one import for the notebook s
     RankTrace,
     classify,
     extract,
-    intersect,
-    is_nccl_kernel,
     merge,
     op_of,
     subtract,
@@ -165,10 +163,6 @@ class ProfileReport:
         """The rank with the most compute (waiting in a collective is not work)."""
         return max(self.stats, key=lambda s: s.compute_s, default=None)
 
-    def on_clock(self, i: int, t_us: float) -> float:
-        """Trace-clock µs of ``self.ranks[i]`` to seconds on the common clock."""
-        return t_us * 1e-6 + self.offsets_s[i]
-
 
 @dataclass(frozen=True)
 class Profiled:
@@ -185,21 +179,30 @@ class Profiled:
         return self.folder.rstrip("/") + "/merged.json"
 
 
-def _match(ranks: Sequence[RankTrace], offs: Sequence[float]) -> tuple[list[Collective], list[str]]:
-    notes, out = [], []
-    ops = sorted({c.op for r in ranks for c in r.comm})
-    for op in ops:
-        lists = [[c for c in r.comm if c.op == op] for r in ranks]
-        counts = {len(x) for x in lists}
-        if len(counts) > 1:
-            notes.append(f"{op}: the ranks ran {', '.join(str(len(x)) for x in lists)} of them; "
+def _matched(ranks: Sequence[RankTrace]):
+    """``(op, k, positions)`` for the k-th collective of each op on every rank, with
+    ``positions[i]`` its index in ``ranks[i].comm``; and a note per op whose counts
+    differ (only the first ones of such an op are matched)."""
+    groups, notes = [], []
+    for op in sorted({c.op for r in ranks for c in r.comm}):
+        idx = [[j for j, c in enumerate(r.comm) if c.op == op] for r in ranks]
+        counts = [len(x) for x in idx]
+        if len(set(counts)) > 1:
+            notes.append(f"{op}: the ranks ran {', '.join(map(str, counts))} of them; "
                          f"the first {min(counts)} are matched")
-        for k in range(min(counts)):
-            cs = [x[k] for x in lists]
-            sizes = {c.nbytes for c in cs if c.nbytes is not None}
-            out.append(Collective(op, k, max(sizes) if sizes else None,
-                                  tuple(c.arrive_us * 1e-6 + o for c, o in zip(cs, offs)),
-                                  tuple(c.end_us * 1e-6 + o for c, o in zip(cs, offs))))
+        groups += [(op, k, [x[k] for x in idx]) for k in range(min(counts))]
+    return groups, notes
+
+
+def _match(ranks: Sequence[RankTrace], offs: Sequence[float]) -> tuple[list[Collective], list[str]]:
+    groups, notes = _matched(ranks)
+    out = []
+    for op, k, pos in groups:
+        cs = [r.comm[j] for r, j in zip(ranks, pos)]
+        sizes = {c.nbytes for c in cs if c.nbytes is not None}
+        out.append(Collective(op, k, max(sizes) if sizes else None,
+                              tuple(c.arrive_us * 1e-6 + o for c, o in zip(cs, offs)),
+                              tuple(c.end_us * 1e-6 + o for c, o in zip(cs, offs))))
     out.sort(key=lambda c: min(c.arrive_s))
     return out, notes
 
@@ -217,18 +220,16 @@ def _clip(ranks: Sequence[RankTrace], offs: Sequence[float]) -> tuple[list[RankT
     n = len(ranks)
     comm = [list(r.comm) for r in ranks]
     cut = 0
-    for op in sorted({c.op for r in ranks for c in r.comm}):
-        idx = [[j for j, c in enumerate(r.comm) if c.op == op] for r in ranks]
+    for op, _, pos in _matched(ranks)[0]:
         steps = collective_steps(op, n) if op in MODELLED and n > 1 else 1  # type: ignore[arg-type]
-        for k in range(min(len(x) for x in idx)):
-            evs = [ranks[i].comm[idx[i][k]] for i in range(n)]
-            ends = [c.end_us * 1e-6 + o for c, o in zip(evs, offs)]
-            first, entered = min(ends), max(c.arrive_us * 1e-6 + o for c, o in zip(evs, offs))
-            limit = first + max(0.0, first - entered) / steps
-            for i, (c, end) in enumerate(zip(evs, ends)):
-                if end > limit:
-                    comm[i][idx[i][k]] = replace(c, end_us=max(c.start_us, (limit - offs[i]) * 1e6))
-                    cut += 1
+        evs = [r.comm[j] for r, j in zip(ranks, pos)]
+        ends = [c.end_us * 1e-6 + o for c, o in zip(evs, offs)]
+        first, entered = min(ends), max(c.arrive_us * 1e-6 + o for c, o in zip(evs, offs))
+        limit = first + max(0.0, first - entered) / steps
+        for i, (c, end) in enumerate(zip(evs, ends)):
+            if end > limit:
+                comm[i][pos[i]] = replace(c, end_us=max(c.start_us, (limit - offs[i]) * 1e6))
+                cut += 1
     return [replace(r, comm=tuple(c)) for r, c in zip(ranks, comm)], cut
 
 
@@ -253,34 +254,46 @@ def _align(ranks: Sequence[RankTrace]) -> tuple[list[float], float | None, str]:
                         f"skew {skew * 1e6:.0f} µs")
 
 
-def _stats(r: RankTrace) -> RankStats:
+@dataclass(frozen=True)
+class Lanes:
+    """One rank's lanes: merged (start, end) intervals in seconds on the common clock."""
+
+    compute: tuple[tuple[float, float], ...]
+    comm: tuple[tuple[float, float], ...]
+    exposed: tuple[tuple[float, float], ...]  # communication no compute hid
+
+
+def _lanes_us(r: RankTrace) -> tuple[list, list, list]:
     comp = list(r.compute)
     comm = merge((c.start_us, c.end_us) for c in r.comm)
+    return comp, comm, subtract(comm, comp)
+
+
+def lanes(report: ProfileReport, i: int) -> Lanes:
+    """``report.ranks[i]``'s compute, communication and exposed intervals, on the common clock."""
+    off = report.offsets_s[i]
+    return Lanes(*(tuple((s * 1e-6 + off, e * 1e-6 + off) for s, e in ivs)
+                   for ivs in _lanes_us(report.ranks[i])))
+
+
+def _stats(r: RankTrace) -> RankStats:
+    comp, comm, exposed = _lanes_us(r)
     both = merge(comp + comm)
     window = max(r.end_us - r.start_us, total(both))
-    ov = total(intersect(comp, comm))
-    cs = total(comm)
-    return RankStats(r.rank, window * 1e-6, total(comp) * 1e-6, cs * 1e-6, ov * 1e-6,
-                     (cs - ov) * 1e-6, max(0.0, window - total(both)) * 1e-6, r.steps)
+    cs, ex = total(comm), total(exposed)
+    return RankStats(r.rank, window * 1e-6, total(comp) * 1e-6, cs * 1e-6, (cs - ex) * 1e-6,
+                     ex * 1e-6, max(0.0, window - total(both)) * 1e-6, r.steps)
 
 
 def fit_link(cols: Sequence[Collective], n: int) -> Link | None:
-    """α–β through the measured transfers (least squares; α = 0 below three sizes)."""
-    pts = [(collective_bytes(c.op, c.nbytes, n), collective_steps(c.op, n), c.transfer_s)  # type: ignore[arg-type]
-           for c in cols if c.op in MODELLED and c.nbytes and c.transfer_s > 0]
-    if n < 2 or not pts:
+    """α–β through the measured transfers (see :func:`dpnb.core.comm.fit_link_ols`)."""
+    used = [c for c in cols if c.op in MODELLED and c.nbytes and c.transfer_s > 0]
+    if n < 2 or not used:
         return None
-    if len({p[0] for p in pts}) >= 3:
-        k = len(pts)
-        mx, mt = sum(p[0] for p in pts) / k, sum(p[2] for p in pts) / k
-        sxx = sum((p[0] - mx) ** 2 for p in pts)
-        slope = sum((p[0] - mx) * (p[2] - mt) for p in pts) / sxx if sxx else 0.0
-        a = mt - slope * mx
-        steps = statistics.median(p[1] for p in pts)
-        if slope > 0 and a >= 0:
-            return Link("fitted", 1.0 / slope, a / steps, f"least squares over {k} collectives")
-    return Link("fitted", sum(p[0] for p in pts) / sum(p[2] for p in pts), 0.0,
-                "β = bytes / transfer time over all collectives (α = 0)")
+    return fit_link_ols([collective_bytes(c.op, c.nbytes, n) for c in used],  # type: ignore[arg-type]
+                        [c.transfer_s for c in used],
+                        statistics.median(collective_steps(c.op, n) for c in used),  # type: ignore[arg-type]
+                        "collectives", "transfer time over all collectives")
 
 
 def _op_rows(cols: Sequence[Collective], n: int, link: Link | None) -> list[OpRow]:
@@ -291,7 +304,7 @@ def _op_rows(cols: Sequence[Collective], n: int, link: Link | None) -> list[OpRo
     for (op, nb), cs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         t = statistics.median(c.transfer_s for c in cs)
         bw = busbw(op, nb, t, n) if op in MODELLED and nb and t > 0 and n > 1 else None  # type: ignore[arg-type]
-        model = (collective_steps(op, n) * link.latency_s + collective_bytes(op, nb, n) / link.bandwidth_Bps  # type: ignore[arg-type]
+        model = (collective_time(op, nb, n, link)  # type: ignore[arg-type]
                  if link and op in MODELLED and nb and n > 1 else None)
         rows.append(OpRow(op, nb, len(cs), t, bw, model))
     return rows

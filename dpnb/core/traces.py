@@ -128,20 +128,6 @@ def total(intervals: Sequence[tuple[float, float]]) -> float:
     return sum(e - s for s, e in intervals)
 
 
-def intersect(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Intersection of two merged interval lists."""
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if s < e:
-            out.append((s, e))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
 def subtract(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """The parts of merged intervals ``a`` outside merged intervals ``b``."""
     out, j = [], 0

@@ -21,8 +21,14 @@ import logging
 import os
 from datetime import timedelta
 
+# only the exported train.py imports this module, in a process that trains:
+# nothing here needs to stay torch-free
+import torch
+import torch.distributed as dist
+
 from .. import compat
 from .. import log as dpnb_log
+from . import checkpoint, training
 from .state import STATE_NAME, EngineState
 
 log = logging.getLogger(__name__)
@@ -51,10 +57,6 @@ def arg_parser(*, description: str, resume: str | None, steps_done: int) -> argp
 
 def init(ns: dict, *, backend: str = "auto", timeout_s: float = 600.0) -> dict:
     """Join torchrun's process group and make ``ns`` look like an engine's namespace."""
-    # lazy: torch-free at import (boot loads torch in a background thread)
-    import torch
-    import torch.distributed as dist
-
     dpnb_log.install()
     compat.ensure_single_collectives()
     env = os.environ
@@ -107,10 +109,6 @@ def run(ns: dict, schedule: list[dict], args) -> dict:
     summary.  The global batch of each call is the notebook's (micro-batch x
     world size x grad-accum): run with the notebook's number of ranks to keep it.
     """
-    # lazy: torch-free at import (boot loads torch in a background thread)
-    import torch.distributed as dist
-    from . import checkpoint, training
-
     es = ns[STATE_NAME]
     say = print if es.rank == 0 else (lambda *a, **k: None)
     done = 0

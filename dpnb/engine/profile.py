@@ -93,9 +93,10 @@ def end(ns: dict) -> tuple[RankTrace, bytes | None]:
     with open(path, "rb") as f:
         raw = f.read()
     events = json.loads(raw).get("traceEvents", [])
+    stays = size > MAX_TRACE_BYTES  # too big to travel: this file is the only copy
     rec = extract(events, rank=st.rank, host=host, wall_offset_us=wall_offset(events, run.wall_us),
-                  trace_file=path, trace_bytes=size)
-    if size > MAX_TRACE_BYTES:  # too big to travel: this file is the only copy
+                  trace_file=path if stays else "", trace_bytes=size)
+    if stays:
         return rec, None
     blob = gzip.compress(raw, 3)
     os.remove(path)  # the notebook writes the copy people use
@@ -103,7 +104,8 @@ def end(ns: dict) -> tuple[RankTrace, bytes | None]:
 
 
 def drop(ns: dict) -> bool:
-    """Stop a running profile without keeping it (a failed gather); True if one ran."""
+    """Stop a running profile without keeping it (a start that failed on another rank);
+    True if one ran."""
     st = get_state(ns)
     if st.profiler is None:
         return False

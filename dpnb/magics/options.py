@@ -56,6 +56,16 @@ save_option = argument("--save", default=None, metavar="PATH",
                        help="write the figure to PATH (.png/.svg) instead of showing it")
 
 
+def _group(decos: list):
+    """One decorator applying ``decos`` in the order written (an option group)."""
+    def apply(f):
+        for d in reversed(decos):
+            f = d(f)
+        return f
+
+    return apply
+
+
 def run_options(what: str):
     """The options of code run on the ranks (``%%dp`` and ``%dp run``): where, how
     long, and whether its collectives are checked across ranks first."""
@@ -69,13 +79,7 @@ def run_options(what: str):
                  help=f"do not check the collectives of {what} across ranks first (hot "
                       f"hand-written loops; a mismatch may then abort gloo)"),
     ]
-
-    def apply(f):
-        for d in reversed(decos):
-            f = d(f)
-        return f
-
-    return apply
+    return _group(decos)
 
 
 def profile_options(what: str):
@@ -87,10 +91,4 @@ def profile_options(what: str):
         argument("--profile-dir", default=None, metavar="DIR",
                  help="with --profile: the folder for the traces (default dpnb-profiles/<time>)"),
     ]
-
-    def apply(f):
-        for d in reversed(decos):
-            f = d(f)
-        return f
-
-    return apply
+    return _group(decos)

@@ -38,10 +38,7 @@ MAX_PROFILED_STEPS = 20
 
 def _gather(results: list, folder: str, notes: list[str]) -> tuple[list[RankTrace], dict]:
     ranks, traces = [], {}
-    for got in results:
-        if got is None:
-            continue
-        rec, blob = got
+    for rec, blob in results:
         ranks.append(rec)
         if blob is None:
             if rec.trace_bytes:

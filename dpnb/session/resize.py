@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from dataclasses import asdict
 
 from ..cluster.world import check_target, resize_world
 from ..core.errors import ConfigError
@@ -100,4 +101,4 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
                f"model and optimizer resharded from {path}")
     log.info("%s (%s)", summary, loaded)
     return {"summary": summary, "step": step, "plan": p, "checkpoint": path, "lr": lr,
-            "old": world.old, "new": world.new, "added": world.added, "removed": world.removed}
+            **asdict(world)}

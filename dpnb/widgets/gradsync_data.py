@@ -20,6 +20,7 @@ from dpnb.core import (
     initial_ddp_buckets,
     overlap_timeline,
 )
+from dpnb.core.comm import fit_link_ols
 from dpnb.core.strategies import is_fsdp
 
 from . import _common as C
@@ -279,19 +280,9 @@ def fitted_link(rows: list[BucketRow], n: int) -> Link | None:
     if not sizes or n < 2:
         return None
 
-    xs = [collective_bytes("all_reduce", sz, n) for sz in sizes]
-    if len(set(sizes)) >= 3:
-        # Ordinary least squares: its residuals sum to zero, so the fitted
-        # link reproduces the total measured all-reduce time.
-        k = len(xs)
-        mx, mt = sum(xs) / k, sum(times) / k
-        sxx = sum((x - mx) ** 2 for x in xs)
-        slope = sum((x - mx) * (t - mt) for x, t in zip(xs, times)) / sxx if sxx else 0.0
-        a = mt - slope * mx
-        if slope > 0 and a >= 0:
-            return Link("fitted", 1.0 / slope, a / collective_steps("all_reduce", n),
-                        f"least squares over {k} bucket all-reduces")
-    return Link("fitted", sum(xs) / sum(times), 0.0, "β = bytes / time over all buckets (α = 0)")
+    return fit_link_ols([collective_bytes("all_reduce", sz, n) for sz in sizes], times,
+                        collective_steps("all_reduce", n), "bucket all-reduces",
+                        "time over all buckets")
 
 
 def predict(rec: dict, cap_mb: float | None, link: Link, n: int) -> Prediction:

@@ -24,7 +24,7 @@ from typing import Any
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from dpnb.core.profile import Profiled, RankStats, merge, subtract
+from dpnb.core.profile import Profiled, RankStats, lanes
 from dpnb.core.units import fmt_bytes
 from dpnb.ranks import parse_ranks
 
@@ -47,12 +47,11 @@ def _default_shown(p: Profiled) -> tuple[int, ...]:
     n = len(rep.ranks)
     if n <= MAX_LANES:
         return tuple(range(n))
+    pos = {r.rank: i for i, r in enumerate(rep.ranks)}
     pick = {0, n - 1}
-    if rep.straggler is not None:
-        pick.add(next(i for i, r in enumerate(rep.ranks) if r.rank == rep.straggler.rank))
-    busy = rep.busiest()
-    if busy is not None:
-        pick.add(next(i for i, r in enumerate(rep.ranks) if r.rank == busy.rank))
+    for named in (rep.straggler, rep.busiest()):
+        if named is not None:
+            pick.add(pos[named.rank])
     for i in range(n):  # then the lowest ranks, up to the cap
         if len(pick) >= MAX_LANES:
             break
@@ -161,16 +160,12 @@ def _lanes(ax, d: ProfileView) -> None:
     rep = d.profiled.report
     ylabels = []
     for y0, i in enumerate(d.shown):
-        r = rep.ranks[i]
-        off = rep.offsets_s[i]
-        comp = [(s * 1e-6 + off, e * 1e-6 + off) for s, e in r.compute]
-        comm = merge((c.start_us * 1e-6 + off, c.end_us * 1e-6 + off) for c in r.comm)
+        r, ln = rep.ranks[i], lanes(rep, i)
         y = 2 * y0
-        C.barh(ax, [(s * 1e3, (e - s) * 1e3) for s, e in comp], y, facecolors=C.COLORS["backward"])
-        C.barh(ax, [(s * 1e3, (e - s) * 1e3) for s, e in comm], y + 1, facecolors=C.COLORS["all_reduce"])
-        exposed = subtract(comm, merge(comp))  # what the rank sat through
-        if exposed:
-            ax.broken_barh([(s * 1e3, (e - s) * 1e3) for s, e in exposed], (y + 1 - 0.45, 0.9),
+        C.barh(ax, [(s * 1e3, (e - s) * 1e3) for s, e in ln.compute], y, facecolors=C.COLORS["backward"])
+        C.barh(ax, [(s * 1e3, (e - s) * 1e3) for s, e in ln.comm], y + 1, facecolors=C.COLORS["all_reduce"])
+        if ln.exposed:  # what the rank sat through
+            ax.broken_barh([(s * 1e3, (e - s) * 1e3) for s, e in ln.exposed], (y + 1 - 0.45, 0.9),
                            facecolors="none", edgecolor=C.COLORS["exposed"], hatch="////", linewidth=1)
         ylabels += [f"rank {r.rank} compute", f"rank {r.rank} comm"]
     for c in rep.collectives:  # each rank's entry; the last one red

@@ -352,17 +352,8 @@ VIEWS32_CELLS = [
 def test_views_at_32_ranks_in_jupyterlab(browser, lab, tmp_path):
     """Every many-rank view, from recorded 32-rank data, rendered by Lab:
     the widgets draw, nothing errs, and the odd rank of each set is named."""
-    base, token = lab
-    nb_file = _scratch_notebook("views32.ipynb", [c.format(tests=str(nbu.REPO / "tests"))
-                                                  for c in VIEWS32_CELLS])
-    shot = nb_file.with_suffix(".png")
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    try:
-        _run_all(page, base, token, str(nb_file.relative_to(nbu.REPO)))
-        page.wait_for_timeout(2000)
-        _screenshot(page, shot)
-        _assert_no_error_output(page)
-        outs = page.locator(".jp-Notebook .jp-CodeCell .jp-OutputArea")
+    cells = [c.format(tests=str(nbu.REPO / "tests")) for c in VIEWS32_CELLS]
+    with _ran(browser, lab, "views32.ipynb", cells, settle_ms=2000) as (_, outs):
         texts = [outs.nth(i).inner_text() for i in range(outs.count())]
         charts = [outs.nth(i).locator("img, svg, canvas").count() for i in range(outs.count())]
         # cells 1-4: a widget with its chart each
@@ -373,9 +364,6 @@ def test_views_at_32_ranks_in_jupyterlab(browser, lab, tmp_path):
         assert "rank 13" in texts[4] and "dead" in texts[4]
         status = texts[5].splitlines()
         assert len(status) <= 6 and any("rank 13" in line for line in status), status
-    finally:
-        page.close()
-    print(f"screenshot: {shot}")
 
 
 TABS_CELLS = [
