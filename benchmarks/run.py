@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="A/B rounds per comparison (default 2)")
     p.add_argument("-n", type=int, default=2, help="world size (default 2)")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    p.add_argument("--train-configs", default=None, metavar="M:S,...",
+                   help="training rows for these model:strategy pairs only (e.g. mlp:ddp,tinylm:ddp)")
     p.add_argument("--json", default=None, help="write every row, with raw statistics, here")
     p.add_argument("--write", action="store_true", help="put the table into benchmarks/RESULTS.md")
     a = p.parse_args(argv)
@@ -107,7 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [x for x in names if x not in suite.BENCHES]
     if unknown:
         p.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(suite.BENCHES)}")
-    ctx = suite.Context(smoke=a.smoke, rounds=max(1, a.rounds), n=a.n, backend=a.backend)
+    configs = tuple(x.strip() for x in a.train_configs.split(",")) if a.train_configs else None
+    bad = [x for x in configs or () if x.count(":") != 1 or x.split(":")[0] not in suite.MODELS
+           or x.split(":")[1] not in suite.STRATEGIES]
+    if bad:
+        p.error(f"--train-configs: {bad[0]!r} is not model:strategy with model in "
+                f"{', '.join(suite.MODELS)} and strategy in {', '.join(suite.STRATEGIES)}")
+    ctx = suite.Context(smoke=a.smoke, rounds=max(1, a.rounds), n=a.n, backend=a.backend,
+                        train_configs=configs)
     t_all = time.perf_counter()
     rows: list[suite.Row] = []
     failed: dict[str, str] = {}

@@ -173,6 +173,8 @@ class Context:
     rounds: int
     n: int = 2
     backend: str = "auto"
+    #: ``model:strategy`` pairs for the training rows (None: every pair)
+    train_configs: tuple | None = None
     shell: Any = None
     cluster: Any = None
     tmp: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="dpnb-bench-"))
@@ -360,7 +362,8 @@ def bench_train(ctx: Context) -> list[Row]:
     import dpnb.session.verbs
 
     sh, c = ctx.shell, ctx.cluster
-    configs = [(m, s) for m in MODELS for s in STRATEGIES]
+    configs = ([tuple(c.split(":")) for c in ctx.train_configs] if ctx.train_configs
+               else [(m, s) for m in MODELS for s in STRATEGIES])
     warmup, steps, rounds = (1, 2, 1) if ctx.smoke else (5, 5, 10 * ctx.rounds)
     plain = PlainServer(ctx)
     rows = []

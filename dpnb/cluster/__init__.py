@@ -47,7 +47,7 @@ from .scripts import run_script as _run_script
 from .status import status_rows
 from .restart import Restarted, SetupLog
 from .restart import restart as _restart
-from .transport import Transport, _runner_fn
+from .transport import Transport, _runner_fn, unpack_value
 from .types import (BACKENDS, DEFAULT_TIMEOUT_S, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult,
                     EntryKind, Health, LaunchSpec, RankInfo, RankOutcome, Status, WaitKind)
 
@@ -55,6 +55,7 @@ __all__ = ["Engines", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUN
            "DEFAULT_TIMEOUT_S", "assign_ranks", "describe_exit"]
 
 from .placement import assign_ranks
+
 from .processes import describe_exit
 
 log = logging.getLogger(__name__)
@@ -399,7 +400,7 @@ class Engines:
             raise DpnbError(f"{name!r} cannot be sent to the notebook ({unsendable[0].ename}: "
                             f"{unsendable[0].evalue}); pull plain values such as tensors, "
                             f"numbers or a state_dict (for a wrapped model: %dp pull-model)")
-        vals = self._finish(res, True).values
+        vals = [unpack_value(name, bufs) for bufs in self._finish(res, True).values]
         return vals[0] if rank is not None else vals
 
     def _apply(self, fn, args, sel) -> CellResult:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..errors import DpnbError
 from ..compat import result_metadata, shell_ignores_engine_comms
 from ..engine import runner, setup
 from .debugging import Desk, ask_user
@@ -34,6 +35,21 @@ def _setup_fn(name: str):
 
 def _runner_fn(name: str):
     return getattr(runner, name)
+
+
+def unpack_value(name: str, bufs: list[bytes]):
+    """Rebuild a value pulled as ipyparallel buffers (``runner.get_value``)
+    here, where a failure can be said in one line."""
+    # lazy: `import dpnb.cluster` stays free of ipyparallel
+    from ipyparallel.serialize import deserialize_object
+
+    try:
+        return deserialize_object(bufs)[0]
+    except Exception as e:
+        raise DpnbError(f"{name!r} cannot be sent to the notebook (rebuilding it here failed: "
+                        f"{type(e).__name__}: {e}); "
+                        f"pull plain values such as tensors, numbers or a state_dict (for a "
+                        f"wrapped model: %dp pull-model)") from e
 
 
 class Transport:

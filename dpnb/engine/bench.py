@@ -8,6 +8,7 @@ iteration, the slowest rank.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -19,6 +20,17 @@ from .state import get_state
 from .train_state import ViewError
 
 BENCH_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def _collective(kind: str, full: torch.Tensor, shard: torch.Tensor) -> None:
+    """One timed collective: all-reduce ``full``, reduce-scatter it into
+    ``shard``, or all-gather ``shard`` into it."""
+    if kind == "all_reduce":
+        dist.all_reduce(full)
+    elif kind == "reduce_scatter":
+        dist.reduce_scatter_single(shard, full)
+    else:
+        dist.all_gather_single(full, shard)
 
 
 def _sync(dev: torch.device) -> None:
@@ -61,15 +73,7 @@ def bench_collective(
         numel = max(n, (int(size) // item // n) * n)
         full = torch.ones(numel, dtype=dt, device=dev)
         shard = torch.ones(numel // n, dtype=dt, device=dev)
-
-        def op() -> None:
-            if kind == "all_reduce":
-                dist.all_reduce(full)
-            elif kind == "reduce_scatter":
-                dist.reduce_scatter_single(shard, full)
-            else:
-                dist.all_gather_single(full, shard)
-
+        op = functools.partial(_collective, kind, full, shard)
         for _ in range(warmup):
             op()
         _sync(dev)
@@ -83,7 +87,7 @@ def bench_collective(
             ts.append(time.perf_counter() - t0)
         out_sizes.append(numel * item)
         times.append(ts)
-        del full, shard
+        del full, shard, op  # freed before the next size is allocated
     return {
         "rank": es.rank,
         "world_size": n,

@@ -22,7 +22,10 @@ all-reduce that the comm hook itself launches on DDP's behalf):
   wall clock on CPU, CUDA events on GPU (host clocks would only tell when kernels were *queued*).
   When recording is off the hook is the plain averaging all-reduce that DDP's
   default hook does, plus one attribute check.  (Measured on 2 CPU ranks with
-  a 4-block TinyLM and 13 buckets, recording adds about 5% to a 30 ms step.)
+  a 4-block TinyLM and 13 buckets, recording adds about 5% to a 30 ms step,
+  which is why ``train`` records by default only sampled steps --
+  :func:`dpnb.engine.train_state.records_buckets` -- switching the recorder
+  per step.)
   FSDP2 has no bucket hook -- it all-gathers and reduce-scatters per unit --
   so zero2/zero3 steps have no bucket records; ``dpnb.engine.views.watch``
   times FSDP's collectives.

@@ -38,11 +38,20 @@ def has_names_ns(ns: dict, names: list[str]) -> list[str]:
     return [n for n in names if n not in ns]
 
 
-def get_value(name: str):
+def get_value(name: str) -> list[bytes]:
+    """``name``'s value, serialized here (ipyparallel's canning) for the
+    notebook to unpack itself: a value that pickles on the engine but cannot
+    be rebuilt in the notebook (a hook-free DDP asks for a process group
+    there) would otherwise fail inside the client's I/O thread, and the pull
+    would wait forever."""
+    # lazy: the notebook imports this module for its functions' names, and
+    # `import dpnb.cluster` stays free of ipyparallel
+    from ipyparallel.serialize import serialize_object
+
     ns = user_ns()
     if name not in ns:
         raise NameError(name)
-    return ns[name]
+    return [bytes(b) for b in serialize_object(ns[name])]
 
 
 def set_values(values: dict) -> list[str]:

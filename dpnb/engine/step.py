@@ -25,83 +25,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..core.strategies import LR_SCALES, is_fsdp
+from ..core.strategies import is_fsdp
 from . import device
-from .microbatch import _arity, _resolve_callable, _split, _to_device, default_loss
+from .microbatch import _split, _to_device, default_loss
 from .dataset import current_data
 from .measure import state_bytes
 from .state import get_state
 from .stop import StopRequest, _make_publisher
-from .train_state import BYTES_EVERY, StepRecord, TrainError, choice, require_bound
+from .trainplan import Plan, plan
+from .train_state import (BYTES_EVERY, StepRecord, TrainError, records_buckets,
+                          require_bound)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A validated ``train`` call: nothing has changed yet when this exists."""
-
-    n_steps: int
-    micro_batch: int
-    grad_accum: int
-    world_size: int
-    rank: int
-    steps_per_epoch: int
-    lr_mode: str
-    lr_scale: float
-    step_fn: Any
-    loss_fn: Any
-    step_arity: int
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.world_size * self.grad_accum
-
-
-def plan(ns, es, data, *, steps, epochs, micro_batch, grad_accum, lr_scale, ref_batch,
-         step_fn, loss_fn) -> Plan:
-    """Check every argument of ``train`` against the data; raise :class:`TrainError`."""
-    if step_fn is not None and loss_fn is not None:
-        raise TrainError("pass either step_fn or loss_fn, not both")
-    for nm, v in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
-        if not isinstance(v, int) or v < 1:
-            raise TrainError(f"{nm} must be a positive integer, got {v!r}")
-    if (steps is None) == (epochs is None):
-        raise TrainError("give exactly one of --steps S or --epochs E")
-    ws, B, K = es.world_size, micro_batch, grad_accum
-    G = B * ws * K
-    per_rank = data.per_rank_len(ws)
-    if per_rank < B * K:
-        raise TrainError(
-            f"dataset {data.name} has {len(data.dataset)} samples, so each of the "
-            f"{ws} ranks gets {per_rank}; one step needs micro_batch x grad_accum = "
-            f"{B} x {K} = {B * K} per rank (global batch {B} x {ws} ranks x {K} = {G}). "
-            "Use a smaller --micro-batch or --grad-accum, or a larger dataset"
-        )
-    steps_per_epoch = per_rank // (B * K)
-    count, what = (steps, "--steps") if steps is not None else (epochs, "--epochs")
-    if not isinstance(count, int) or count < 0:
-        raise TrainError(f"{what} must be a non-negative integer, got {count!r}")
-    n_steps = steps if steps is not None else epochs * steps_per_epoch
-    mode = choice(lr_scale, LR_SCALES, "lr scaling")
-    ref = ref_batch if ref_batch is not None else B
-    if ref <= 0:
-        raise TrainError(f"--ref-batch must be positive, got {ref}")
-    step_fn = _resolve_callable(ns, step_fn, "step_fn")
-    return Plan(n_steps=n_steps, micro_batch=B, grad_accum=K, world_size=ws, rank=es.rank,
-                steps_per_epoch=steps_per_epoch, lr_mode=mode,
-                lr_scale={"none": 1.0, "linear": G / ref, "sqrt": math.sqrt(G / ref)}[mode],
-                step_fn=step_fn, loss_fn=_resolve_callable(ns, loss_fn, "loss_fn"),
-                step_arity=_arity(step_fn) if step_fn is not None else 0)
 
 
 def optimizer_gate(es, since: int, dev) -> None:
@@ -125,12 +66,34 @@ def optimizer_gate(es, since: int, dev) -> None:
                          "reduced), so the weights are those before the step")
 
 
+#: values each rank contributes to a step's stats gather: loss, stop flag, compute s, samples
+STATS = 4
+
+
+@contextlib.contextmanager
+def _recorder_off_after(rec):
+    """Outside ``train`` the recorder's hooks are off (a cell's own backward
+    on the wrapped model pays nothing for them)."""
+    try:
+        yield
+    finally:
+        if rec is not None:
+            rec.set_enabled(False)
+
+
 class _Loop:
     """One ``train`` call's running state on this rank."""
 
-    def __init__(self, es, st, data, p: Plan, *, record: bool, publisher, tps):
+    def __init__(self, es, st, data, p: Plan, *, record: bool | None, publisher, tps):
         self.es, self.st, self.data, self.p = es, st, data, p
-        self.record, self.publisher, self.tps = record, publisher, tps
+        # record=None: byte counts as the default says, bucket timelines sampled
+        self.record_arg = record
+        self.record = st.record_default if record is None else bool(record)
+        # Progress is the same on every rank (global loss, every rank's compute
+        # time, all ranks finish a step together): rank 0 alone publishes it,
+        # so N ranks do not send N messages through the controller 5 times a second.
+        self.publisher = publisher if p.rank == 0 else None
+        self.tps = tps
         self.dev = st.device
         self.cdev = es.comm_device
         self.fsdp = is_fsdp(st.strategy)
@@ -139,16 +102,25 @@ class _Loop:
                                         else torch.float16)
                          if mp != "none" and not self.fsdp else None)
         self.rec = st.recorder
-        if self.rec is not None:
-            self.rec.set_enabled(record)
         self.losses: list = []
         self.stop_reason: str | None = None
-        self.last_pub = 0.0
+        # the first publish waits as long as later ones: a call shorter than
+        # that sends only its last step
+        self.last_pub = time.perf_counter()
         # Every publish carries the recent history, not just what is new since
         # the last one: the notebook only sees the latest published dict, and
         # it polls less often than steps may finish.
         self.pub_hist: deque = deque(maxlen=500)
         self.counted = None  # the last state_bytes count, carried to the steps in between
+
+    def align(self) -> None:
+        """Start the first step together: the engines receive the call at
+        slightly different moments, and without this the first step's gradient
+        sync would absorb that skew and report it as step time (and as waiting,
+        to the straggler view).  One tiny all-reduce, read back on the host."""
+        t = torch.zeros(1, device=self.cdev)
+        dist.all_reduce(t)
+        t.item()  # under NCCL the all-reduce is only queued: wait for it here
 
     def micro_batches(self) -> tuple[torch.Tensor, float, int, float]:
         """Forward and backward of the step's ``K`` micro-batches; gradients
@@ -240,14 +212,13 @@ class _Loop:
         +3-5 ms per 25 ms step on 2 CPU ranks).
         """
         cdev = self.cdev
-        stats = torch.stack([
-            (loss_acc / self.p.grad_accum).to(cdev),
-            torch.tensor(1.0 if stop_local else 0.0, dtype=torch.float64, device=cdev),
-            torch.tensor(compute, dtype=torch.float64, device=cdev),
-            torch.tensor(float(n_local), dtype=torch.float64, device=cdev),
-        ])
-        gathered = [torch.empty_like(stats) for _ in range(self.p.world_size)]
-        return dist.all_gather(gathered, stats, async_op=True), gathered
+        # One tensor in, one flat tensor out (rank r's four values at 4r..4r+3):
+        # a list of per-rank outputs cost twice the Python per step.
+        stats = torch.tensor([0.0, 1.0 if stop_local else 0.0, compute, float(n_local)],
+                             dtype=torch.float64, device=cdev)
+        stats[0].copy_(loss_acc / self.p.grad_accum)
+        gathered = torch.empty(STATS * self.p.world_size, dtype=torch.float64, device=cdev)
+        return dist.all_gather_single(gathered, stats, async_op=True), gathered
 
     def finish(self, p: dict, stop) -> bool:
         """Complete step ``p``: wait for its gathered stats, check the global
@@ -257,30 +228,31 @@ class _Loop:
         P = self.p
         G = P.global_batch
         p["work"].wait()
-        allst = torch.stack(p["gathered"]).cpu()
-        n_global = int(allst[:, 3].sum().item())
+        flat = p["gathered"].tolist()  # one device-to-host read for the four values of every rank
+        loss_r, stop_r, compute_r, samples_r = (flat[k::STATS] for k in range(STATS))
+        n_global = int(sum(samples_r))
         if n_global != G:
             raise TrainError(
                 f"global batch check failed at step {p['step']}: ranks processed "
-                f"{allst[:, 3].tolist()} samples = {n_global}, expected micro_batch x "
+                f"{samples_r} samples = {n_global}, expected micro_batch x "
                 f"world_size x grad_accum = {P.micro_batch} x {P.world_size} x "
                 f"{P.grad_accum} = {G}"
             )
-        gloss = float(allst[:, 0].mean().item())
+        gloss = sum(loss_r) / len(loss_r)
         dt, tps = p["dt"], self.tps
         rec = StepRecord(
             step=p["step"], epoch=p["epoch"], rank=P.rank, loss=gloss,
-            loss_rank=float(allst[P.rank, 0].item()), step_time_s=dt, samples=G,
+            loss_rank=loss_r[P.rank], step_time_s=dt, samples=G,
             tokens=G * tps if tps else None, global_batch=G, micro_batch=P.micro_batch,
             grad_accum=P.grad_accum, dp=P.world_size, lr=p["lr"], compute_s=p["compute"],
-            compute_s_all=allst[:, 2].tolist(), straggle_delay_s=p["delay"],
+            compute_s_all=compute_r, straggle_delay_s=p["delay"],
             samples_per_s=G / dt if dt > 0 else None,
             tokens_per_s=G * tps / dt if (tps and dt > 0) else None,
             t_start=p["wall0"], t_end=p["t_end"], strategy=self.st.strategy, bytes=p["bytes"],
         )
         self.st.records.append(rec)
         self.losses.append(gloss)
-        stopping = bool(allst[:, 1].max() > 0)
+        stopping = max(stop_r) > 0
         self._publish(rec, p["i"], stopping)
         if stopping and self.stop_reason is None:
             self.stop_reason = p["stop_local"] or stop.reason() or "stopped_by_other_rank"
@@ -317,6 +289,9 @@ class _Loop:
         wall0 = time.time()
         t0 = time.perf_counter()
         if self.rec is not None:
+            # per-parameter hooks only on the steps whose timeline is kept
+            self.rec.set_enabled(records_buckets(self.record_arg, self.st.record_default, i,
+                                                 P.n_steps, step_idx))
             self.rec.begin_step(step_idx, origin=wall0)
         since = self.es.releases
         loss_acc, compute, n_local, delay = self.micro_batches()
@@ -390,8 +365,11 @@ def train(
     which each rank reads after finishing the next step); model and optimizer
     keep their state.  ``EngineState.straggle_delay_s`` makes this rank sleep that long in each step.
 
-    ``record`` (default: on) keeps DDP bucket/backward timelines and per-step
-    byte counts; step records (see :func:`records`) are always kept.  A step
+    ``record`` (default: on, sampled) keeps DDP bucket/backward timelines and
+    per-step byte counts: ``None`` keeps the timeline of the call's last step
+    and of every ``RECORD_EVERY``-th step (the hooks cost a few percent of a
+    short step), ``True`` of every step, ``False`` of none; step records (see
+    :func:`records`) are always kept.  A step
     record holds ``step`` (global index, continuing across calls), ``epoch``,
     ``loss`` (global mean), ``loss_rank``, ``step_time_s``, ``samples`` =
     ``global_batch``, ``tokens`` (``seq_len`` per sample, from the argument or
@@ -432,14 +410,14 @@ def train(
     st.lr_scale_applied = P.lr_scale
     lr_now = float(groups[0]["lr"])
     tps = seq_len if seq_len is not None else getattr(data.dataset, "seq_len", None)
-    loop = _Loop(es, st, data, P, record=st.record_default if record is None else bool(record),
-                 publisher=_make_publisher(publish), tps=tps)
+    loop = _Loop(es, st, data, P, record=record, publisher=_make_publisher(publish), tps=tps)
     st.module.train()
+    loop.align()
     first = st.step
     t_call = time.perf_counter()
     pending = None
     saved = []
-    with StopRequest(es) as stop:
+    with StopRequest(es) as stop, _recorder_off_after(st.recorder):
         for i in range(P.n_steps):
             issued = loop.one_step(i, stop)
             if pending is not None and loop.finish(pending, stop):

@@ -24,6 +24,22 @@ MAX_RECORDS = 100_000
 # Counting the bytes every step costs ~1 ms of Python on a small model
 # (about 1 % of a step); they change only when tensors are (re)allocated.
 BYTES_EVERY = 25
+# DDP's bucket timeline (per-parameter ready hooks, a completion callback per
+# bucket that gloo's thread runs under the GIL) is kept for one step in this
+# many, and always for a call's last step -- the step %dp gradsync shows.
+RECORD_EVERY = 10
+
+
+def records_buckets(record: bool | None, default_on: bool, i: int, n_steps: int,
+                    step: int) -> bool:
+    """Whether step ``i`` of an ``n_steps`` call (global index ``step``) keeps
+    its DDP bucket timeline.  ``record=True``: every step; ``False``: none;
+    ``None``: sampled when recording is on by default -- the last step of the
+    call and every ``RECORD_EVERY``-th global step (the hooks cost a few
+    percent of a short step; what the views read stays recorded)."""
+    if record is not None:
+        return bool(record)
+    return default_on and (i == n_steps - 1 or step % RECORD_EVERY == 0)
 
 
 class TrainError(UserError, RuntimeError):

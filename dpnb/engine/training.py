@@ -26,6 +26,7 @@ from .state import get_state
 from .step import train
 from .train_state import (
     BYTES_EVERY,
+    RECORD_EVERY,
     MAX_RECORDS,
     DataState,
     StepRecord,
@@ -38,7 +39,7 @@ from .wrap import fsdp_units, rebind, wrap
 
 __all__ = [
     "TrainError", "TrainState", "DataState", "StepRecord", "STRATEGIES", "MIXED_PRECISION",
-    "OPTIMIZERS", "LR_SCALES", "BYTES_EVERY", "MAX_RECORDS", "wrap", "set_data", "train",
+    "OPTIMIZERS", "LR_SCALES", "BYTES_EVERY", "RECORD_EVERY", "MAX_RECORDS", "wrap", "set_data", "train",
     "records", "clear_records", "set_recording", "rebind", "train_state", "require_bound",
     "fsdp_units", "default_loss", "measure_state_bytes", "bucket_records", "scale_lr",
 ]
@@ -61,11 +62,11 @@ def clear_records(ns: dict) -> None:
 
 
 def set_recording(ns: dict, on: bool) -> dict:
-    """Default for ``train(record=None)``: bucket timelines and byte counts."""
+    """Default for ``train(record=None)``: byte counts and sampled bucket
+    timelines (on), or neither (off).  The recorder's hooks are switched per
+    step by ``train``; nothing is installed here."""
     st = train_state(ns)
     st.record_default = bool(on)
-    if st.recorder is not None:
-        st.recorder.set_enabled(on)
     return {"recording": st.record_default}
 
 

@@ -243,7 +243,9 @@ def gradsync_records(ns: dict, last: int = 1) -> list:
     bsteps = {b["step"]: b for b in (rec.steps if rec is not None else [])}
     w = es.watch
     wsteps = w.steps if (w is not None and w.st is st) else {}
-    candidates = sorted(s for s in recs if s in bsteps or s in wsteps)
+    # DDP keeps bucket timelines for sampled steps only: a watched step between
+    # them has no buckets, so it is not one to show while a recorded one exists
+    candidates = sorted(s for s in recs if s in bsteps or (s in wsteps and not bsteps))
     if not candidates:
         candidates = sorted(recs)
     picked = candidates[-int(last):] if last else candidates

@@ -16,7 +16,9 @@ class ViewCommands:
 
     @subcommand("gradsync")
     @magic_arguments()
-    @argument("--step", type=int, default=None, help="show this recorded step (default: the last)")
+    @argument("--step", type=int, default=None,
+              help="show this recorded step (default: the last; DDP keeps each train call's "
+                   "last step and every 10th)")
     @argument("--last", type=int, default=3, help="recorded steps to fetch (default 3)")
     @argument("--cap-mb", type=float, default=None,
               help="bucket cap for the model's prediction beside the measured buckets")

@@ -208,6 +208,8 @@ def test_progress_publishing(results):
     # each publish carries the recent history, so the last one has every step
     assert [h[0] for h in last["history"]] == [0, 1]
     assert all(p["dpnb_progress"]["history"][-1][0] == p["dpnb_progress"]["step"] for p in pub)
+    # progress is the same on every rank: rank 0 alone sends it
+    assert results[1]["published"] == []
 
 
 def test_lr_scaling(results):

@@ -80,8 +80,13 @@ def _measure(ns):
     off = bucket_records(ns)
     last = T.records(ns, last=2)
     st = T.train_state(ns)
+    # the default records sampled steps: steps 4..15 keep 10 and 15 (the call's last)
+    T.train(ns, steps=12, micro_batch=4, publish=False)
+    sampled = [s["step"] for s in bucket_records(ns)][3:]
+    hooks_after = sum(len(p._post_accumulate_grad_hooks or {}) for p in st.module.parameters())
     out["buckets"] = {
-        "on": on, "n_after_off": len(off), "last_records": last,
+        "on": on, "n_after_off": len(off), "last_records": last, "sampled": sampled,
+        "hooks_after": hooks_after,
         "grad_bytes": sum(p.numel() * p.element_size() for p in st.module.parameters()),
         "names": [n for n, _ in st.module.named_parameters()],
     }
@@ -152,6 +157,8 @@ def test_bucket_records(measured):
         on = b["on"]
         assert [s["step"] for s in on] == [0, 1, 2]  # record=False added nothing
         assert b["n_after_off"] == 3
+        assert b["sampled"] == [10, 15]  # one step in RECORD_EVERY, and the call's last
+        assert b["hooks_after"] == 0  # the ready hooks are gone once a call ends
         for s in on[1:]:  # after DDP's first-iteration bucket rebuild
             bk = s["buckets"]
             # grad_accum=2: only the last micro-batch's backward all-reduces

@@ -160,3 +160,17 @@ def test_uneven_data_is_said_once(c):
     assert s["data_note"].startswith("an epoch uses 4 of the 7 samples and drops 3")
     assert "each of the 2 ranks 3 (drop_last: 1 left over)" in s["data_note"]
     assert c.train(steps=1, micro_batch=2, progress=False)["data_note"] is None  # said once
+
+
+def test_a_value_the_notebook_cannot_rebuild_is_said_in_a_line(c):
+    """It pickles on the engine, but its rebuild needs something only the
+    engine has (a hook-free DDP needs a process group): the pull used to fail
+    inside ipyparallel's I/O thread and wait forever."""
+    c.run("def _only_here():\n    return 1\n"
+          "class Stubborn:\n    def __reduce__(self):\n        return (_only_here, ())\n"
+          "stubborn = Stubborn()", display=False)
+    t0 = time.monotonic()
+    with pytest.raises(DpnbError, match=r"'stubborn' cannot be sent to the notebook \(rebuilding"):
+        c.pull("stubborn", rank=0)
+    assert time.monotonic() - t0 < QUICK_S
+    _healthy(c)  # nothing on the engines was harmed

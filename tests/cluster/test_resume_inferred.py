@@ -71,7 +71,7 @@ def _scenario(c, strategy: str, tmp_path) -> None:
     assert "cell: HIDDEN = 16 (binds HIDDEN" in msg and "cell: import dpnb.data" in msg, msg
     assert "cell: ds = dpnb.data.SyntheticRegression" in msg, msg
     if strategy in ("zero2", "zero3"):
-        assert f"shards the module in place" in msg and "Rebuilt on ranks 0-" in msg, msg
+        assert "shards the module in place" in msg and "Rebuilt on ranks 0-" in msg, msg
     else:
         assert f"Rebuilt on rank {c.world_size - 1} (they started empty)" in msg, msg
         assert [r.pid for r in c.ranks][:-1] == pids[:-1]  # survivors are the same engines

@@ -69,7 +69,7 @@ def test_exit_and_sys_exit_end_the_cell_not_the_engine(c):
                        ("import sys\nsys.exit(2)", "sys.exit(2)")):
         with pytest.raises(RemoteCellError) as ei:
             c.run(code, display=False)
-        assert f"ranks 0-1: exit() / sys.exit(" in ei.value.report and said.split()[-1] \
+        assert "ranks 0-1: exit() / sys.exit(" in ei.value.report and said.split()[-1] \
             in ei.value.report, ei.value.report
     # what used to kill both engines: exit(), then an error in the next cell
     with pytest.raises(RemoteCellError) as ei:
