@@ -24,6 +24,7 @@ gather, :meth:`_Loop.finish` completes a step's record and progress.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from collections import deque
@@ -68,6 +69,32 @@ def optimizer_gate(es, since: int, dev) -> None:
 
 #: values each rank contributes to a step's stats gather: loss, stop flag, compute s, samples
 STATS = 4
+#: during ``train`` Python's cyclic garbage collector runs at these steps only,
+#: on every rank at once, and only over its young generations
+GC_EVERY = 50
+
+
+@contextlib.contextmanager
+def _scheduled_gc():
+    """Python's automatic collector off for the call (restored after, also on
+    an error); :meth:`_Loop.one_step` collects the young generations every
+    ``GC_EVERY`` steps.
+
+    Why: an engine's heap holds torch, IPython and ipyparallel, and a full
+    collection of it took about 200 ms here -- one every few hundred steps, set
+    off by the objects a step leaves behind (its record), at a different step
+    on each rank.  Every other rank waits for it in the next gradient sync, so
+    at N ranks each rank's pauses stall all of them.  Collecting the young
+    generations at the same step everywhere is what large training loops do
+    (OLMo-core's and Megatron's garbage-collection callbacks); the full
+    collection comes back with the collector after the call."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @contextlib.contextmanager
@@ -299,6 +326,8 @@ class _Loop:
         compute += opt_s
         stop_local = stop.reason()
         work, gathered = self.issue_stats(loss_acc, compute, n_local, stop_local)
+        if (step_idx + 1) % GC_EVERY == 0:
+            gc.collect(1)  # counted in this step's time: it is the loop's cost
         # the step's kernels, not just their launches, belong in its time
         device.synchronize(self.dev)
         t1 = time.perf_counter()
@@ -417,7 +446,7 @@ def train(
     t_call = time.perf_counter()
     pending = None
     saved = []
-    with StopRequest(es) as stop, _recorder_off_after(st.recorder):
+    with StopRequest(es) as stop, _recorder_off_after(st.recorder), _scheduled_gc():
         for i in range(P.n_steps):
             issued = loop.one_step(i, stop)
             if pending is not None and loop.finish(pending, stop):

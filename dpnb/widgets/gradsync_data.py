@@ -28,8 +28,8 @@ from . import _common as C
 COMM_LANES = ("all_reduce", "all_gather", "reduce_scatter")
 LANE_LABEL = {"forward": "forward", "backward": "backward", "all_reduce": "all-reduce",
               "all_gather": "all-gather", "reduce_scatter": "reduce-scatter", "optimizer": "optimizer"}
-NO_RECORDS = ("no recorded steps: run %dp train with recording on first "
-              "(dpnb.engine.training.train(ns, ..., record=True), the default)")
+NO_RECORDS = ("no recorded steps: run %dp train first, without --no-record (the default "
+              "keeps each call's last step and every 10th)")
 
 
 @dataclass(frozen=True)

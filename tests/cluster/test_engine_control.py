@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from helpers.mp import run_ranks
 
 from dpnb.data import CharTextDataset, SyntheticRegression, TinyLM
+from dpnb.engine.step import GC_EVERY
 
 B, K = 2, 2
 DELAY = 0.3
@@ -105,6 +106,29 @@ def _run(ns, stop_path):
     out["stop_file"] = T.train(ns, steps=5, micro_batch=B, grad_accum=K, step_fn=touch, publish=False)
     es.stop_file = None
 
+    # -- the collector: off inside the call, collected at the same steps on every rank, back after
+    import gc
+
+    seen, collected = [], []
+
+    def on_gc(phase, info):
+        if phase == "start":
+            collected.append((T.train_state(ns).step, info["generation"]))
+
+    def gc_state(batch):
+        seen.append(gc.isenabled())
+        x, y = batch
+        return F.mse_loss(ns["model"](x), y)
+
+    gc.callbacks.append(on_gc)
+    try:
+        first = T.train_state(ns).step
+        T.train(ns, steps=GC_EVERY + 2, micro_batch=B, step_fn=gc_state, publish=False)
+    finally:
+        gc.callbacks.remove(on_gc)
+    out["gc"] = {"first": first, "seen": sorted(set(seen)), "after": gc.isenabled(),
+                 "collected": collected}
+
     # -- straggler, progress publishing, lr scaling, loss_fn by name
     _fresh(ns)
     if rank == 1:
@@ -197,6 +221,16 @@ def test_straggler_delay_shows_in_compute_times(results):
             assert c1 >= DELAY and c0 < DELAY / 2
             assert rec["step_time_s"] >= DELAY  # rank 0 waited for rank 1 in the sync
             assert rec["straggle_delay_s"] == (DELAY if rank == 1 else 0.0)
+
+
+def test_the_collector_runs_at_the_same_steps_on_every_rank(results):
+    g0, g1 = results[0]["gc"], results[1]["gc"]
+    assert g0["seen"] == g1["seen"] == [False]  # no automatic collection inside the call
+    assert g0["after"] and g1["after"]
+    # only the scheduled young-generation collection, at the step it is due (step_idx + 1
+    # divisible by GC_EVERY), the same on both ranks
+    due = [s for s in range(g0["first"], g0["first"] + GC_EVERY + 2) if (s + 1) % GC_EVERY == 0]
+    assert g0["collected"] == g1["collected"] == [(s, 1) for s in due], g0["collected"]
 
 
 def test_progress_publishing(results):

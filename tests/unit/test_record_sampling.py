@@ -1,4 +1,5 @@
-"""Which steps keep their DDP bucket timeline (dpnb.engine.train_state.records_buckets)."""
+"""Which steps keep their DDP bucket timeline (dpnb.engine.train_state.records_buckets), and
+the garbage collector around a train call (dpnb.engine.step._scheduled_gc)."""
 
 from dpnb.engine.train_state import RECORD_EVERY, records_buckets
 
@@ -19,3 +20,25 @@ def test_explicit_choices_and_recording_switched_off():
     assert kept(True, False, 3, 2) == [3, 4]  # asked for: kept even when the default is off
     assert kept(False, True, 0, 30) == []
     assert kept(None, False, 0, 30) == []
+
+
+def test_the_collector_is_off_during_a_call_and_restored_after_even_on_an_error():
+    import gc
+
+    import pytest
+
+    from dpnb.engine.step import _scheduled_gc
+
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        with _scheduled_gc():
+            assert not gc.isenabled()
+            raise ValueError("a step failed")
+    assert gc.isenabled()
+    gc.disable()  # the user's own choice survives a call
+    try:
+        with _scheduled_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
