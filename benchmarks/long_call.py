@@ -1,4 +1,4 @@
-"""Pauses inside one long ``%dp train`` call: the slowest steps beside the median.
+"""Pauses inside long training loops: the slowest steps beside the median.
 
 A median step time hides a pause that hits one step in a few hundred; a
 long call's slowest steps and its mean show it.  On a 2-rank cluster (mlp,
@@ -7,6 +7,14 @@ of ``--steps`` steps and prints, per call and rank 0's records: the median,
 mean, 99th percentile and slowest step, and how many steps took more than
 three medians.  Each rank's pauses stall every rank at the next gradient
 sync, so on N ranks the slow steps are the union of every rank's.
+
+Then what one full collection costs an engine, side by side in one run:
+rounds alternate between the engine's start-up heap left in the collector's
+reach (``gc.unfreeze()``) and frozen again (``gc.freeze()``, what dpnb does at
+start-up: :func:`dpnb.engine.process.freeze_startup_heap`).  A full
+collection comes when enough objects have outlived younger collections, and
+whenever code calls ``gc.collect()`` (Accelerate's ``free_memory``, many
+evaluation loops, users).
 
     python benchmarks/long_call.py [--steps 400] [--calls 3]
 """
@@ -43,9 +51,29 @@ def main(argv=None) -> int:
             med = statistics.median(t)
             print(f"{i} | {med:.1f} | {statistics.fmean(t):.1f} | {t[int(0.99 * (len(t) - 1))]:.1f} | "
                   f"{t[-1]:.1f} | {sum(x > 3 * med for x in t)}")
+        full_collection(c, a.calls)
     finally:
         ctx.stop_main()
     return 0
+
+
+FULL = """
+import gc, time
+gc.{how}()
+t0 = time.perf_counter()
+gc.collect()
+full_ms = 1e3 * (time.perf_counter() - t0)
+"""
+
+
+def full_collection(c, rounds: int) -> None:
+    print("round | heap | full gc.collect() ms, rank 0 / rank 1")
+    for i in range(rounds):
+        for how in ("unfreeze", "freeze"):
+            c.run(FULL.format(how=how), display=False)
+            ms = c.pull("full_ms")
+            print(f"{i} | {'frozen' if how == 'freeze' else 'in reach'} | "
+                  + " / ".join(f"{x:.1f}" for x in ms))
 
 
 if __name__ == "__main__":

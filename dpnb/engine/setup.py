@@ -230,6 +230,8 @@ def init_rank(info: dict) -> dict:
         cellguard.install(state)
         lifecycle.install(state)
         rankpdb.install(state)
+    if old is None:  # this process's first rank: no user object exists yet
+        process.freeze_startup_heap()
     return {"rank": rank, "device": str(device), "threads": torch.get_num_threads(),
             "door": door}
 

@@ -174,3 +174,14 @@ def test_a_value_the_notebook_cannot_rebuild_is_said_in_a_line(c):
         c.pull("stubborn", rank=0)
     assert time.monotonic() - t0 < QUICK_S
     _healthy(c)  # nothing on the engines was harmed
+
+
+def test_the_startup_heap_is_frozen_and_what_cells_make_is_still_collected(c):
+    """dpnb.engine.process.freeze_startup_heap: a full collection no longer
+    walks torch, IPython and ipyparallel, and a cell's own cyclic garbage is
+    still freed."""
+    c.run("import gc, weakref\nclass _Node:\n    pass\nnode = _Node()\nnode.me = node\n"
+          "alive = weakref.ref(node)\ndel node\ngc.collect()\ngone = alive() is None\n"
+          "frozen = gc.get_freeze_count()", display=False)
+    assert c.pull("gone") == [True, True]
+    assert all(n > 50_000 for n in c.pull("frozen")), c.pull("frozen")
