@@ -362,7 +362,7 @@ def bench_train(ctx: Context) -> list[Row]:
     import dpnb.session.verbs
 
     sh, c = ctx.shell, ctx.cluster
-    configs = ([tuple(c.split(":")) for c in ctx.train_configs] if ctx.train_configs
+    configs = ([tuple(pair.split(":")) for pair in ctx.train_configs] if ctx.train_configs
                else [(m, s) for m in MODELS for s in STRATEGIES])
     warmup, steps, rounds = (1, 2, 1) if ctx.smoke else (5, 5, 10 * ctx.rounds)
     plain = PlainServer(ctx)

@@ -47,7 +47,7 @@ from .scripts import run_script as _run_script
 from .status import status_rows
 from .restart import Restarted, SetupLog
 from .restart import restart as _restart
-from .transport import Transport, _runner_fn, unpack_value
+from .transport import Transport, _runner_fn, unpack_value, unsendable
 from .types import (BACKENDS, DEFAULT_TIMEOUT_S, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult,
                     EntryKind, Health, LaunchSpec, RankInfo, RankOutcome, Status, WaitKind)
 
@@ -55,7 +55,6 @@ __all__ = ["Engines", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUN
            "DEFAULT_TIMEOUT_S", "assign_ranks", "describe_exit"]
 
 from .placement import assign_ranks
-
 from .processes import describe_exit
 
 log = logging.getLogger(__name__)
@@ -394,12 +393,10 @@ class Engines:
             hint = f"; pull it from {rank_label(have)} with --rank {have[0]}" if have else ""
             raise DpnbError(f"{name!r} is not defined on {rank_label(lacking)}{hint}")
         res = self._apply(_runner_fn("get_value"), (name,), sel)
-        unsendable = [o for o in res.outcomes.values()
-                      if o.status == Status.ERROR and "serialize" in o.traceback]
-        if unsendable:
-            raise DpnbError(f"{name!r} cannot be sent to the notebook ({unsendable[0].ename}: "
-                            f"{unsendable[0].evalue}); pull plain values such as tensors, "
-                            f"numbers or a state_dict (for a wrapped model: %dp pull-model)")
+        failed = [o for o in res.outcomes.values()
+                  if o.status == Status.ERROR and "serialize" in o.traceback]
+        if failed:
+            raise unsendable(name, f"{failed[0].ename}: {failed[0].evalue}")
         vals = [unpack_value(name, bufs) for bufs in self._finish(res, True).values]
         return vals[0] if rank is not None else vals
 

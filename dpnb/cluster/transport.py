@@ -37,6 +37,13 @@ def _runner_fn(name: str):
     return getattr(runner, name)
 
 
+def unsendable(name: str, why: str) -> DpnbError:
+    """The one-line error for a pulled value that cannot reach the notebook:
+    it did not serialize on the engine, or it could not be rebuilt here."""
+    return DpnbError(f"{name!r} cannot be sent to the notebook ({why}); pull plain values such "
+                     f"as tensors, numbers or a state_dict (for a wrapped model: %dp pull-model)")
+
+
 def unpack_value(name: str, bufs: list[bytes]):
     """Rebuild a value pulled as ipyparallel buffers (``runner.get_value``)
     here, where a failure can be said in one line."""
@@ -46,10 +53,7 @@ def unpack_value(name: str, bufs: list[bytes]):
     try:
         return deserialize_object(bufs)[0]
     except Exception as e:
-        raise DpnbError(f"{name!r} cannot be sent to the notebook (rebuilding it here failed: "
-                        f"{type(e).__name__}: {e}); "
-                        f"pull plain values such as tensors, numbers or a state_dict (for a "
-                        f"wrapped model: %dp pull-model)") from e
+        raise unsendable(name, f"rebuilding it here failed: {type(e).__name__}: {e}") from e
 
 
 class Transport:

@@ -73,12 +73,13 @@ def freeze_startup_heap() -> int:
 
     Those objects live as long as the process, yet every full collection
     walked them all: 146-226 ms for one full ``gc.collect()`` in an idle
-    engine here, 0.0 ms after this.  A full collection comes every few
-    hundred steps of a loop that keeps something per step (a metrics list, a
-    step record), at a different step on each rank, and every other rank
-    waits for it at the next collective.  What user code creates later is
-    collected as before (CPython documents ``gc.freeze`` for this: after
-    start-up, before the work)."""
+    engine here, 0.0 ms after this.  A full collection comes whenever code
+    calls ``gc.collect()`` (Accelerate's ``free_memory``, evaluation loops,
+    users) and once the objects that outlived younger collections pass a
+    quarter of the old generation; on one rank it stalls every other rank at
+    the next collective.  What user code creates later is collected as before
+    (CPython documents ``gc.freeze`` for this: after start-up, before the
+    work)."""
     gc.freeze()
     return gc.get_freeze_count()
 

@@ -176,6 +176,13 @@ def test_a_value_the_notebook_cannot_rebuild_is_said_in_a_line(c):
     _healthy(c)  # nothing on the engines was harmed
 
 
+def test_a_value_that_does_not_serialize_on_the_engine_is_said_in_a_line(c):
+    c.run("import threading\nheld = threading.Lock()", display=False)
+    with pytest.raises(DpnbError, match=r"'held' cannot be sent to the notebook \(TypeError: .*lock.*pull-model"):
+        c.pull("held", rank=0)
+    _healthy(c)
+
+
 def test_the_startup_heap_is_frozen_and_what_cells_make_is_still_collected(c):
     """dpnb.engine.process.freeze_startup_heap: a full collection no longer
     walks torch, IPython and ipyparallel, and a cell's own cyclic garbage is
