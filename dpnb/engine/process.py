@@ -1,9 +1,11 @@
-"""The engine process itself: it ends with its kernel, stops fast on SIGTERM, and
-shows figures inline.  Called once by :func:`dpnb.engine.setup.init_rank`."""
+"""The engine process itself: it ends with its kernel, stops fast on SIGTERM,
+shows figures inline, and keeps Python's garbage collector out of the
+training loop's way.  Set up once by :func:`dpnb.engine.setup.init_rank`."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import importlib.util
 import logging
@@ -14,6 +16,10 @@ import threading
 import time
 
 log = logging.getLogger(__name__)
+
+#: during ``train`` Python's cyclic garbage collector runs at these steps only,
+#: on every rank at once, and only over its young generations
+GC_EVERY = 50
 
 
 def watch_parent(ppid: int, period: float = 1.0) -> None:
@@ -133,3 +139,26 @@ def text_progress_bars() -> None:
 
     if not any(isinstance(f, _TextTqdm) for f in sys.meta_path):
         sys.meta_path.insert(0, _TextTqdm())
+
+
+@contextlib.contextmanager
+def scheduled_gc():
+    """Python's automatic collector off for the call (restored after, also on
+    an error); :meth:`dpnb.engine.step._Loop.one_step` collects the young generations every
+    ``GC_EVERY`` steps.
+
+    Why: an engine's heap holds torch, IPython and ipyparallel, and a full
+    collection of it took about 200 ms here -- one every few hundred steps, set
+    off by the objects a step leaves behind (its record), at a different step
+    on each rank.  Every other rank waits for it in the next gradient sync, so
+    at N ranks each rank's pauses stall all of them.  Collecting the young
+    generations at the same step everywhere is what large training loops do
+    (OLMo-core's and Megatron's garbage-collection callbacks); the full
+    collection comes back with the collector after the call."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

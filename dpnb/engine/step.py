@@ -35,6 +35,7 @@ import torch.distributed as dist
 from ..core.strategies import is_fsdp
 from . import device
 from .microbatch import _split, _to_device, default_loss
+from .process import GC_EVERY, scheduled_gc
 from .dataset import current_data
 from .measure import state_bytes
 from .state import get_state
@@ -69,32 +70,6 @@ def optimizer_gate(es, since: int, dev) -> None:
 
 #: values each rank contributes to a step's stats gather: loss, stop flag, compute s, samples
 STATS = 4
-#: during ``train`` Python's cyclic garbage collector runs at these steps only,
-#: on every rank at once, and only over its young generations
-GC_EVERY = 50
-
-
-@contextlib.contextmanager
-def _scheduled_gc():
-    """Python's automatic collector off for the call (restored after, also on
-    an error); :meth:`_Loop.one_step` collects the young generations every
-    ``GC_EVERY`` steps.
-
-    Why: an engine's heap holds torch, IPython and ipyparallel, and a full
-    collection of it took about 200 ms here -- one every few hundred steps, set
-    off by the objects a step leaves behind (its record), at a different step
-    on each rank.  Every other rank waits for it in the next gradient sync, so
-    at N ranks each rank's pauses stall all of them.  Collecting the young
-    generations at the same step everywhere is what large training loops do
-    (OLMo-core's and Megatron's garbage-collection callbacks); the full
-    collection comes back with the collector after the call."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 @contextlib.contextmanager
@@ -155,7 +130,7 @@ class _Loop:
         p, st, rec = self.p, self.st, self.rec
         model = st.wrapped
         compute, n_local = 0.0, 0
-        loss_acc = torch.zeros((), dtype=torch.float64, device=self.dev)
+        loss_acc = None
         delay = float(self.es.straggle_delay_s or 0.0)
         for k in range(p.grad_accum):
             last = k == p.grad_accum - 1
@@ -172,7 +147,9 @@ class _Loop:
             sync = contextlib.nullcontext() if (last or self.fsdp) else model.no_sync()
             with sync:
                 loss = self._forward(model, batch)
-                scaled = loss.reshape(()) / p.grad_accum
+                # one micro-batch: the loss as it is (no view, no division: on a
+                # GPU every extra op is a host-side launch in a host-bound step)
+                scaled = loss.reshape(()) / p.grad_accum if p.grad_accum > 1 else loss
                 if st.scaler is not None:
                     scaled = st.scaler.scale(scaled)
                 if last:
@@ -185,7 +162,11 @@ class _Loop:
                 else:
                     scaled.backward()
                     compute += time.perf_counter() - tc
-            loss_acc += loss.detach().reshape(()).to(torch.float64)
+            part = loss.detach().reshape(())
+            # summed in float64 over several micro-batches; one is sent as it is
+            # (issue_stats copies it into the float64 stats: the same value)
+            loss_acc = part if p.grad_accum == 1 else (
+                part.double() if loss_acc is None else loss_acc + part.double())
         return loss_acc, compute, n_local, delay
 
     def _forward(self, model, batch) -> torch.Tensor:
@@ -216,18 +197,24 @@ class _Loop:
         else:
             st.optimizer.step()
         nbytes = None
-        if self.record:
-            if self.counted is None or i == self.p.n_steps - 1 or i % BYTES_EVERY == 0:
-                self.counted = dict(state_bytes(st.module, st.optimizer, dev),
-                                    counted_at_step=step_idx)
-                nbytes = self.counted
-            else:
-                nbytes = dict(self.counted)
-                if device.is_accel(dev):  # the peak is per step, and cheap to read
-                    nbytes["peak_allocated"] = device.max_memory_allocated(dev)
-                    nbytes["allocated"] = device.memory_allocated(dev)
+        if self.counts_bytes(i):
+            self.counted = dict(state_bytes(st.module, st.optimizer, dev),
+                                counted_at_step=step_idx)
+            nbytes = self.counted
+        elif self.record:
+            # Carried, allocator readings included: each reading builds the
+            # allocator's whole stats dict (75-80 us on an H200 host, two per
+            # step were 7 % of a 4 ms step)
+            nbytes = dict(self.counted)
         st.optimizer.zero_grad(set_to_none=True)
         return nbytes, time.perf_counter() - tc
+
+    def counts_bytes(self, i: int) -> bool:
+        """Whether step ``i`` of this call counts its state bytes and reads the
+        allocator (its peak since the step began): the first and last step of
+        a call and every ``BYTES_EVERY``-th; the others carry that count."""
+        return self.record and (self.counted is None or i == self.p.n_steps - 1
+                                or i % BYTES_EVERY == 0)
 
     def issue_stats(self, loss_acc, compute: float, n_local: int, stop_local) -> tuple:
         """Start the step's ``all_gather`` of [loss, stop, compute, samples].
@@ -243,7 +230,7 @@ class _Loop:
         # a list of per-rank outputs cost twice the Python per step.
         stats = torch.tensor([0.0, 1.0 if stop_local else 0.0, compute, float(n_local)],
                              dtype=torch.float64, device=cdev)
-        stats[0].copy_(loss_acc / self.p.grad_accum)
+        stats[0].copy_(loss_acc if self.p.grad_accum == 1 else loss_acc / self.p.grad_accum)
         gathered = torch.empty(STATS * self.p.world_size, dtype=torch.float64, device=cdev)
         return dist.all_gather_single(gathered, stats, async_op=True), gathered
 
@@ -311,7 +298,7 @@ class _Loop:
         st, data, P = self.st, self.data, self.p
         data.ensure_room(P.micro_batch * P.grad_accum, P.rank, P.world_size)
         step_idx = st.step
-        if self.record:
+        if self.counts_bytes(i):
             device.reset_peak_memory(self.dev)
         wall0 = time.time()
         t0 = time.perf_counter()
@@ -406,9 +393,10 @@ def train(
     ``lr``, ``samples_per_s``, ``tokens_per_s``, ``t_start``/``t_end``
     (``time.time``), ``straggle_delay_s``, ``bytes`` (:func:`state_bytes`
     right after ``optimizer.step()``, or None when not recording; counted on
-    the first and last step of a call and every ``BYTES_EVERY`` steps, the
-    steps between carry the last count -- the tensors keep their sizes from
-    step to step -- and ``counted_at_step`` says which step it is from) and
+    the first and last step of a call and every ``BYTES_EVERY`` steps, with
+    the allocator's peak over that step; the steps between carry the last
+    count -- the tensors keep their sizes from step to step -- and
+    ``counted_at_step`` says which step it is from) and
     ``compute_s`` / ``compute_s_all`` (this rank's / every rank's): the time
     spent in work that waits for no other rank -- the non-final micro-batches,
     the final forward, the straggle delay and the optimizer step -- so a slow
@@ -446,7 +434,7 @@ def train(
     t_call = time.perf_counter()
     pending = None
     saved = []
-    with StopRequest(es) as stop, _recorder_off_after(st.recorder), _scheduled_gc():
+    with StopRequest(es) as stop, _recorder_off_after(st.recorder), scheduled_gc():
         for i in range(P.n_steps):
             issued = loop.one_step(i, stop)
             if pending is not None and loop.finish(pending, stop):

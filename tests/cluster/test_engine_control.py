@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers.mp import run_ranks
 
 from dpnb.data import CharTextDataset, SyntheticRegression, TinyLM
-from dpnb.engine.step import GC_EVERY
+from dpnb.engine.process import GC_EVERY
 
 B, K = 2, 2
 DELAY = 0.3

@@ -84,6 +84,18 @@ def _measure(ns):
     T.train(ns, steps=12, micro_batch=4, publish=False)
     sampled = [s["step"] for s in bucket_records(ns)][3:]
     hooks_after = sum(len(p._post_accumulate_grad_hooks or {}) for p in st.module.parameters())
+    # The allocator is read (its peak reset first) only on the steps that count
+    # their bytes: each reading builds its whole stats dict (75-80 us on a GPU host)
+    from dpnb.engine import device as D
+
+    first, resets, real = st.step, [], D.reset_peak_memory
+    D.reset_peak_memory = lambda dev: resets.append(st.step)
+    try:
+        T.train(ns, steps=30, micro_batch=4, publish=False, record=True)
+    finally:
+        D.reset_peak_memory = real
+    counted_at = [r["bytes"]["counted_at_step"] for r in T.records(ns, last=30)]
+    out["bytes_read"] = {"first": first, "resets": resets, "counted_at": counted_at}
     out["buckets"] = {
         "on": on, "n_after_off": len(off), "last_records": last, "sampled": sampled,
         "hooks_after": hooks_after,
@@ -180,3 +192,11 @@ def test_bucket_records(measured):
         # the step records carry the recorded bytes only when recording was on
         assert b["last_records"][0]["bytes"]["grads"] == b["grad_bytes"]
         assert b["last_records"][1]["bytes"] is None
+
+
+def test_the_allocator_is_read_only_on_the_steps_that_count_bytes(measured):
+    for rank in (0, 1):
+        b = measured[rank]["bytes_read"]
+        s0 = b["first"]
+        assert b["resets"] == [s0, s0 + 25, s0 + 29]  # a call's first, every 25th, its last
+        assert b["counted_at"] == [s0] * 25 + [s0 + 25] * 4 + [s0 + 29]

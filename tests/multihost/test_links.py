@@ -29,9 +29,11 @@ def test_links_are_fitted_apart_and_both_algorithms_sum_alike(throttled):
     hb = hierarchy.bench(throttled, sizes=[MiB, 4 * MiB, 16 * MiB], iters=2)
     assert (hb.hosts, hb.per_host, hb.equal, hb.pretend) == (2, 2, True, False)
     d = hierarchy.data(hb)
-    # each rank's share of the throttled link: at most half of 1 Gbit/s (two
-    # ranks per host send at once); generous bound, tbf allows a short burst
-    assert d.inter.bandwidth_Bps < 0.75 * RATE_BPS, d.inter
+    # The throttled wire, not loopback (GB/s): a rank gets between half the
+    # link (both ranks of a host send across it at once) and all of it (their
+    # sends do not overlap) -- CI fitted 96 MB/s once, over a 0.75 x rate
+    # bound, so the bound is the wire itself, with room for tbf's 256 KB burst
+    assert d.inter.bandwidth_Bps < 1.2 * RATE_BPS, d.inter
     assert d.intra.bandwidth_Bps > 3 * d.inter.bandwidth_Bps, (d.intra, d.inter)
     text = hierarchy.text(d)
     assert "2 hosts × 2 ranks" in text and "inter-host link" in text

@@ -63,3 +63,17 @@ def test_dpnb_and_torchrun_train_the_same_thing(smoke):
     for fl in losses:
         assert fl["same"], fl
         assert abs(fl["dpnb"] - fl["torchrun"]) <= 1e-4 * max(1.0, abs(fl["torchrun"]))
+
+
+@pytest.mark.timeout(240)
+def test_loop_ab_runs_two_revisions_of_the_loop_in_one_engine():
+    p = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "loop_ab.py"), "--old",
+                        "HEAD", "--backend", "gloo", "--rounds", "1"], capture_output=True,
+                       text=True, timeout=220, cwd=REPO)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    rows = [line.split("|")[1:5] for line in p.stdout.splitlines()
+            if line.startswith(("| mlp |", "| tinylm |"))]
+    assert [r[0].strip() for r in rows] == ["mlp", "tinylm"], p.stdout
+    for _, rev, now, ratio in rows:
+        assert float(rev) > 0 and float(now) > 0
+        assert float(ratio) == pytest.approx(float(now) / float(rev), rel=0.01)

@@ -1,5 +1,5 @@
 """Which steps keep their DDP bucket timeline (dpnb.engine.train_state.records_buckets), and
-the garbage collector around a train call (dpnb.engine.step._scheduled_gc)."""
+the garbage collector around a train call (dpnb.engine.process.scheduled_gc)."""
 
 from dpnb.engine.train_state import RECORD_EVERY, records_buckets
 
@@ -27,17 +27,17 @@ def test_the_collector_is_off_during_a_call_and_restored_after_even_on_an_error(
 
     import pytest
 
-    from dpnb.engine.step import _scheduled_gc
+    from dpnb.engine.process import scheduled_gc
 
     assert gc.isenabled()
     with pytest.raises(ValueError):
-        with _scheduled_gc():
+        with scheduled_gc():
             assert not gc.isenabled()
             raise ValueError("a step failed")
     assert gc.isenabled()
     gc.disable()  # the user's own choice survives a call
     try:
-        with _scheduled_gc():
+        with scheduled_gc():
             assert not gc.isenabled()
         assert not gc.isenabled()
     finally:

@@ -1,0 +1,90 @@
+"""dpnb's training loop against another revision's, in the same engine, interleaved.
+
+    python benchmarks/loop_ab.py --old REV [--backend auto|gloo|nccl] [--rounds 15]
+
+Separate benchmark processes on a lent GPU machine drifted too much to
+compare two versions of the loop (torchrun's own MLP step read 2.62 to
+4.44 ms across four runs in one call there): this puts both in one engine.
+``dpnb/engine/step.py`` of ``REV`` (``git show``) is loaded beside the
+current one as ``dpnb.engine._step_at_rev`` -- it imports this checkout's
+other engine modules, so it must still fit them -- and, for the MLP and the
+course's TinyLM under DDP on a 1-rank cluster, rounds alternate 20 steps of
+the other loop's ``train`` and 20 of the current one on the same wrapped
+model.  Prints each side's median step time and their ratio (current /
+``REV``).  A GPU's host-bound steps are where the loop's own Python shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+CELL = """
+import importlib.util as _iu, statistics as _stat, collections as _co
+_spec = _iu.spec_from_file_location("dpnb.engine._step_at_rev", {path!r})
+_other = _iu.module_from_spec(_spec)
+_spec.loader.exec_module(_other)
+import dpnb.engine.training as _T
+_st = _T.train_state(globals())
+
+def _steps(train, n):
+    k0 = len(_st.records)
+    train(globals(), steps=n, micro_batch={mb}, publish=True)
+    return [r.step_time_s for r in list(_st.records)[k0:]]
+
+_times = _co.defaultdict(list)
+_steps(_other.train, 10)
+_steps(_T.train, 10)
+for _ in range({rounds}):
+    _times["rev"] += _steps(_other.train, 20)
+    _times["now"] += _steps(_T.train, 20)
+_med = {{k: 1e3 * _stat.median(v) for k, v in _times.items()}}
+"""
+
+
+def _other_step(rev: str) -> str:
+    src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:dpnb/engine/step.py"],
+                         capture_output=True, text=True, check=True).stdout
+    fd, path = tempfile.mkstemp(prefix="dpnb-step-", suffix=".py")
+    with os.fdopen(fd, "w") as f:
+        f.write(src)
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--old", required=True, metavar="REV", help="git revision to compare with")
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    p.add_argument("--rounds", type=int, default=15)
+    a = p.parse_args(argv)
+    import dpnb
+    from suite import SETUP_CELL
+
+    path = _other_step(a.old)
+    c = dpnb.start(1, backend=a.backend)
+    try:
+        print(f"backend {c.backend}, device {c.ranks[0].device}; median step ms, 1 rank, DDP")
+        print(f"| model | {a.old} | now | now / {a.old} |\n|---|---|---|---|")
+        for name in ("mlp", "tinylm"):
+            c.run(SETUP_CELL.format(here=HERE, name=name, tiny=False), display=False)
+            c.wrap("net", "ddp")
+            c.set_data("ds")
+            mb = int(c.pull("mb", rank=0))
+            c.run(CELL.format(path=path, mb=mb, rounds=a.rounds), display=False)
+            m = c.pull("_med", rank=0)
+            print(f"| {name} | {m['rev']:.3f} | {m['now']:.3f} | {m['now'] / m['rev']:.3f} |")
+    finally:
+        c.stop()
+        os.unlink(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
