@@ -148,7 +148,8 @@ class _Loop:
             with sync:
                 loss = self._forward(model, batch)
                 # one micro-batch: the loss as it is (no view, no division: on a
-                # GPU every extra op is a host-side launch in a host-bound step)
+                # GPU each op is a host-side launch, and these steps are
+                # host-bound); backward takes any one-element loss
                 scaled = loss.reshape(()) / p.grad_accum if p.grad_accum > 1 else loss
                 if st.scaler is not None:
                     scaled = st.scaler.scale(scaled)

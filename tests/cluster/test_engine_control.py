@@ -129,6 +129,19 @@ def _run(ns, stop_path):
     out["gc"] = {"first": first, "seen": sorted(set(seen)), "after": gc.isenabled(),
                  "collected": collected}
 
+    # -- a step returning its loss with shape (1,) (numel 1, not 0-dim): one
+    # micro-batch and several, the same losses as the default step
+    def shaped(batch):
+        x, y = batch
+        return F.mse_loss(ns["model"](x), y).reshape(1)
+
+    out["shaped"] = {}
+    for k in (1, K):
+        for name, fn in (("default", None), ("shaped", shaped)):
+            _fresh(ns)
+            out["shaped"][name, k] = T.train(ns, steps=2, micro_batch=B, grad_accum=k,
+                                             step_fn=fn, publish=False)["losses"]
+
     # -- straggler, progress publishing, lr scaling, loss_fn by name
     _fresh(ns)
     if rank == 1:
@@ -231,6 +244,14 @@ def test_the_collector_runs_at_the_same_steps_on_every_rank(results):
     # divisible by GC_EVERY), the same on both ranks
     due = [s for s in range(g0["first"], g0["first"] + GC_EVERY + 2) if (s + 1) % GC_EVERY == 0]
     assert g0["collected"] == g1["collected"] == [(s, 1) for s in due], g0["collected"]
+
+
+def test_a_loss_shaped_1_trains_like_a_0_dim_one(results):
+    for r in results:
+        got = r["shaped"]
+        for k in (1, K):
+            assert len(got["shaped", k]) == 2
+            assert got["shaped", k] == got["default", k], k
 
 
 def test_progress_publishing(results):
