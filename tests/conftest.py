@@ -18,6 +18,7 @@ IPython/Jupyter state is kept out of the user's home.
 
 import os
 import pathlib
+import signal
 import tempfile
 
 import pytest
@@ -30,6 +31,14 @@ for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-conf
     os.makedirs(os.environ[var], exist_ok=True)
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Tests press Ctrl-C by sending SIGINT to this process, as Jupyter does to a
+# kernel.  A run started in the background by a non-interactive shell
+# (`.ci/run &`) inherits SIGINT ignored, and Python keeps it ignored: those
+# tests then waited for an interrupt that never came (three failed that way
+# here).  A kernel always handles SIGINT, so the tests run with Python's own
+# handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TESTS = pathlib.Path(__file__).resolve().parent
 TIERS = ("unit", "cluster", "ecosystem", "multihost", "shared", "notebook", "browser", "slow",
