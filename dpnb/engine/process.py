@@ -144,8 +144,8 @@ def text_progress_bars() -> None:
 @contextlib.contextmanager
 def scheduled_gc():
     """Python's automatic collector off for the call (restored after, also on
-    an error); :meth:`dpnb.engine.step._Loop.one_step` collects the young generations every
-    ``GC_EVERY`` steps.
+    an error); :meth:`dpnb.engine.step._Loop.one_step` collects the young
+    generations every ``GC_EVERY`` steps.
 
     Why: an engine's heap holds torch, IPython and ipyparallel, and a full
     collection of it took about 200 ms here -- one every few hundred steps, set

@@ -126,7 +126,7 @@ class _Loop:
 
     def micro_batches(self) -> tuple[torch.Tensor, float, int, float]:
         """Forward and backward of the step's ``K`` micro-batches; gradients
-        sync in the last backward.  Returns (summed loss, compute s, samples, delay)."""
+        sync in the last backward.  Returns (mean loss, compute s, samples, delay)."""
         p, st, rec = self.p, self.st, self.rec
         model = st.wrapped
         compute, n_local = 0.0, 0
@@ -164,11 +164,15 @@ class _Loop:
                     scaled.backward()
                     compute += time.perf_counter() - tc
             part = loss.detach().reshape(())
-            # summed in float64 over several micro-batches; one is sent as it is
-            # (issue_stats copies it into the float64 stats: the same value)
-            loss_acc = part if p.grad_accum == 1 else (
-                part.double() if loss_acc is None else loss_acc + part.double())
-        return loss_acc, compute, n_local, delay
+            if p.grad_accum > 1:  # summed in float64 over the micro-batches
+                part = part.double()
+                loss_acc = part if loss_acc is None else loss_acc + part
+            else:
+                loss_acc = part
+        # one micro-batch's loss goes as it is: issue_stats copies it into the
+        # float64 stats, the same value without a kernel launched for it
+        mean = loss_acc / p.grad_accum if p.grad_accum > 1 else loss_acc
+        return mean, compute, n_local, delay
 
     def _forward(self, model, batch) -> torch.Tensor:
         p = self.p
@@ -185,10 +189,11 @@ class _Loop:
             )
         return loss
 
-    def optimizer_step(self, i: int, step_idx: int,
-                       since: int = 0) -> tuple[dict | None, float]:
+    def optimizer_step(self, step_idx: int, since: int,
+                       counting: bool) -> tuple[dict | None, float]:
         """Step, count the bytes (when recording), zero the gradients.
-        ``since``: the process's release count when the step began."""
+        ``since``: the process's release count when the step began;
+        ``counting``: this step counts its bytes (:meth:`counts_bytes`)."""
         st, dev = self.st, self.dev
         tc = time.perf_counter()
         optimizer_gate(self.es, since, dev)
@@ -198,7 +203,7 @@ class _Loop:
         else:
             st.optimizer.step()
         nbytes = None
-        if self.counts_bytes(i):
+        if counting:
             self.counted = dict(state_bytes(st.module, st.optimizer, dev),
                                 counted_at_step=step_idx)
             nbytes = self.counted
@@ -217,7 +222,7 @@ class _Loop:
         return self.record and (self.counted is None or i == self.p.n_steps - 1
                                 or i % BYTES_EVERY == 0)
 
-    def issue_stats(self, loss_acc, compute: float, n_local: int, stop_local) -> tuple:
+    def issue_stats(self, loss, compute: float, n_local: int, stop_local) -> tuple:
         """Start the step's ``all_gather`` of [loss, stop, compute, samples].
 
         Waited for after the *next* step: by then every rank has long sent its
@@ -231,7 +236,7 @@ class _Loop:
         # a list of per-rank outputs cost twice the Python per step.
         stats = torch.tensor([0.0, 1.0 if stop_local else 0.0, compute, float(n_local)],
                              dtype=torch.float64, device=cdev)
-        stats[0].copy_(loss_acc if self.p.grad_accum == 1 else loss_acc / self.p.grad_accum)
+        stats[0].copy_(loss)
         gathered = torch.empty(STATS * self.p.world_size, dtype=torch.float64, device=cdev)
         return dist.all_gather_single(gathered, stats, async_op=True), gathered
 
@@ -299,7 +304,8 @@ class _Loop:
         st, data, P = self.st, self.data, self.p
         data.ensure_room(P.micro_batch * P.grad_accum, P.rank, P.world_size)
         step_idx = st.step
-        if self.counts_bytes(i):
+        counting = self.counts_bytes(i)
+        if counting:
             device.reset_peak_memory(self.dev)
         wall0 = time.time()
         t0 = time.perf_counter()
@@ -309,11 +315,11 @@ class _Loop:
                                                  P.n_steps, step_idx))
             self.rec.begin_step(step_idx, origin=wall0)
         since = self.es.releases
-        loss_acc, compute, n_local, delay = self.micro_batches()
-        nbytes, opt_s = self.optimizer_step(i, step_idx, since)
+        loss, compute, n_local, delay = self.micro_batches()
+        nbytes, opt_s = self.optimizer_step(step_idx, since, counting)
         compute += opt_s
         stop_local = stop.reason()
-        work, gathered = self.issue_stats(loss_acc, compute, n_local, stop_local)
+        work, gathered = self.issue_stats(loss, compute, n_local, stop_local)
         if (step_idx + 1) % GC_EVERY == 0:
             gc.collect(1)  # counted in this step's time: it is the loop's cost
         # the step's kernels, not just their launches, belong in its time
