@@ -24,6 +24,19 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("every rank seeds its own generators", "dpnb/engine/setup.py",
+  'seeding.seed_rank(rank, info.get("seed"))', "None",
+  ["tests/cluster/test_seeding.py::test_every_rank_draws_its_own_numbers_after_start_restart_and_replacement",
+   "tests/ecosystem/test_seeding_like_torchrun.py"]),
+ ("--seed gives rank r seed + r", "dpnb/engine/seeding.py",
+  "return int(seed) + int(rank)", "return int(seed)",
+  ["tests/cluster/test_seeding.py::test_seed_gives_rank_r_the_numbers_of_seed_plus_r_and_a_replacement_its_own_again"]),
+ ("fresh seeds reach numpy", "dpnb/engine/seeding.py",
+  "            np.random.seed()  # the OS's entropy\n", "            pass\n",
+  ["tests/cluster/test_seeding.py::test_every_rank_draws_its_own_numbers_after_start_restart_and_replacement"]),
+ ("an exported job keeps the seed", "dpnb/session/export.py",
+  '(f", seed={seed})" if seed is not None else ")")', '")"',
+  ["tests/cluster/test_seeding.py::test_an_exported_job_seeds_its_ranks_as_the_notebook_did"]),
  ("the rank table changes in one place", "dpnb/cluster/world.py",
   "    c.adopt_ranks(ranks, fresh=added, new_world=True)\n",
   "    c.ranks[:] = ranks\n    c.adopt_ranks(ranks, fresh=added, new_world=True)\n",

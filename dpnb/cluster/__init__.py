@@ -71,7 +71,8 @@ class Engines:
 
     def __init__(self, *, ipp_cluster, client, ranks: list[RankInfo], backend: str,
                  engine_launcher: EngineLauncher, timeout_s: float, profile_dir: str,
-                 master_addr: str, threads: int, gpus: list[int] | None):
+                 master_addr: str, threads: int, gpus: list[int] | None,
+                 seed: int | None = None):
         self._ipp = ipp_cluster
         self.engine_launcher = engine_launcher  # how engines start, are signalled, stop
         self.spec = engine_launcher.spec
@@ -88,7 +89,7 @@ class Engines:
         self.group = Group(self.transport, ranks, self.health, backend=backend,
                            master_addr=master_addr, timeout_s=timeout_s, threads=threads,
                            local=self.local, env=self.spec.env_dict,
-                           watch_kernel=engine_launcher.watch_kernel)
+                           watch_kernel=engine_launcher.watch_kernel, seed=seed)
         self.setup_log = SetupLog()
         # every cell and push: what restart --resume and %dp export read
         self.history: collections.deque = collections.deque(maxlen=SETUP_LOG_MAX)
@@ -109,7 +110,8 @@ class Engines:
               launcher_args: Sequence[str] | None = None,
               controller_ip: str | None = None, env=None, remote_python: str | None = None,
               ssh_config: str | None = None, master_addr: str | None = None,
-              zygote: bool | None = None, warm=None, keep=None) -> Engines:
+              zygote: bool | None = None, warm=None, keep=None,
+              seed: int | None = None) -> Engines:
         """Start ``n`` engines and join them in a torch.distributed group.
 
         ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
@@ -128,6 +130,9 @@ class Engines:
         ``warm``: a :class:`agents.WarmZygote` started earlier, taken if usable.
         ``keep``: a time to live (``"2h"``): the cluster outlives this kernel
         by that long, for :meth:`attach` (local engines; see :mod:`.keep`).
+        ``seed``: rank r seeds torch, numpy and ``random`` with ``seed + r``;
+        default: each engine from fresh entropy, as torchrun's processes
+        (:mod:`dpnb.engine.seeding`).
         """
         ttl = keeping.parse_ttl(keep) if keep is not None else None
         spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
@@ -135,7 +140,7 @@ class Engines:
                           remote_python=remote_python, ssh_config=ssh_config,
                           master_addr=master_addr, kept=ttl is not None,
                           zygote=launch.zygote_for(engines, kept=ttl is not None, asked=zygote))
-        gpu_list = launch.check_start_args(n, backend, engines, timeout, threads, gpus)
+        gpu_list = launch.check_start_args(n, backend, engines, timeout, threads, gpus, seed)
         starter = launcher_for(spec)
         if ttl is not None and not starter.engines_here:
             raise DpnbError(f"--keep works with local engines; the {engines} launcher's engines "
@@ -145,7 +150,7 @@ class Engines:
         icluster, client, profile_dir = launch.bring_up(n, starter, start_timeout, warm)
         try:
             c = cls._form(icluster, client, n=n, backend=backend, starter=starter, gpus=gpu_list,
-                          timeout=timeout, threads=threads, profile_dir=profile_dir)
+                          timeout=timeout, threads=threads, profile_dir=profile_dir, seed=seed)
             if ttl is not None:
                 c.keep_s = ttl
                 keeping.hold(c, ttl)
@@ -156,7 +161,7 @@ class Engines:
 
     @classmethod
     def _form(cls, icluster, client, *, n, backend, starter: EngineLauncher, gpus, timeout,
-              threads, profile_dir) -> Engines:
+              threads, profile_dir, seed=None) -> Engines:
         eids = sorted(client.ids)[:n]
         probes = engines.probe(client, icluster, eids)
         ranks = placement.assign_ranks(probes, **starter.rank_order(n))
@@ -170,7 +175,7 @@ class Engines:
                    engine_launcher=starter, timeout_s=timeout, profile_dir=profile_dir,
                    master_addr=starter.spec.master_addr or ("127.0.0.1" if local
                                                             else ranks[0].ip),
-                   threads=threads, gpus=gpus)
+                   threads=threads, gpus=gpus, seed=seed)
         self.group.init_ranks()
         self.group.form()
         # Our controller and engines (or mpiexec, or the ssh clients of the
@@ -188,6 +193,7 @@ class Engines:
     agents = property(lambda self: self.engine_launcher.agents)  # host agents, if any
     timeout_s = property(lambda self: self.group.timeout_s)
     threads = property(lambda self: self.group.threads)
+    seed = property(lambda self: self.group.seed)  # --seed, or None: fresh entropy per rank
     master_addr = property(lambda self: self.group.master_addr)
     master_port = property(lambda self: self.group.master_port)
     dead = property(lambda self: self.health.dead)

@@ -33,7 +33,8 @@ class Group:
 
     def __init__(self, transport: Transport, ranks: list[RankInfo], health: Health, *,
                  backend: str, master_addr: str, timeout_s: float, threads: int, local: bool,
-                 env: dict[str, str] | None = None, watch_kernel: bool = True):
+                 env: dict[str, str] | None = None, watch_kernel: bool = True,
+                 seed: int | None = None):
         self.t = transport
         # engines that are this kernel's grandchildren (forked by a local
         # zygote agent) watch the agent instead, which watches this kernel
@@ -47,6 +48,7 @@ class Group:
         self.threads = threads
         self.local = local
         self.env = dict(env or {})
+        self.seed = seed  # --seed: rank r's generators start at seed + r
 
     def init_ranks(self, new: Sequence[int] | None = None) -> None:
         """``init_rank`` on every rank, one round trip in all.
@@ -64,7 +66,7 @@ class Group:
                 master_addr=self.master_addr, master_port=self.master_port,
                 timeout_s=self.timeout_s, threads=self.threads, local=self.local,
                 watch_ppid=kernel if (self.local and fresh and self.watch_kernel) else None, token=self.t.token,
-                env=self.env, nnodes=len({r.node_rank for r in self.ranks})),)
+                env=self.env, nnodes=len({r.node_rank for r in self.ranks}), seed=self.seed),)
         res = self.t.setup_all("init_rank", per_rank=infos, timeout=60)
         if not res.ok:
             raise StartError("could not give the engines their ranks: " + first_error(res))

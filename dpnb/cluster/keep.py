@@ -79,7 +79,8 @@ def record_of(c, ttl_s: float) -> dict:
         "profile_dir": c.profile_dir, "cluster_file": c._ipp.cluster_file,
         "ranks": [dict(r.__dict__) for r in c.ranks], "backend": c.backend,
         "master_addr": c.master_addr, "master_port": c.master_port, "timeout_s": c.timeout_s,
-        "threads": c.threads, "generation": c.generation, "token": c.transport.token,
+        "threads": c.threads, "seed": c.seed, "generation": c.generation,
+        "token": c.transport.token,
         "doors": {str(r): list(a) for r, a in c.transport.doors.items()},
         "env": [list(kv) for kv in c.spec.env],
         "setup_log": [_entry(e) for e in c.setup_log.entries],
@@ -213,7 +214,7 @@ def from_record(cls, rec: dict):
     c = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=rec["backend"],
             engine_launcher=launcher_for(spec), timeout_s=float(rec["timeout_s"]),
             profile_dir=rec["profile_dir"], master_addr=rec["master_addr"],
-            threads=int(rec["threads"]), gpus=None)
+            threads=int(rec["threads"]), gpus=None, seed=rec.get("seed"))
     c.transport.token = rec["token"]
     c.transport.doors = {int(r): (a[0], int(a[1])) for r, a in rec["doors"].items()}
     c.group.master_port = int(rec["master_port"])

@@ -51,7 +51,7 @@ def parse_gpus(gpus: str | Sequence[int] | None) -> list[int] | None:
 
 
 def check_start_args(n, backend: str, engines: str, timeout: float, threads: int | None,
-                     gpus) -> list[int] | None:
+                     gpus, seed: int | None = None) -> list[int] | None:
     """Validate ``%dp start``'s arguments; return the parsed GPU list."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise DpnbError(f"-n must be a whole number of engines >= 1 (got {n!r}); try -n 2")
@@ -63,6 +63,10 @@ def check_start_args(n, backend: str, engines: str, timeout: float, threads: int
         raise DpnbError(f"--timeout must be > 0 seconds (got {timeout}); e.g. --timeout 30")
     if threads is not None and threads < 1:
         raise DpnbError(f"--threads must be >= 1 (got {threads})")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or not 0 <= seed < 2 ** 63 - 2 ** 16):
+        raise DpnbError(f"--seed must be a whole number from 0 to 2**63 - 65537 (got {seed!r}): "
+                        f"rank r seeds its generators with seed + r; e.g. --seed 0")
     gpu_list = parse_gpus(gpus)
     if backend == "nccl" and gpu_list is not None and len(set(gpu_list)) < len(gpu_list):
         twice = sorted({g for g in gpu_list if gpu_list.count(g) > 1})
@@ -222,12 +226,14 @@ def tear_down(icluster, client, launcher: EngineLauncher, profile_dir: str) -> N
 def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: str,
                    master_port: int, timeout_s: float, threads: int, local: bool,
                    watch_ppid: int | None, token: str | None = None,
-                   env: dict[str, str] | None = None, nnodes: int = 1) -> dict[str, Any]:
+                   env: dict[str, str] | None = None, nnodes: int = 1,
+                   seed: int | None = None) -> dict[str, Any]:
     """What :func:`dpnb.engine.setup.init_rank` receives for rank ``ri``.
 
     ``token`` opens the engine's side door (:mod:`dpnb.engine.sidedoor`), a
     UNIX socket in the owner's private folder for local clusters and a port
-    on the rank's own address otherwise.
+    on the rank's own address otherwise.  ``seed``: ``--seed`` (None: each
+    engine seeds itself from fresh entropy; :mod:`dpnb.engine.seeding`).
     """
     return dict(rank=ri.rank, world_size=world_size, local_rank=ri.local_rank,
                 local_world_size=ri.local_world_size, node_rank=ri.node_rank,
@@ -237,4 +243,4 @@ def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: 
                 master_port=master_port, timeout_s=timeout_s, threads=threads,
                 local_cluster=local, watch_ppid=watch_ppid, token=token,
                 door_addr="unix" if local else ri.ip, ifname=ri.ifname,
-                env=dict(env or {}), nnodes=nnodes, widgets=in_kernel())
+                env=dict(env or {}), nnodes=nnodes, widgets=in_kernel(), seed=seed)

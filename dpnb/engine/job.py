@@ -29,6 +29,7 @@ import torch.distributed as dist
 from .. import compat
 from .. import log as dpnb_log
 from . import checkpoint, training
+from .seeding import seed_rank
 from .state import STATE_NAME, EngineState
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,13 @@ def arg_parser(*, description: str, resume: str | None, steps_done: int) -> argp
     return p
 
 
-def init(ns: dict, *, backend: str = "auto", timeout_s: float = 600.0) -> dict:
-    """Join torchrun's process group and make ``ns`` look like an engine's namespace."""
+def init(ns: dict, *, backend: str = "auto", timeout_s: float = 600.0,
+         seed: int | None = None) -> dict:
+    """Join torchrun's process group and make ``ns`` look like an engine's namespace.
+
+    ``seed``: the notebook's ``--seed``, so the job's ranks draw what the
+    notebook's did (rank r: ``seed + r``); None leaves torchrun's fresh seeds.
+    """
     dpnb_log.install()
     compat.ensure_single_collectives()
     env = os.environ
@@ -65,6 +71,8 @@ def init(ns: dict, *, backend: str = "auto", timeout_s: float = 600.0) -> dict:
         raise SystemExit(f"{', '.join(missing)} not set: run this script with torchrun "
                          f"(see run.sh) or srun torchrun (see job.sbatch)")
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    if seed is not None:
+        seed_rank(rank, seed)
     local_rank = int(env.get("LOCAL_RANK", 0))
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"

@@ -33,7 +33,7 @@ from datetime import timedelta
 
 from .. import compat
 from .. import log as dpnb_log
-from . import process
+from . import process, seeding
 from .lifecycle import torch_fn  # torch-free at import, like this module
 from .netplan import backend_env, interface_of, launch_rank, route_address
 from .rebind import rebind_user_objects
@@ -138,7 +138,8 @@ def init_rank(info: dict) -> dict:
     node_rank, backend, device_index (GPU ordinal or None; with
     visible_devices, the CUDA_VISIBLE_DEVICES to show first, and
     device_fallback, the ordinal should CUDA already be initialised), master_addr,
-    master_port, timeout_s, threads, watch_ppid, local_cluster.
+    master_port, timeout_s, threads, watch_ppid, local_cluster, seed (None:
+    fresh entropy; see :mod:`dpnb.engine.seeding`).
     """
     wait_preload()
     # lazy: torch-free at import (boot loads torch in a background thread)
@@ -231,6 +232,9 @@ def init_rank(info: dict) -> dict:
         lifecycle.install(state)
         rankpdb.install(state)
     if old is None:  # this process's first rank: no user object exists yet
+        # its own random numbers, as a fresh torchrun process has (a forked
+        # engine starts with its zygote's generators); before any user code
+        seeding.seed_rank(rank, info.get("seed"))
         process.freeze_startup_heap()
     return {"rank": rank, "device": str(device), "threads": torch.get_num_threads(),
             "door": door}

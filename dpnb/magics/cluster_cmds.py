@@ -31,6 +31,9 @@ class ClusterCommands:
     @argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
               help="process-group timeout in seconds: how long a collective waits for a "
                    "peer before it errors (default %(default)s)")
+    @argument("--seed", type=int, default=None,
+              help="rank r seeds torch, numpy and random with SEED + r, for a reproducible "
+                   "session (default: every rank from fresh entropy, as under torchrun)")
     @argument("--threads", type=int, default=None,
               help="torch threads per engine (default: cores / engines per host)")
     @argument("--launcher-arg", action="append", default=None, dest="launcher_args",
@@ -65,7 +68,7 @@ class ClusterCommands:
             raise UsageError(f"a dpnb cluster is already running ({c.world_size} ranks, "
                              f"{c.backend}): %dp stop it first, or %dp restart")
         c = session.Cluster.start(a.n, backend=a.backend, engines=a.engines, gpus=a.gpus,
-                             timeout=a.timeout, threads=a.threads,
+                             timeout=a.timeout, threads=a.threads, seed=a.seed,
                              launcher_args=a.launcher_args, controller_ip=a.controller_ip,
                              env=a.env, remote_python=a.remote_python,
                              ssh_config=a.ssh_config, master_addr=a.master_addr,
@@ -74,10 +77,11 @@ class ClusterCommands:
         self.warm = None  # taken by the start, or closed by it if unusable
         self.cluster = c
         devs = sorted({r.device for r in c.ranks})
+        seeded = "" if c.seed is None else f", seed {c.seed} + rank"
         hosts = sorted({r.host for r in c.ranks})
         print(f"dpnb: {c.world_size} ranks up ({c.backend}, {', '.join(devs)}, "
               f"{len(hosts)} host{'s' if len(hosts) > 1 else ''}, group timeout "
-              f"{c.timeout_s:g} s). Use %%dp to run cells on them.")
+              f"{c.timeout_s:g} s{seeded}). Use %%dp to run cells on them.")
         if len(hosts) > 1:
             print(f"dpnb: {cl.placement.host_layout(c.ranks)}")
         if c.keep_s:

@@ -99,6 +99,12 @@ def _call_source(dotted: str, args: tuple, kwargs: dict) -> str:
     return call if alias else f"import {module}\n{call}"
 
 
+def init_call(seed: int | None) -> str:
+    """The job's ``job.init`` line: the notebook's ``--seed``, if any, goes with it."""
+    return ("job.init(globals(), backend=args.backend, timeout_s=args.timeout"
+            + (f", seed={seed})" if seed is not None else ")"))
+
+
 def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
            when: str) -> str:
     """The text of ``train.py``."""
@@ -123,7 +129,7 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
         "",
         "args = job.arg_parser(description=__doc__.splitlines()[0],",
         f"                      resume={checkpoint!r}, steps_done={steps_done}).parse_args()",
-        "job.init(globals(), backend=args.backend, timeout_s=args.timeout)",
+        init_call(cluster.seed),
         "",
     ]
     n_cell = 0
