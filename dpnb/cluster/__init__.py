@@ -48,11 +48,11 @@ from .status import status_rows
 from .restart import Restarted, SetupLog
 from .restart import restart as _restart
 from .transport import Transport, _runner_fn, unpack_value, unsendable
-from .types import (BACKENDS, DEFAULT_TIMEOUT_S, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult,
-                    EntryKind, Health, LaunchSpec, RankInfo, RankOutcome, Status, WaitKind)
+from .types import (BACKENDS, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult, EntryKind, Health,
+                    LaunchSpec, RankInfo, RankOutcome, Status, WaitKind, default_timeout)
 
 __all__ = ["Engines", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
-           "DEFAULT_TIMEOUT_S", "assign_ranks", "describe_exit"]
+           "assign_ranks", "describe_exit"]
 
 from .placement import assign_ranks
 from .processes import describe_exit
@@ -105,13 +105,12 @@ class Engines:
     # ------------------------------------------------------------------ start
     @classmethod
     def start(cls, n: int = 2, *, backend: str = "auto", engines: str = "local",
-              gpus: str | Sequence[int] | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+              gpus: str | Sequence[int] | None = None, timeout: float | None = None,
               threads: int | None = None, start_timeout: float = 120.0,
               launcher_args: Sequence[str] | None = None,
               controller_ip: str | None = None, env=None, remote_python: str | None = None,
               ssh_config: str | None = None, master_addr: str | None = None,
-              zygote: bool | None = None, warm=None, keep=None,
-              seed: int | None = None) -> Engines:
+              zygote: bool | None = None, warm=None, keep=None, seed: int | None = None) -> Engines:
         """Start ``n`` engines and join them in a torch.distributed group.
 
         ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
@@ -119,9 +118,10 @@ class Engines:
         ``["node1=4", "node2=4"]``, one host agent per host, see
         :mod:`dpnb.cluster.agents`), ``mpi`` (mpiexec options in
         ``launcher_args``) or ``slurm`` (sbatch settings).  ``gpus``: device
-        ordinals per host.  ``timeout``: seconds any collective may wait for a
-        peer before it errors.  ``env``: ``{"GLOO_SOCKET_IFNAME": "eth1"}`` or
-        ``["K=V", ...]`` for every engine; ``remote_python``: the Python on
+        ordinals per host.  ``timeout``: seconds a collective may wait for a
+        busy peer (default: torch's; :mod:`dpnb.core.timeouts`).  ``env``:
+        ``{"GLOO_SOCKET_IFNAME": "eth1"}`` or ``["K=V", ...]`` for every
+        engine; ``remote_python``: the Python on
         other hosts (default ``python3``); ``ssh_config``: an ssh config file;
         ``master_addr``: the group's store address instead of rank 0's route
         to the controller.  ``zygote``: local engines forked from one process
@@ -130,9 +130,8 @@ class Engines:
         ``warm``: a :class:`agents.WarmZygote` started earlier, taken if usable.
         ``keep``: a time to live (``"2h"``): the cluster outlives this kernel
         by that long, for :meth:`attach` (local engines; see :mod:`.keep`).
-        ``seed``: rank r seeds torch, numpy and ``random`` with ``seed + r``;
-        default: each engine from fresh entropy, as torchrun's processes
-        (:mod:`dpnb.engine.seeding`).
+        ``seed``: rank r seeds its generators with ``seed + r`` (default: fresh
+        entropy, as torchrun's processes; :mod:`dpnb.engine.seeding`).
         """
         ttl = keeping.parse_ttl(keep) if keep is not None else None
         spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
@@ -166,6 +165,7 @@ class Engines:
         probes = engines.probe(client, icluster, eids)
         ranks = placement.assign_ranks(probes, **starter.rank_order(n))
         backend = gpuplan.choose_backend(backend, ranks, probes, gpus)
+        timeout = default_timeout(backend) if timeout is None else timeout
         ranks = gpuplan.with_devices(ranks, backend, gpus, probes)
         if threads is None:
             cpu = min(probes[e]["cpu_count"] for e in eids)

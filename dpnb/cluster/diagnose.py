@@ -165,6 +165,10 @@ def _never_came(a: dict, op: str) -> str:
                                    f"after only {done} {op}")
 
 
+#: how a blocked rank whose peer is still busy in its own code is named
+WAITS_FOR_BUSY = "a wait, not a deadlock"
+
+
 def where_verdict(res: CellResult) -> str:
     """``rank 1 is blocked in all_reduce #1 ... ; rank 0 finished the cell without entering it``."""
     w = res.where
@@ -172,8 +176,15 @@ def where_verdict(res: CellResult) -> str:
         return ""
     lines = []
     blocked = {r: a for r, a in w.items() if a.get("running") and a.get("collective")}
+    # ranks still running their own code: a blocked rank waits for them, and
+    # goes on when they get there -- a wait, not a deadlock (not released)
+    busy = sorted(r for r, a in w.items() if a.get("running") and r not in blocked)
     for r, a in sorted(blocked.items()):
-        lines.append(_blocked_line(r, a))
+        line = _blocked_line(r, a)
+        if busy:
+            line += (f" -- {rank_label(busy)} {'is' if len(busy) == 1 else 'are'} still running "
+                     f"{'its' if len(busy) == 1 else 'their'} code: {WAITS_FOR_BUSY}")
+        lines.append(line)
     for r, a in sorted(w.items()):
         if r in blocked:
             continue
@@ -275,6 +286,36 @@ _EXITS = {
 }
 
 
+def _timed_out(evalue: str) -> bool:
+    """A collective error that is gloo's, NCCL's or dpnb's check's group timeout."""
+    return "timed out" in evalue.lower() or "timeout" in evalue.lower()
+
+
+def _how_wait_ended(res: CellResult, evalue: str, timeout_s: float) -> str:
+    """What ended a waiting rank's collective, from its own error: ``... until
+    {this} it``."""
+    if _timed_out(evalue):
+        return f"the {timeout_s:g} s group timeout ended"
+    if res.released:
+        return "the release freed"
+    if "interrupt" in evalue.lower():
+        return (f"the interrupt at the cell's {res.cell_timeout_s:g} s timeout stopped"
+                if res.cell_timeout_s else "the interrupt stopped")
+    return "its peer's going away ended"
+
+
+def _timed_out_line(res: CellResult, timed: list[int]) -> str:
+    """Why ``timed`` were interrupted: the cell's own ``--timeout``, or (no
+    cell timeout) because the peers waiting for them had given up."""
+    was = "was" if len(timed) == 1 else "were"
+    if res.cell_timeout_s:
+        return (f"{rank_label(timed)} did not finish within the cell's {res.cell_timeout_s:g} s "
+                f"timeout ({res.elapsed_s:.1f} s elapsed) and {was} interrupted")
+    return (f"{rank_label(timed)} {was} still running after {res.elapsed_s:.1f} s when the ranks "
+            f"waiting for {'it' if len(timed) == 1 else 'them'} gave up, and {was} interrupted "
+            f"(no --timeout was given: the cell itself had no time limit)")
+
+
 def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
                  timeout_s: float, reform_msg: str = "") -> tuple[str, str]:
     """``(summary, report)`` for a cell that failed on some ranks."""
@@ -309,10 +350,9 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
         bits.append(f"{rank_label(ranks)} raised {o.ename}")
     timed = [r for r in res.ranks if oc[r].status == Status.TIMEOUT]
     if timed:
-        lines.append(f"{rank_label(timed)} did not finish within the cell timeout "
-                     f"({res.elapsed_s:.1f} s elapsed) and {'was' if len(timed) == 1 else 'were'} "
-                     f"interrupted")
-        bits.append(f"{rank_label(timed)} timed out")
+        lines.append(_timed_out_line(res, timed))
+        bits.append(f"{rank_label(timed)} "
+                    + ("timed out" if res.cell_timeout_s else "still busy when its peers gave up"))
     stuck = [r for r in res.ranks if oc[r].status == Status.DEADLOCKED]
     for r in stuck:
         lines.append(f"rank {r} could never complete its collective: {oc[r].note}")
@@ -327,8 +367,7 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
         blocked = [r for r in waiting if oc[r].status != Status.STOPPED]
         if blocked:
             o = oc[blocked[0]]
-            how = ("the release freed" if res.released else
-                   f"the peer went away or the {timeout_s:g} s group timeout released")
+            how = _how_wait_ended(res, o.evalue, timeout_s)
             lines.append(
                 f"{rank_label(blocked)} {'was' if len(blocked) == 1 else 'were'} waiting on {on} "
                 f"in a collective until {how} {'it' if len(blocked) == 1 else 'them'} "
@@ -341,9 +380,11 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
     verdict = where_verdict(res)
     if verdict:
         lines.insert(0, "where: " + verdict)
-    if res.released:
+    if res.released and res.elapsed_s < timeout_s:
         lines.append(f"The ranks' process groups were released, so the cell returned after "
                      f"{res.elapsed_s:.1f} s instead of at the {timeout_s:g} s group timeout.")
+    elif res.released:  # the group timeout came first: no time was saved, say only what was done
+        lines.append("The ranks' process groups were released, so no rank waits on.")
     if reform_msg:
         lines.append(reform_msg)
     summary = "; ".join(bits) or "the cell failed"

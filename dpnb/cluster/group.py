@@ -18,6 +18,7 @@ import logging
 import os
 from collections.abc import Sequence
 
+from ..core.timeouts import form_timeout
 from ..errors import DpnbError, StartError
 from ..ranks import rank_label
 from .diagnose import first_error
@@ -49,6 +50,12 @@ class Group:
         self.local = local
         self.env = dict(env or {})
         self.seed = seed  # --seed: rank r's generators start at seed + r
+
+    @property
+    def form_wait_s(self) -> float:
+        """How long the notebook waits for a (re-)formation: the engines give up
+        joining after :func:`form_timeout`, then report back."""
+        return form_timeout(self.timeout_s) + 15
 
     def init_ranks(self, new: Sequence[int] | None = None) -> None:
         """``init_rank`` on every rank, one round trip in all.
@@ -101,13 +108,13 @@ class Group:
         """The first ``init_process_group`` on every rank, checked by an all_reduce."""
         self.master_port = self.t.setup_one(0, "listen_store", self.master_addr)
         self.check_reach(self.master_port)
-        res = self.t.setup_all("form_group", (self.master_port,), timeout=self.timeout_s + 15)
+        res = self.t.setup_all("form_group", (self.master_port,), timeout=self.form_wait_s)
         if not res.ok:
             raise StartError("the engines started but could not form a process group: "
                              + first_error(res))
         # The preload imports end on every rank before the start returns, so
         # the first cell does not wait for them.
-        self.t.setup_all("preload_done", timeout=self.timeout_s + 15)
+        self.t.setup_all("preload_done", timeout=self.form_wait_s)
 
     def regroup(self, *, callbacks: bool, hint: str = "") -> dict:
         """Rank 0 opens a fresh store socket, then every rank re-forms the group.
@@ -117,7 +124,7 @@ class Group:
         """
         port = self.t.setup_one(0, "listen_store", self.master_addr)
         self.check_reach(port)
-        res = self.t.setup_all("reform_group", (port, callbacks), timeout=self.timeout_s + 15)
+        res = self.t.setup_all("reform_group", (port, callbacks), timeout=self.form_wait_s)
         if not res.ok:
             self.health.group_ok = False
             raise DpnbError("could not re-form the process group: " + first_error(res) + hint)

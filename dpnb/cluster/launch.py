@@ -59,7 +59,7 @@ def check_start_args(n, backend: str, engines: str, timeout: float, threads: int
         raise DpnbError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if engines not in LAUNCHERS:
         raise DpnbError(f"unknown launcher {engines!r}: choose one of {', '.join(LAUNCHERS)}")
-    if not (timeout > 0):
+    if timeout is not None and not (timeout > 0):
         raise DpnbError(f"--timeout must be > 0 seconds (got {timeout}); e.g. --timeout 30")
     if threads is not None and threads < 1:
         raise DpnbError(f"--threads must be >= 1 (got {threads})")

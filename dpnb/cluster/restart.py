@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..core.cellgraph import cell_summary
+from ..core.timeouts import form_timeout
 from ..ranks import rank_label
 from . import engines
 from .diagnose import kept
@@ -75,7 +76,9 @@ def _settle_busy(c: Cluster, hard: bool) -> None:
     if not busy or hard:
         return
     c.transport.interrupt(busy)
-    deadline = time.monotonic() + c.timeout_s + 10
+    # an interrupted rank stops at once unless a collective holds it, which
+    # the group timeout (30 min by default) ends: wait a formation's time
+    deadline = time.monotonic() + form_timeout(c.timeout_s) + 10
     while time.monotonic() < deadline:
         c.transport.refresh_busy()
         if not [r for r in h.busy if r not in h.dead]:

@@ -143,7 +143,7 @@ class Transport:
         pdb gets its prompt here (``ask``, default :attr:`ask`); the cell's
         timeout does not run while the user answers.
         """
-        w = Waiting(self, sel, kind, timeout)
+        w = Waiting(self, sel, kind, timeout, say=print if stream else None)
         desk = Desk(self, ask or self.ask)
         streamer = Streamer(ars, delay_s=1.0) if stream else None
         try:
@@ -178,7 +178,7 @@ class Transport:
             self.health.busy.add(r)
         return CellResult(ranks=sel, outcomes=w.outcomes, elapsed_s=time.monotonic() - w.t0,
                           streamed=bool(streamer and streamer.started), released=w.released,
-                          where=w.where)
+                          where=w.where, cell_timeout_s=timeout)
 
     def release(self, ranks: Iterable[int]) -> bool:
         """Release the process groups of ``ranks`` (side doors); True if any answered."""

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ..core.timeouts import (FORM_TIMEOUT_S, TORCH_DEFAULT_TIMEOUT_S,  # noqa: F401
+                             default_timeout, form_timeout)
+
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")
-DEFAULT_TIMEOUT_S = 30.0
 #: exception types that mean "bad input, say so in one line": the names of
 #: every subclass of dpnb.core.errors.UserError (a test holds the two equal;
 #: the engines' classes are not imported here, they bring torch)
@@ -154,6 +156,7 @@ class CellResult:
     error: Exception | None = None  # set when the caller asked not to raise
     released: bool = False  # the ranks' process groups were released (must re-form)
     where: dict = field(default_factory=dict)  # rank -> where it was when stopped
+    cell_timeout_s: float | None = None  # the cell's own --timeout, if it had one
 
     @property
     def ok(self) -> bool:

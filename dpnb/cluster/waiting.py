@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
+from ..core.timeouts import form_timeout
 from . import deadlock
+from .diagnose import WAITS_FOR_BUSY, where_report
 from .types import RankOutcome, Status, WaitKind
 
 if TYPE_CHECKING:
@@ -56,13 +58,21 @@ DEADLOCK_ALL_RUNNING_FIRST_S = 0.2
 DEADLOCK_ALL_RUNNING_S = 0.5
 DEADLOCK_SLOW_AFTER_S = 5.0
 DEADLOCK_SLOW_S = 2.0
+#: a cell whose ranks have been in "some blocked in a collective, others still
+#: running their code" this long gets one line saying who waits for whom
+#: (shown while it runs; a wait is never released, it lasts up to the group
+#: timeout, torch's 30 minutes by default)
+WAIT_NOTE_AFTER_S = 10.0
 
 
 class Waiting:
     """The state of one :meth:`Transport.wait`: what is pending, and when to act."""
 
-    def __init__(self, t: "Transport", sel: list[int], kind: WaitKind, timeout):
+    def __init__(self, t: "Transport", sel: list[int], kind: WaitKind, timeout,
+                 say: Callable[[str], None] | None = None):
         self.t, self.kind, self.timeout = t, kind, timeout
+        self.say = say  # a line to the notebook while the cell runs (None: headless)
+        self.wait_noted = False
         self.t0 = time.monotonic()
         self.outcomes = {r: RankOutcome(rank=r) for r in sel}
         self.pending = set(sel)
@@ -179,6 +189,8 @@ class Waiting:
         self.deadlock_looked_at = now
         answers = self.t.where(sorted(self.pending))
         why = deadlock.certain(answers, self.pending, len(self.t.ranks))
+        if not why:
+            self._note_wait(now, answers)
         sig = deadlock.signature(answers, self.pending) if why else None
         stable, self.deadlock_seen = sig is not None and sig == self.deadlock_seen, sig
         if stable:
@@ -186,6 +198,17 @@ class Waiting:
             for r in self.pending:
                 self.outcomes[r].status, self.outcomes[r].note = Status.DEADLOCKED, why[r]
         return stable
+
+    def _note_wait(self, now: float, answers: dict) -> None:
+        """Once per cell, past WAIT_NOTE_AFTER_S: "rank 1 is blocked in barrier
+        ..., waiting for rank 0, still running its code (a wait, not a deadlock)"."""
+        ran = now - self.t0 - self.paused
+        if self.say is None or self.wait_noted or ran < WAIT_NOTE_AFTER_S:
+            return
+        verdict = where_report(sorted(self.pending), answers, busy=set(self.pending), dead={})
+        if WAITS_FOR_BUSY in verdict:
+            self.wait_noted = True
+            self.say(f"dpnb ({ran:.0f} s): {verdict}")
 
     def step(self, now: float) -> bool:
         """Act on the clock; True to stop waiting."""
@@ -224,8 +247,11 @@ class Waiting:
             grace = RELEASED_GRACE_S + (REPORT_GRACE_S if self.pending <= self._reporting() else 0.0)
             since = max(self.released_at, self.prompted_at or 0.0)  # a debugged rank: its pace
             return now - since > grace
+        # interrupted and never released (no side door answered): a collective
+        # may hold a rank until the group timeout; stop waiting well before a
+        # 30-minute one, and leave the rank marked busy
         return (self.interrupted_at is not None
-                and now - self.interrupted_at > self.t.timeout_s + 10.0)
+                and now - self.interrupted_at > form_timeout(self.t.timeout_s) + 10.0)
 
     def ctrl_c(self, now: float) -> bool:
         """Ctrl-C: interrupt; a second one releases; a third stops waiting."""

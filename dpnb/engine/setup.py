@@ -32,6 +32,7 @@ import time
 from datetime import timedelta
 
 from .. import compat
+from ..core.timeouts import form_timeout
 from .. import log as dpnb_log
 from . import process, seeding
 from .lifecycle import torch_fn  # torch-free at import, like this module
@@ -295,10 +296,16 @@ def form_group(master_port: int | None = None) -> dict:
     if st.backend == "nccl":
         kwargs["device_id"] = st.device
     timeout = timedelta(seconds=st.timeout_s)
-    store = st.store = _open_store(st, timeout)
+    # Joining waits on the store (gloo's rendezvous reads every peer's address
+    # from it): bounded by the formation timeout, so a rank that cannot join
+    # fails this in about a minute rather than after a 30-minute group timeout.
+    store = st.store = _open_store(st, timedelta(seconds=form_timeout(st.timeout_s)))
     # torch's own: a cell's init_process_group is dpnb's adopting one (lifecycle)
     torch_fn("init_process_group")(backend=st.backend, store=store, rank=st.rank,
                                    world_size=st.world_size, timeout=timeout, **kwargs)
+    # once joined, the store waits as torchrun's does: as long as the group
+    # (a new_group whose peers are still busy must not fail sooner)
+    store.set_timeout(timeout)
     t = torch.ones(1, device=st.device)
     dist.all_reduce(t)
     if int(t.item()) != st.world_size:

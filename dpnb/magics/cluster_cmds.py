@@ -12,7 +12,7 @@ from .. import cluster as cl
 from .. import log as dlog
 from .. import session
 from ..cluster import keep
-from ..cluster.types import BACKENDS, DEFAULT_TIMEOUT_S, LAUNCHERS, Status
+from ..cluster.types import BACKENDS, LAUNCHERS, TORCH_DEFAULT_TIMEOUT_S, Status
 from ..display import show_status
 from .options import subcommand
 
@@ -28,9 +28,12 @@ class ClusterCommands:
     @argument("--engines", default="local", choices=LAUNCHERS,
               help="ipyparallel launcher for the engines (default local)")
     @argument("--gpus", default=None, help="GPU ordinals to use per host, e.g. 0,1,2,3")
-    @argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    @argument("--timeout", type=float, default=None,
               help="process-group timeout in seconds: how long a collective waits for a "
-                   "peer before it errors (default %(default)s)")
+                   "busy peer before it errors (default: torch's, "
+                   f"{TORCH_DEFAULT_TIMEOUT_S['gloo']:g} s for gloo, "
+                   f"{TORCH_DEFAULT_TIMEOUT_S['nccl']:g} s for nccl; a raising, dead or "
+                   "deadlocked rank is released in under a second whatever it is)")
     @argument("--seed", type=int, default=None,
               help="rank r seeds torch, numpy and random with SEED + r, for a reproducible "
                    "session (default: every rank from fresh entropy, as under torchrun)")

@@ -39,7 +39,7 @@ def test_three_ranks_hang_names_the_rank_that_did_not_arrive(c3):
                "else:\n    dist.all_reduce(t)", timeout=TIMEOUT + 3, display=False)
     e = ei.value
     assert e.timed_out == [2] and e.waiting == [0, 1]
-    assert "rank 2 did not finish within the cell timeout" in e.report
+    assert f"rank 2 did not finish within the cell's {TIMEOUT + 3:g} s timeout" in e.report
     assert c3.run("t = torch.ones(1)\ndist.all_reduce(t)\nassert t.item() == 3",
                   display=False).ok
 

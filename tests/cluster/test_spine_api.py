@@ -114,7 +114,7 @@ def test_cell_timeout_names_ranks_that_did_not_finish(healthy):
         c.run("import time\nif rank == 0:\n    time.sleep(60)\n", timeout=2, display=False)
     assert time.monotonic() - t0 < 10
     assert ei.value.timed_out == [0]
-    assert "rank 0 did not finish within the cell timeout" in ei.value.report
+    assert "rank 0 did not finish within the cell's 2 s timeout" in ei.value.report
     assert c.run("print(rank)", display=False).ok
 
 

@@ -18,6 +18,6 @@ import dpnb
 
 @pytest.fixture(scope="module")
 def c():
-    cl = dpnb.start(2)  # the default 30 s group timeout: every "at once" below is far from it
+    cl = dpnb.start(2)  # the default group timeout (torch's 30 min): every "at once" below is far from it
     yield cl
     cl.stop()

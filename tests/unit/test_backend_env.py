@@ -20,3 +20,18 @@ def test_nothing_pinned_where_the_interface_is_unknown():
     env = backend_env({"backend": "nccl", "local_cluster": False, "ifname": ""})
     assert env == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
 
+
+
+def test_the_default_group_timeouts_are_torchs_own():
+    """--timeout left out: torch's defaults, read from torch itself (the NCCL
+    one is the C++ default, absent from a CPU build's Python)."""
+    from torch.distributed import constants
+
+    from dpnb.core.timeouts import TORCH_DEFAULT_TIMEOUT_S, default_timeout, form_timeout
+
+    assert default_timeout("gloo") == constants.default_pg_timeout.total_seconds() == 1800.0
+    if constants.default_pg_nccl_timeout is not None:
+        assert default_timeout("nccl") == constants.default_pg_nccl_timeout.total_seconds()
+    assert TORCH_DEFAULT_TIMEOUT_S["nccl"] == 600.0
+    # forming a group never waits half an hour; a short group timeout bounds it too
+    assert form_timeout(1800.0) == 60.0 and form_timeout(6.0) == 6.0

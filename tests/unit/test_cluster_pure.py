@@ -3,6 +3,7 @@ failure diagnosis, the setup log that ``restart --resume`` replays."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 
 import pytest
@@ -121,7 +122,11 @@ def test_death_and_timeout_are_culprits():
     assert d.culprits == [0, 1] and d.interrupted == [2]
     err = remote_error(res, d, timeout_s=30, reform_msg="", reformed=False)
     assert "rank 0 died: killed by signal 9" in err.report
-    assert "rank 1 did not finish within the cell timeout" in err.report
+    # no cell timeout in this result: the sentence says why rank 1 was stopped instead
+    assert "rank 1 was still running after" in err.report and "cell timeout" not in err.report
+    timed = remote_error(dataclasses.replace(res, cell_timeout_s=5.0), d, timeout_s=30,
+                         reform_msg="", reformed=False)
+    assert "rank 1 did not finish within the cell's 5 s timeout" in timed.report
     assert "rank 2 interrupted (Ctrl-C)" in err.report
 
 
