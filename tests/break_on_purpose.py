@@ -24,6 +24,22 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("the default group timeout is torch's", "dpnb/core/timeouts.py",
+  "    return TORCH_DEFAULT_TIMEOUT_S[backend]\n", "    return 30.0\n",
+  ["tests/unit/test_backend_env.py::test_the_default_group_timeouts_are_torchs_own",
+   "tests/cluster/test_busy_peer.py::test_the_default_group_timeout_is_torchs_on_every_rank"]),
+ ("the store waits as long as the group once joined", "dpnb/engine/setup.py",
+  "    store.set_timeout(timeout)\n", "",
+  ["tests/cluster/test_busy_peer.py::test_the_default_group_timeout_is_torchs_on_every_rank"]),
+ ("a wait for a busy rank is named while it runs", "dpnb/cluster/waiting.py",
+  "        if WAITS_FOR_BUSY in verdict:", "        if False:",
+  ["tests/cluster/test_busy_peer.py::test_a_rank_busy_35_s_is_waited_for_and_the_wait_is_named"]),
+ ("a cell timeout is named only when given", "dpnb/cluster/diagnose.py",
+  "    if res.cell_timeout_s:\n        return (f\"{rank_label(timed)} did not finish", "    if True:\n        return (f\"{rank_label(timed)} did not finish",
+  ["tests/cluster/test_busy_peer.py::test_a_peer_given_up_at_the_group_timeout_is_reported_in_sentences_that_agree"]),
+ ("no time saved is claimed after the group timeout", "dpnb/cluster/diagnose.py",
+  "    if res.released and res.elapsed_s < timeout_s:", "    if res.released:",
+  ["tests/cluster/test_busy_peer.py::test_a_peer_given_up_at_the_group_timeout_is_reported_in_sentences_that_agree"]),
  ("every rank seeds its own generators", "dpnb/engine/setup.py",
   'seeding.seed_rank(rank, info.get("seed"))', "None",
   ["tests/cluster/test_seeding.py::test_every_rank_draws_its_own_numbers_after_start_restart_and_replacement",
