@@ -180,10 +180,10 @@ def _as_torch(init_method, timeout, world_size, rank, store, device_id):
 def _refusals(device_id, pg_options) -> list[str]:
     """What the running group cannot be made to honour."""
     # lazy: torch-free at import (boot loads torch in a background thread)
-    from torch.distributed import distributed_c10d as c10d
+    import torch.distributed as dist
 
     out = []
-    bound = getattr(c10d._get_default_group(), "bound_device_id", None)
+    bound = getattr(dist.group.WORLD, "bound_device_id", None)
     if device_id is not None and device_id != bound:
         out.append(f"device_id={device_id} (the cluster's group is bound to "
                    f"{bound or 'no device'}, and a formed group cannot be re-bound; "
@@ -214,7 +214,7 @@ def _hold_timeout(st, seconds: float) -> None:
     def restore(*_result):
         ip.events.unregister("post_run_cell", restore)
         try:
-            if dist.is_initialized() and dist.distributed_c10d._get_default_group() is pg:
+            if dist.is_initialized() and dist.group.WORLD is pg:
                 compat.set_group_timeout(st.timeout_s)
             if star is not None and guard.star is star:
                 star.set_timeout(st.timeout_s)
