@@ -72,6 +72,31 @@ def shell_ignores_engine_comms() -> None:
 
 
 # -------------------------------------------------------------- c10d groups
+def rendezvous_schemes() -> frozenset[str]:
+    """The ``init_method`` URL schemes torch can rendezvous with (``env``, ``tcp``,
+    ``file`` and any registered)."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
+    import importlib
+
+    mod = importlib.import_module("torch.distributed.rendezvous")  # the module, not its function
+    return frozenset(_need(mod, "_rendezvous_handlers", "checking an init_method URL"))
+
+
+def set_group_timeout(seconds: float) -> Any:
+    """Set the default group's collective timeout (gloo and NCCL backends) to
+    ``seconds``, from now on; returns the group it was set on.  torch has no
+    public way to change a formed group's timeout."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d as c10d  # lazy: as above
+
+    fn = _need(c10d, "_set_pg_timeout", "a script's init_process_group(timeout=...)")
+    pg = c10d._get_default_group()
+    fn(timedelta(seconds=seconds), pg)
+    return pg
+
+
 def abort_groups() -> bool:
     """Abort every process group of this process (NCCL: from any thread)."""
     # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
@@ -270,6 +295,10 @@ def check_torch() -> list[str]:
 
     v = torch.__version__
     probs: list[str] = []
+    if not hasattr(dist.distributed_c10d, "_set_pg_timeout"):
+        probs.append(f"torch {v}: distributed_c10d has no _set_pg_timeout")
+    if "env" not in rendezvous_schemes():
+        probs.append(f"torch {v}: no env:// among the rendezvous handlers")
 
     def need(obj: Any, attr: str, what: str) -> None:
         if not hasattr(obj, attr):

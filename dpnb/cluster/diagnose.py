@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..core.paths import shown_path
 from ..engine.collcheck import DEVICE_WAIT_OP
 from ..errors import DpnbError, RemoteCellError
 from ..ranks import rank_label
@@ -59,7 +60,8 @@ _LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|/dpnb/|^<
 def user_line(traceback: str) -> str:
     """The user's failing line from an IPython traceback -- its innermost frame
     in a cell or in the user's own file: ``cell line 3: x = f()``,
-    ``train.py line 42: loss.backward()``."""
+    ``a/train.py line 42: loss.backward()`` (the file's path below the
+    notebook's folder, else in full: two scripts' ``utils.py`` differ)."""
     lines = strip_ansi(traceback).splitlines()
     found = ""
     for i, line in enumerate(lines):
@@ -67,7 +69,7 @@ def user_line(traceback: str) -> str:
         if not m or (m.group(2) and _LIBRARY.search(m.group(2))):
             continue
         where = (f"cell line {m.group(1)}" if m.group(1) else
-                 f"{m.group(2).rsplit('/', 1)[-1]} line {m.group(3)}")
+                 f"{shown_path(m.group(2))} line {m.group(3)}")
         found = where
         for nxt in lines[i + 1:]:
             if _FRAME.match(nxt):

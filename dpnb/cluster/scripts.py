@@ -1,8 +1,9 @@
 """``%dp run SCRIPT [ARGS...]``, the notebook's side: read the script, send it as a cell.
 
 The script's source travels with the cell (:func:`dpnb.engine.script.cell`),
-so every rank runs the notebook's copy whether or not its host sees the file;
-the run is an ordinary cell in every other way -- streaming output,
+so every rank runs the notebook's copy whether or not its host sees the file
+(the modules beside it are imported from each engine's own filesystem); the
+run is an ordinary cell in every other way -- streaming output,
 ``--timeout``, Ctrl-C, ``%dp where``, the fault report, ``%dp debug`` and
 pdb on the ranks.
 """

@@ -87,14 +87,19 @@ class Star:
         self.rank, self.world = rank, world
         self.spokes = spokes  # rank 0: other rank -> its connection
         self.hub = hub  # other ranks: the connection to rank 0
-        for sock in [*spokes.values(), *([hub] if hub is not None else [])]:
-            sock.settimeout(timeout_s)  # a check waits for a peer as long as gloo would
+        self.set_timeout(timeout_s)
         self.seq = 0  # calls on the default group since it formed, checked or not
         self.pattern = Pattern()
         self.broken: str | None = None  # why the channel cannot be trusted any more
         # while a check waits: the hub, the ranks not heard from yet; another
         # rank, True until its verdict is in (read by the side door's where)
         self._awaiting: tuple[int, ...] | bool = ()
+
+    def set_timeout(self, timeout_s: float | None) -> None:
+        """How long a check waits for a peer: as long as gloo would (the group
+        timeout; a script's ``init_process_group(timeout=...)`` for its run)."""
+        for sock in [*self.spokes.values(), *([self.hub] if self.hub is not None else [])]:
+            sock.settimeout(timeout_s)
 
     # -- formation (every rank at once, right after the group formed) -------
     @classmethod

@@ -15,6 +15,8 @@ import os
 import sysconfig
 from typing import Any
 
+from ..core.paths import shown_path
+
 
 @functools.lru_cache(maxsize=1)
 def library_roots() -> tuple[str, ...]:
@@ -39,10 +41,12 @@ def is_library(filename: str) -> bool:
 
 
 def label(frame: Any, lineno: int | None = None) -> str:
-    """``cell line 3`` or ``train.py line 42``."""
+    """``cell line 3`` or ``a/train.py line 42``: a file by its path below the
+    engine's folder (the notebook's, for local engines), else in full -- two
+    scripts' ``helpers.py`` are told apart."""
     name = frame.f_code.co_filename
     line = frame.f_lineno if lineno is None else lineno
-    return f"cell line {line}" if is_cell(name) else f"{os.path.basename(name)} line {line}"
+    return f"cell line {line}" if is_cell(name) else f"{shown_path(name)} line {line}"
 
 
 def user_frame(frame: Any) -> tuple[Any, int, str] | None:

@@ -5,11 +5,38 @@ A script written for torchrun starts with ``init_process_group`` and ends with
 is dpnb's and outlives the cell, so, from the moment the rank has its
 identity:
 
-* ``init_process_group(...)`` *adopts* the running group when the backend,
-  world size and rank it asks for agree with it (a one-line note says so),
-  and raises naming each difference when they do not -- it never tries to
-  form a second default group ("initialize the default process group
-  twice!");
+* ``init_process_group(...)`` *adopts* the running group (a one-line note
+  says so) -- it never tries to form a second default group ("initialize the
+  default process group twice!") -- and is as strict as torch's: what torch
+  2.13 refuses in a fresh torchrun process it refuses here, with torch's
+  exception type and message and a clause saying torchrun does the same, so
+  a script that works in the notebook works under torchrun.  Parameter by
+  parameter (no communication: every rank decides alone, alike):
+
+  - ``backend``, ``world_size``, ``rank``: checked equal to the cluster's
+    (``"cpu:gloo,cuda:nccl"`` agrees when one of its names is the group's);
+    a difference is an :class:`AdoptError` naming each;
+  - ``init_method``: torch's checks (a string; no ``rank`` / ``world_size``
+    both in the URL and as arguments; a scheme torch has a rendezvous for,
+    else torch's ``RuntimeError``); a URL's ``?rank=&world_size=`` are
+    checked equal; its address is not contacted -- the ranks already met
+    through dpnb's store;
+  - ``store``: torch's checks (not with ``init_method``; ``world_size`` and
+    ``rank`` given), then as above; the store stays the script's own;
+  - ``timeout``: not a ``timedelta`` is torch's ``TypeError``; else honoured
+    for the rest of the cell, or of the ``%dp run``: gloo's (NCCL's) wait on
+    the default group and the collective check's wait for a peer take it,
+    and the cluster's group timeout (``%dp start --timeout``) is back when
+    the cell ends;
+  - ``device_id``: torch's ``ValueError``s (an int without an accelerator, a
+    device of another kind, no index, out of range, and ``cpu``: "must be an
+    accelerator with an index"); an accelerator must be the device the
+    group is bound to (NCCL clusters bind each rank's; a formed group cannot
+    be re-bound), else refused;
+  - ``pg_options``: refused -- a formed group's backend options cannot
+    change;
+  - ``group_name`` (torch ignores it) and ``_ranks`` (torch-private): ignored,
+    as torch does;
 * ``destroy_process_group()`` of the default group is a noted no-op: the
   group stays up for the next cell, ``new_group``, ``%dp train``, ``reform``
   and ``restart``, and whatever the script built on it (its DDP model, its
@@ -30,9 +57,11 @@ without importing torch.
 from __future__ import annotations
 
 import logging
+import numbers
 import sys
 from typing import Any
 
+from .. import compat
 from ..core.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -76,10 +105,129 @@ def _note(text: str) -> None:
     print(f"dpnb: {text}", file=sys.stderr, flush=True)
 
 
+#: the clause every refusal torch itself would make ends with
+AS_TORCHRUN = " -- torch raises this under torchrun too"
+
+
+def _rendezvous_check(init_method, rank, world_size) -> tuple[int, int]:
+    """What torch's rendezvous refuses before it connects (``env://`` unless
+    given); the rank and world size a URL's query names, for the comparison."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
+    from urllib.parse import urlparse
+
+    url = "env://" if init_method is None else init_method
+    if not isinstance(url, (str, bytes)):
+        raise RuntimeError(f"`url` must be a string. {type(url)}: {url}" + AS_TORCHRUN)
+    for name, v in (("rank", rank), ("world_size", world_size)):
+        if not isinstance(v, numbers.Integral):
+            raise RuntimeError(f"`{name}` must be an integer. {v}" + AS_TORCHRUN)
+    url = url.decode() if isinstance(url, bytes) else url
+    parsed = urlparse(url)
+    query = dict(p.split("=", 1) for p in parsed.query.split("&") if "=" in p)
+    if (rank != -1 or world_size != -1) and ("rank" in query or "world_size" in query):
+        raise AssertionError(f"The url: {url} has node-specific arguments(rank, world_size) "
+                             "already." + AS_TORCHRUN)
+    if parsed.scheme not in compat.rendezvous_schemes():
+        raise RuntimeError(f"No rendezvous handler for {parsed.scheme}://" + AS_TORCHRUN)
+    return int(query.get("rank", rank)), int(query.get("world_size", world_size))
+
+
+def _as_torch(init_method, timeout, world_size, rank, store, device_id):
+    """Raise what torch 2.13's ``init_process_group`` raises for these arguments in
+    a fresh process (same type, same message, in its order), so a script fails
+    here as it would under torchrun.  Returns ``(device_id, rank, world_size)``
+    as torch resolves them."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
+    from datetime import timedelta
+
+    import torch  # lazy: torch-free at import (boot loads torch in a background thread)
+
+    if store is not None and init_method is not None:
+        raise AssertionError("Cannot specify both init_method and store." + AS_TORCHRUN)
+    if store is not None:
+        if not world_size > 0:
+            raise AssertionError("world_size must be positive if using store" + AS_TORCHRUN)
+        if not rank >= 0:
+            raise AssertionError("rank must be non-negative if using store" + AS_TORCHRUN)
+    acc = torch.accelerator.current_accelerator()
+    if isinstance(device_id, int):
+        if acc is None:
+            raise ValueError("device_id is an int, but no accelerator support is found from "
+                             "the current compilation" + AS_TORCHRUN)
+        device_id = torch.device(acc.type, device_id)
+    if device_id is not None and device_id.type != "cpu":
+        if acc is None or device_id.type != acc.type:
+            raise ValueError(f"device_id {device_id} does not match the current compilation's "
+                             f"accelerator support: {acc}" + AS_TORCHRUN)
+        if device_id.index is None:
+            raise ValueError("Please use a device_id with index." + AS_TORCHRUN)
+        if device_id.index >= torch.accelerator.device_count():
+            raise ValueError(f"device_id {device_id} is out of range. Please use a device index "
+                             f"less than the number of accelerators available: "
+                             f"{torch.accelerator.device_count()}." + AS_TORCHRUN)
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise TypeError("Expected timeout argument to be of type datetime.timedelta, got "
+                        f"{timeout}" + AS_TORCHRUN)
+    if store is None:
+        rank, world_size = _rendezvous_check(init_method, rank, world_size)
+    if device_id is not None and (device_id.index is None or device_id.type == "cpu"):
+        raise ValueError("init_process_group device_id parameter must be an accelerator with "
+                         f"an index (device_id={device_id})" + AS_TORCHRUN
+                         + "; a CPU group takes no device_id")
+    return device_id, rank, world_size
+
+
+def _refusals(device_id, pg_options) -> list[str]:
+    """What the running group cannot be made to honour."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
+    import torch.distributed as dist
+
+    out = []
+    bound = getattr(dist.group.WORLD, "bound_device_id", None)
+    if device_id is not None and device_id != bound:
+        out.append(f"device_id={device_id} (the cluster's group is bound to "
+                   f"{bound or 'no device'}, and a formed group cannot be re-bound; "
+                   "drop device_id, or start with --gpus)")
+    if pg_options is not None:
+        out.append("pg_options (a formed group's backend options cannot change; drop them, "
+                   "dpnb forms the group with the backend's defaults)")
+    return out
+
+
+def _hold_timeout(st, seconds: float) -> None:
+    """The group timeout a script asked for, for the rest of this cell (the
+    script's run): gloo's or NCCL's wait on the default group and the
+    collective check's wait for a peer; the cluster's again when the cell ends."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
+    import torch.distributed as dist
+    from IPython import get_ipython
+
+    pg = compat.set_group_timeout(seconds)
+    guard = st.cell_guard
+    star = guard.star if guard is not None else None
+    if star is not None:
+        star.set_timeout(seconds)
+    ip = get_ipython()
+    if ip is None:  # no cells here: the timeout holds until the group is re-formed
+        return
+
+    def restore(*_result):
+        ip.events.unregister("post_run_cell", restore)
+        try:
+            if dist.is_initialized() and dist.group.WORLD is pg:
+                compat.set_group_timeout(st.timeout_s)
+            if star is not None and guard.star is star:
+                star.set_timeout(st.timeout_s)
+        except Exception as e:  # a released group: its re-formation brings the cluster's
+            log.warning("restoring the group timeout after a cell failed: %r", e)
+
+    ip.events.register("post_run_cell", restore)
+
+
 def _adopting(holder: "_Holder"):
     def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1,
                            rank=-1, store=None, group_name="", pg_options=None,
-                           device_id=None, **kwargs):
+                           device_id=None, _ranks=None):
         """dpnb: the cluster's group is already up on this rank; joining it (see
         :mod:`dpnb.engine.lifecycle`)."""
         # lazy: torch-free at import (boot loads torch in a background thread)
@@ -90,14 +238,25 @@ def _adopting(holder: "_Holder"):
         if not dist.is_initialized():
             raise AdoptError("dpnb's process group is not up on this rank (a re-formation "
                              "failed?): run %dp reform, or %dp restart")
-        diff = _differences(st, backend, world_size, rank)
+        try:
+            device_id, rank, world_size = _as_torch(init_method, timeout, world_size, rank,
+                                                    store, device_id)
+        except (AssertionError, RuntimeError, TypeError, ValueError) as e:
+            e.__traceback__ = None  # the report ends at the script's call, not in dpnb's checks
+            raise e from None
+        diff = _differences(st, backend, world_size, rank) + _refusals(device_id, pg_options)
         if diff:
             raise AdoptError("init_process_group asks for another group than the cluster's: "
                              + "; ".join(diff) + ". Drop those arguments (RANK, WORLD_SIZE and "
                              "LOCAL_RANK are set as torchrun sets them), or start a cluster "
                              "that matches (%dp stop, then %dp start -n N --backend B)")
+        held = ""
+        if timeout is not None:
+            _hold_timeout(st, timeout.total_seconds())
+            held = (f"; its timeout ({timeout.total_seconds():g} s) holds until this cell or "
+                    f"run ends, then the cluster's {st.timeout_s:g} s")
         _note(f"init_process_group() joined the cluster's running {st.backend} group "
-              f"({st.world_size} ranks); nothing was re-initialised")
+              f"({st.world_size} ranks); nothing was re-initialised{held}")
 
     init_process_group.__dpnb_original__ = holder.originals["init_process_group"]
     return init_process_group

@@ -20,12 +20,16 @@ def script(name: str) -> str:
     return os.path.join(SCRIPTS, name)
 
 
-def torchrun(name: str, *args: str, cwd: str) -> str:
-    """The script under real torchrun, 2 processes on this host: its output."""
+def torchrun(name: str, *args: str, cwd: str, fails: bool = False) -> str:
+    """The script under real torchrun, 2 processes on this host: its output
+    (``fails``: it must fail, and its output and errors are returned)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--standalone", script(name), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    if fails:
+        assert p.returncode != 0, p.stdout + p.stderr
+        return p.stdout + p.stderr
     if p.returncode != 0 and TEARDOWN_ABORT in p.stderr:
         # torch 2.13's FSDP2 + gloo teardown: once in a CI run the reference (plain
         # torchrun, no dpnb) aborted in destroy_process_group after its last step;

@@ -72,7 +72,10 @@ def test_user_line_is_the_innermost_frame_of_a_cell_or_of_the_users_file():
           "File /home/u/proj/train.py:40, in main()\n     39 x = 1\n---> 40 loss.backward()\n\n"
           "File /venv/lib/python3.11/site-packages/torch/_tensor.py:625, in backward\n"
           "--> 625 torch.autograd.backward()\n")
-    assert user_line(tb) == "train.py line 40: loss.backward()"
+    # the file by its path (below the current folder: relative), never its bare name
+    assert user_line(tb) == "/home/u/proj/train.py line 40: loss.backward()"
+    here = os.path.join(os.getcwd(), "a", "utils.py")
+    assert user_line(f"File {here}:83, in f()\n---> 83 g()\n") == "a/utils.py line 83: g()"
     cell = "Cell In[3], line 4\n----> 4 f(rank)\n\nCell In[3], line 3, in f(z)\n----> 3 raise E\n"
     assert user_line(cell) == "cell line 3: raise E"
 
@@ -122,7 +125,7 @@ def test_frames_tell_cells_and_user_files_from_libraries():
     ns: dict = {}
     exec(compile("import sys\ndef f():\n    return sys._getframe()\n", "/home/u/t.py", "exec"), ns)
     hit = frames.user_frame(ns["f"]())
-    assert hit is not None and hit[2] == "t.py line 3"
+    assert hit is not None and hit[2] == "/home/u/t.py line 3"
 
 
 # ------------------------------------------------------------------ lifecycle
