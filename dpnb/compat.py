@@ -110,6 +110,27 @@ def abort_groups() -> bool:
     return True
 
 
+def group_alive(pg: Any) -> bool:
+    """Whether a process group object is one of this process's current groups
+    (after a re-formation, every group of the old world is destroyed)."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
+    from torch.distributed import distributed_c10d as c10d
+
+    return pg in _need(_need(c10d, "_world", "telling live groups"), "pg_map", "telling live groups")
+
+
+def mesh_is_stale(mesh: Any) -> bool:
+    """Whether a ``DeviceMesh`` names a destroyed process group."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
+    from torch.distributed import distributed_c10d as c10d
+
+    registry = getattr(mesh, "_pg_registry", None)  # torch 2.13: the mesh's own groups
+    if isinstance(registry, dict) and registry:
+        return not all(group_alive(g) for g in registry.values())
+    live = set(_need(c10d._world, "pg_names", "telling live groups").values())
+    return not set(_need(mesh, "_dim_group_names", "reading a DeviceMesh")) <= live
+
+
 # ------------------------------------------------------------------ DTensor
 #: torch 2.13 renamed two collectives and deprecated the old names (FutureWarning)
 SINGLE_COLLECTIVES = (("reduce_scatter_single", "reduce_scatter_tensor"),
@@ -312,6 +333,11 @@ def check_torch() -> list[str]:
         need(zo, attr, "ZeroRedundancyOptimizer")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     need(mesh, "_dim_group_names", "DeviceMesh")
+    try:
+        if not group_alive(dist.group.WORLD) or mesh_is_stale(mesh):
+            probs.append(f"torch {v}: live process groups are not told from destroyed ones")
+    except CompatError as e:
+        probs.append(str(e))
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
     fully_shard(net[0], mesh=mesh)
     fully_shard(net, mesh=mesh)

@@ -39,7 +39,7 @@ from ..ranks import parse_ranks, rank_label
 from . import diagnose, engines, gpuplan, launch, placement
 from . import keep as keeping
 from .debugging import post_mortem
-from .group import Group
+from .group import Group, moved_sentences
 from .launchers import EngineLauncher, launcher_for
 from .processes import Processes, stop_ipp, wait_pids_gone
 from .render import show_result
@@ -325,13 +325,17 @@ class Engines:
     def reform(self) -> dict:
         """Destroy and re-create the process group on a fresh port.
 
-        Every rank takes part.  User objects stay; wrappers registered by the
-        training layer are re-bound to the new group.
+        Every rank takes part.  User objects stay; what they hold on the old
+        group is moved to the new one.  The returned dict's ``message`` says
+        what was moved (``rebound``) and what could not be (``left``).
         """
         self.require_running()
         if self.dead:
             raise DpnbError(f"{rank_label(self.dead)} died: run %dp restart instead")
-        return self.group.regroup(callbacks=True, hint="; try %dp restart")
+        info = self.group.regroup(callbacks=True, hint="; try %dp restart")
+        info["message"] = (f"process group re-formed on port {info['port']} (generation "
+                           f"{info['generation']}).{moved_sentences(info)}")
+        return info
 
     def adopt_ranks(self, ranks: list[RankInfo], *, fresh: Sequence[int] = (),
                     new_world: bool = False) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Sequence
 
 from ..core.timeouts import form_timeout
@@ -49,6 +50,8 @@ class Group:
         self.threads = threads
         self.local = local
         self.env = dict(env or {})
+        # torchrun's rendezvous id, one for the cluster's life (TORCHELASTIC_RUN_ID)
+        self.run_id = f"dpnb-{uuid.uuid4().hex[:12]}"
         self.seed = seed  # --seed: rank r's generators start at seed + r
 
     @property
@@ -73,7 +76,8 @@ class Group:
                 master_addr=self.master_addr, master_port=self.master_port,
                 timeout_s=self.timeout_s, threads=self.threads, local=self.local,
                 watch_ppid=kernel if (self.local and fresh and self.watch_kernel) else None, token=self.t.token,
-                env=self.env, nnodes=len({r.node_rank for r in self.ranks}), seed=self.seed),)
+                env=self.env, nnodes=len({r.node_rank for r in self.ranks}), seed=self.seed,
+                run_id=self.run_id),)
         res = self.t.setup_all("init_rank", per_rank=infos, timeout=60)
         if not res.ok:
             raise StartError("could not give the engines their ranks: " + first_error(res))
@@ -133,8 +137,11 @@ class Group:
         self.health.group_ok = True
         problems = sorted({p for o in res.outcomes.values() for p in o.value.get("problems", [])})
         rebound = res.outcomes[0].value.get("rebound", []) if 0 in res.outcomes else []
+        # what one rank could not move (a name only it has) is said once, whoever found it
+        left = list(dict.fromkeys(x for _, o in sorted(res.outcomes.items())
+                                  for x in o.value.get("left", [])))
         return {"port": port, "generation": self.health.generation, "problems": problems,
-                "rebound": rebound}
+                "rebound": rebound, "left": left}
 
     def reform_all(self, new: Sequence[int] = ()) -> dict:
         """Re-form the group when some ranks are fresh engines needing ``init_rank``."""
@@ -151,11 +158,19 @@ class Group:
             log.warning("re-forming the group failed: %s", e)
             self.health.group_ok = False
             return False, f"Re-forming the process group failed: {e}"
-        extra = ""
-        if info.get("rebound"):
-            extra += " Moved to the new group: " + "; ".join(info["rebound"]) + "."
-        if info.get("problems"):
-            extra += " Some wrappers could not be re-bound: " + "; ".join(info["problems"])
         return True, (f"The process group was re-formed on port {self.master_port} "
                       f"(generation {self.health.generation}); everything on the engines is "
-                      f"kept.{extra}")
+                      f"kept.{moved_sentences(info)}")
+
+
+def moved_sentences(info: dict) -> str:
+    """What a re-formation moved to the new group and what it could not, as
+    sentences after the one saying it happened (empty: nothing held the group)."""
+    extra = ""
+    if info.get("rebound"):
+        extra += " Moved to the new group: " + "; ".join(info["rebound"]) + "."
+    if info.get("left"):
+        extra += " Not moved: " + "; ".join(info["left"]) + "."
+    if info.get("problems"):
+        extra += " Some wrappers could not be re-bound: " + "; ".join(info["problems"])
+    return extra

@@ -227,13 +227,15 @@ def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: 
                    master_port: int, timeout_s: float, threads: int, local: bool,
                    watch_ppid: int | None, token: str | None = None,
                    env: dict[str, str] | None = None, nnodes: int = 1,
-                   seed: int | None = None) -> dict[str, Any]:
+                   seed: int | None = None, run_id: str = "") -> dict[str, Any]:
     """What :func:`dpnb.engine.setup.init_rank` receives for rank ``ri``.
 
     ``token`` opens the engine's side door (:mod:`dpnb.engine.sidedoor`), a
     UNIX socket in the owner's private folder for local clusters and a port
     on the rank's own address otherwise.  ``seed``: ``--seed`` (None: each
     engine seeds itself from fresh entropy; :mod:`dpnb.engine.seeding`).
+    ``run_id``: the cluster's ``TORCHELASTIC_RUN_ID`` (one value on every
+    rank, as torchrun's rendezvous id).
     """
     return dict(rank=ri.rank, world_size=world_size, local_rank=ri.local_rank,
                 local_world_size=ri.local_world_size, node_rank=ri.node_rank,
@@ -243,4 +245,5 @@ def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: 
                 master_port=master_port, timeout_s=timeout_s, threads=threads,
                 local_cluster=local, watch_ppid=watch_ppid, token=token,
                 door_addr="unix" if local else ri.ip, ifname=ri.ifname,
-                env=dict(env or {}), nnodes=nnodes, widgets=in_kernel(), seed=seed)
+                env=dict(env or {}), nnodes=nnodes, widgets=in_kernel(), seed=seed,
+                run_id=run_id)

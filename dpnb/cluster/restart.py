@@ -23,6 +23,7 @@ from ..core.timeouts import form_timeout
 from ..ranks import rank_label
 from . import engines
 from .diagnose import kept
+from .group import moved_sentences
 from .types import SETUP_LOG_MAX, EntryKind, SetupEntry
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,6 +120,5 @@ def restart(c: Cluster, *, hard: bool = False) -> Restarted:
         msg += f" {rank_label(replace)} replaced: everything defined there was lost."
     if keep:
         msg += f" {kept(keep)}."
-    if info.get("problems"):
-        msg += " Not re-bound: " + "; ".join(info["problems"])
+    msg += moved_sentences(info)
     return Restarted(tuple(replace), msg)

@@ -39,6 +39,7 @@ from .lifecycle import torch_fn  # torch-free at import, like this module
 from .netplan import backend_env, interface_of, launch_rank, route_address
 from .rebind import rebind_user_objects
 from .state import STATE_NAME, EngineState, get_state
+from .workerenv import as_a_worker, torchrun_env
 
 log = logging.getLogger(__name__)
 
@@ -152,22 +153,8 @@ def init_rank(info: dict) -> dict:
     compat.ensure_single_collectives()  # the course and dpnb use torch 2.13's names
     ns = user_ns()
     rank, world = int(info["rank"]), int(info["world_size"])
-    env = {  # what torchrun gives each of its processes
-        "RANK": rank,
-        "WORLD_SIZE": world,
-        "LOCAL_RANK": info["local_rank"],
-        "LOCAL_WORLD_SIZE": info["local_world_size"],
-        "GROUP_RANK": info["node_rank"],
-        "GROUP_WORLD_SIZE": info.get("nnodes", 1),
-        "ROLE_RANK": rank,
-        "ROLE_WORLD_SIZE": world,
-        "ROLE_NAME": "default",
-        "TORCHELASTIC_RESTART_COUNT": 0,
-        "TORCHELASTIC_MAX_RESTARTS": 0,
-        "MASTER_ADDR": info["master_addr"],
-        "MASTER_PORT": info["master_port"],
-    }
-    os.environ.update({k: str(v) for k, v in env.items()})
+    os.environ.update(torchrun_env(info))
+    as_a_worker()  # no interactive prompt, as under torchrun
     # a torchrun script pasted into a cell parses an empty command line, not
     # the engine's own (argparse would refuse its options); %dp run sets its own
     sys.argv[:] = ["cell"]
@@ -415,12 +402,14 @@ def destroy_group() -> bool:
 def reform_group(master_port: int, callbacks: bool = True) -> dict:
     """Replace a broken process group with a fresh one on ``master_port``.
 
-    Every rank calls this at once.  Nothing in the user's namespace is
-    touched; wrappers bound to the old group are re-bound by the callbacks
-    that the training layer registered in ``EngineState.on_reform``.  Those
-    re-bindings are collectives (DDP re-checks and broadcasts parameters), so
-    they run only when every rank has them: ``callbacks=False`` when some
-    ranks are fresh engines that replaced dead ones.
+    Every rank calls this at once.  dpnb's own wrap is re-bound by the
+    callbacks the training layer registered in ``EngineState.on_reform``;
+    then whatever else the namespace holds on the old group -- under a name
+    or inside another object -- is moved (:mod:`dpnb.engine.rebind`), and
+    ``rebound`` / ``left`` say what was moved and what could not be.  Both
+    are collectives (DDP broadcasts parameters), so they run only when every
+    rank has its objects: ``callbacks=False`` when some ranks are fresh
+    engines that replaced dead ones.
     """
     # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
@@ -430,7 +419,7 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
     out = form_group(master_port)
     ns = user_ns()
     st = get_state(ns)
-    problems, rebound = [], []
+    problems, moved, left = [], [], []
     for cb in list(st.on_reform) if callbacks else []:
         try:
             cb(ns, st)
@@ -440,12 +429,14 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
     if callbacks and old is not None:  # what the user built on the old group (collective)
 
         try:
-            rebound = rebind_user_objects(ns, old)
+            found = rebind_user_objects(ns, old, st.device.type)
+            moved, left = found.moved, found.left
         except Exception as e:  # report; the objects stay as they were
             log.warning("re-binding the user's objects failed: %s", e, exc_info=True)
             problems.append(f"your DDP/ZeRO/FSDP objects: {type(e).__name__}: {e}")
     out["problems"] = problems
-    out["rebound"] = rebound
+    out["rebound"] = moved
+    out["left"] = left
     return out
 
 

@@ -144,10 +144,9 @@ class ClusterCommands:
     @subcommand("reform")
     @magic_arguments()
     def reform(self, a):
-        """Destroy and re-create the process group on a fresh port (state kept)."""
-        info = self._need().reform()
-        print(f"dpnb: process group re-formed on port {info['port']} "
-              f"(generation {info['generation']}).")
+        """Destroy and re-create the process group on a fresh port (state kept); says what
+        was moved to the new group."""
+        print("dpnb: " + self._need().reform()["message"])
 
     @subcommand("interrupt")
     @magic_arguments()

@@ -70,7 +70,7 @@ def test_what_a_cell_built_keeps_training_after_a_release(c):
               "dist.all_reduce(t)", display=False)
     assert time.monotonic() - t0 < QUICK_S and ei.value.reformed
     assert "Moved to the new group: " in ei.value.report
-    assert "m: a new DistributedDataParallel around the same module" in ei.value.report
+    assert "m: DistributedDataParallel rebuilt in place (same object)" in ei.value.report
     r = c.run("step()\n_synced = _same(m.module.weight)", display=False)
     assert r.ok and c.pull("_synced") == [True, True]
 
