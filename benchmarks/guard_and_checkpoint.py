@@ -1,9 +1,10 @@
 """What the mistake guards cost: a checked collective in a cell, and a checkpoint during training.
 
-    python benchmarks/guard_and_checkpoint.py [--json out.json]
+    python benchmarks/guard_and_checkpoint.py [--json out.json] [--guard-only]
 
 * Collectives in ``%%dp`` cells are checked across ranks before they run
-  (:mod:`dpnb.engine.cellguard`); ``%%dp --unchecked`` cells are not.  The
+  (:mod:`dpnb.engine.cellguard`), each call's site (file, line) recorded and
+  compared with the call; ``%%dp --unchecked`` cells are not.  The
   same cell runs both ways, alternated 8 times, three patterns:
   ``back to back`` -- 1000 calls of a 1-float ``all_reduce`` in a loop (the
   agreed period lets repeats skip the check); ``alternating`` -- 1000 calls
@@ -86,40 +87,50 @@ def guard_cost(c) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default=None)
+    p.add_argument("--guard-only", action="store_true", help="skip the checkpoint part")
     a = p.parse_args(argv)
     import dpnb
-    from suite import SETUP_CELL
 
     c = dpnb.start(2)
     out: dict = {}
     try:
         out["cell_all_reduce"] = guard_cost(c)
-        c.run(SETUP_CELL.format(here=HERE, name="mlp", tiny=False), display=False)
-        c.wrap("net", "ddp")
-        c.set_data("ds")
-        mb = int(c.pull("mb", rank=0))
-        d = tempfile.mkdtemp(prefix="dpnb-ck-")
-        c.train(steps=5, micro_batch=mb, progress=False)
-        plain, ck = [], []
-        for i in range(5):
-            t0 = time.perf_counter()
-            c.train(steps=20, micro_batch=mb, progress=False)
-            plain.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            s = c.train(steps=20, micro_batch=mb, progress=False, checkpoint_every=5,
-                        checkpoint_dir=os.path.join(d, "auto"))
-            ck.append((time.perf_counter() - t0, len(s["checkpoints"])))
-        per = [(t - p_) / n for (t, n), p_ in zip(ck, plain)]
-        out["checkpoint"] = {"model": "mlp", "params": int(c.call("dpnb.engine.training.measure_state_bytes").values[0]["params"] / 4),
-                             "train_20_steps_s": round(statistics.median(plain), 3),
-                             "per_checkpoint_s": round(statistics.median(per), 3)}
-        print("checkpoint:", out["checkpoint"], flush=True)
+        if not a.guard_only:
+            out["checkpoint"] = checkpoint_cost(c)
     finally:
         c.stop()
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+def checkpoint_cost(c) -> dict:
+    """Seconds per checkpoint of ``%dp train --checkpoint-every 5`` against the same steps without."""
+    from suite import SETUP_CELL
+
+    c.run(SETUP_CELL.format(here=HERE, name="mlp", tiny=False), display=False)
+    c.wrap("net", "ddp")
+    c.set_data("ds")
+    mb = int(c.pull("mb", rank=0))
+    d = tempfile.mkdtemp(prefix="dpnb-ck-")
+    c.train(steps=5, micro_batch=mb, progress=False)
+    plain, ck = [], []
+    for i in range(5):
+        t0 = time.perf_counter()
+        c.train(steps=20, micro_batch=mb, progress=False)
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        s = c.train(steps=20, micro_batch=mb, progress=False, checkpoint_every=5,
+                    checkpoint_dir=os.path.join(d, "auto"))
+        ck.append((time.perf_counter() - t0, len(s["checkpoints"])))
+    per = [(t - p_) / n for (t, n), p_ in zip(ck, plain)]
+    state = c.call("dpnb.engine.training.measure_state_bytes").values[0]
+    res = {"model": "mlp", "params": int(state["params"] / 4),
+           "train_20_steps_s": round(statistics.median(plain), 3),
+           "per_checkpoint_s": round(statistics.median(per), 3)}
+    print("checkpoint:", res, flush=True)
+    return res
 
 
 if __name__ == "__main__":

@@ -153,6 +153,12 @@ def ensure_single_collectives() -> list[str]:
     return added
 
 
+def source_rank(work: Any) -> int:
+    """The rank a receive from any source was matched with (torch's private
+    ``Work._source_rank``; ``recv`` itself reads it the same way)."""
+    return _need(work, "_source_rank", "point-to-point check, recv from any source")()
+
+
 def local_tensor(t: Any) -> Any:
     """The part of ``t`` stored on this rank: a DTensor's local shard, else ``t``.
 

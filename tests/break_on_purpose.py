@@ -203,6 +203,22 @@ MUTATIONS = [
  ("the walk leaves standard-library objects", "dpnb/core/objwalk.py",
   "    if _stdlib_leaf(obj):\n        return\n", "",
   ["tests/unit/test_objwalk.py::test_standard_library_objects_are_not_walked_into"]),
+ ("calls paired across lines named", "dpnb/engine/checkstar.py",
+  "verdict = (0 if not other_line else 2, agreed) if same else (1, 0)",
+  "verdict = (0, agreed) if same else (1, 0)",
+  ["tests/unit/test_collcheck.py::test_calls_paired_across_lines_are_kept_on_every_rank_and_still_run",
+   "tests/cluster/test_mistakes.py::test_calls_paired_across_lines_are_named_in_the_report",
+   "tests/cluster/test_mistakes.py::test_swapped_calls_and_branches_get_a_note_never_an_error"]),
+ ("a loop whose line moves is not agreed", "dpnb/engine/collcheck.py",
+  "        cur = (d, site)\n", "        cur = (d, None)\n        h = [(x, None) for x, _ in h]\n",
+  ["tests/unit/test_collcheck.py::test_a_loop_whose_line_moves_is_not_agreed_but_a_branch_per_rank_is"]),
+ ("point-to-point sizes checked", "dpnb/engine/cellguard.py",
+  "            if p2p and g.should_check_p2p(", "            if False and g.should_check_p2p(",
+  ["tests/ecosystem/test_p2p_ring.py::test_a_ring_with_one_index_off_is_an_error_naming_both_ends"]),
+ ("P2POp lists go through the point-to-point check", "dpnb/engine/cellguard.py",
+  "            if getattr(mod, name, None) is fn:\n                setattr(mod, name, w)",
+  "            setattr(mod, name, _wrapped(guard, name, fn))",
+  ["tests/ecosystem/test_p2p_ring.py::test_a_correct_hand_written_ring_gives_the_sum"]),
 ]
 
 

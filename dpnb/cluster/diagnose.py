@@ -81,6 +81,14 @@ def user_line(traceback: str) -> str:
     return found
 
 
+def cell_notes(res: CellResult) -> list[str]:
+    """Every rank's notes, each distinct one once, in rank order."""
+    out: list[str] = []
+    for r in res.ranks:
+        out += [n for n in res.outcomes[r].notes if n not in out]
+    return out
+
+
 def first_error(res: CellResult) -> str:
     """``rank 1: error: ValueError: ...`` for the lowest rank that did not succeed."""
     for r in res.ranks:
@@ -382,6 +390,8 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
     verdict = where_verdict(res)
     if verdict:
         lines.insert(0, "where: " + verdict)
+    for n in cell_notes(res):  # calls paired across lines: why a value may be wrong
+        lines.append(f"note: {n}")
     if res.released and res.elapsed_s < timeout_s:
         lines.append(f"The ranks' process groups were released, so the cell returned after "
                      f"{res.elapsed_s:.1f} s instead of at the {timeout_s:g} s group timeout.")

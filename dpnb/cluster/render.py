@@ -19,7 +19,8 @@ from ..env import in_kernel, ipython
 from ..ranks import rank_label
 from ..compat import result_metadata
 from . import tabs
-from .diagnose import group_identical
+from .diagnose import cell_notes, group_identical
+from ..engine.collcheck import NOTE_PREFIX
 from .types import CellResult
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,19 @@ def without_native_logs(text: str, rank: int | None = None) -> str:
         else:
             kept.append(line)
     return "".join(kept)
+
+
+def split_notes(text: str) -> tuple[str, list[str]]:
+    """A rank's stderr without dpnb's note lines (``NOTE_PREFIX``), and those notes."""
+    if not text or NOTE_PREFIX not in text:
+        return text, []
+    kept, notes = [], []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(NOTE_PREFIX):
+            notes.append(line[len(NOTE_PREFIX):].rstrip("\n"))
+        else:
+            kept.append(line)
+    return "".join(kept), notes
 
 
 def label(ranks: list[int], world: int) -> str:
@@ -85,6 +99,10 @@ def show_result(res: CellResult) -> None:
             sys.stderr.write(err)
             sys.stderr.flush()
     _show_rich(res)
+    if res.ok:  # a failed cell's report says them
+        for n in cell_notes(res):
+            sys.stderr.write(f"note: {n}\n")
+        sys.stderr.flush()
 
 
 def _bundle_key(content: dict) -> str:
@@ -160,7 +178,8 @@ class Streamer:
         out = {}
         for r, ar in self.ars.items():
             md = result_metadata(ar)
-            out[r] = (md.get("stdout") or "") + without_native_logs(md.get("stderr") or "")
+            out[r] = (md.get("stdout") or "") + split_notes(
+                without_native_logs(md.get("stderr") or ""))[0]
         return out
 
     def poll(self) -> None:

@@ -22,7 +22,7 @@ from ..engine import runner, setup
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .processes import Processes
-from .render import Streamer, without_native_logs
+from .render import Streamer, split_notes, without_native_logs
 from .sidedoor import is_closed, knock_all
 from .types import CellResult, Health, RankInfo, RankOutcome, Status, WaitKind
 from .waiting import Waiting
@@ -247,7 +247,7 @@ class Transport:
     def _copy_streams(ar, o: RankOutcome) -> None:
         md = result_metadata(ar)
         o.stdout = md.get("stdout", "") or ""
-        o.stderr = without_native_logs(md.get("stderr", "") or "", o.rank)
+        o.stderr, o.notes = split_notes(without_native_logs(md.get("stderr", "") or "", o.rank))
         o.outputs = list(md.get("outputs", []) or [])
         o.execute_result = md.get("execute_result")
 

@@ -134,6 +134,7 @@ class RankOutcome:
     died: str = ""
     collective: bool = False  # the error came from a collective / the group
     note: str = ""  # deadlocked: why no rank could ever complete its collective
+    notes: list = field(default_factory=list)  # dpnb's notes on the cell (calls paired across lines)
 
     @property
     def ok(self) -> bool:

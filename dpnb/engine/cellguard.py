@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from IPython import get_ipython
 
-from . import checkstar, collcheck, frames, rankpdb
+from . import checkstar, collcheck, frames, p2pcheck, rankpdb
 from .state import get_state
 
 
@@ -58,6 +58,7 @@ class Guard:
         self.unchecked_next = False  # %%dp --unchecked: the next cell only
         self.depth = 0  # inside a wrapped collective (nested calls pass through)
         self.main = threading.main_thread().ident
+        self.p2p = False  # the group is gloo: point-to-point calls are checked
 
     # -- cell hooks ----------------------------------------------------------
     def pre(self, *_info) -> None:
@@ -70,11 +71,19 @@ class Guard:
         self.unchecked_next = False
         self.depth = 0
         if self.star is not None:
-            self.star.pattern.reset()  # every rank starts the cell's history afresh
+            self.star.reset_cell()  # every rank starts the cell's history afresh
 
     def post(self, *_result) -> None:
         self.active = False
         self.state.current_collective = None
+        star = self.star
+        if star is not None and (star.paired or star.moved):
+            # calls paired across lines: a note after the cell, on every rank
+            # (the same text where the hub sent the table, so shown once);
+            # the notebook takes these lines out of the stream (NOTE_PREFIX)
+            for line in collcheck.pairing_notes(star.paired, star.moved):
+                sys.stderr.write(collcheck.NOTE_PREFIX + line + "\n")
+            sys.stderr.flush()
         rankpdb.settle(self.state)
 
     # -- deciding ------------------------------------------------------------
@@ -85,11 +94,44 @@ class Guard:
             return False
         return not (async_op and frames.is_library(caller.f_code.co_filename))
 
+    def should_check_p2p(self, group: Any, tensor: Any) -> bool:
+        """Point-to-point calls: both ends must decide alike, so who called
+        (the cell or a library) does not count; gloo and CPU tensors only."""
+        return (self.checking and self.star is not None and self.p2p
+                and (group is None or group is dist.GroupMember.WORLD)
+                and getattr(getattr(tensor, "device", None), "type", "") == "cpu")
+
 
 def _bind(params: list[str], args: tuple, kwargs: dict) -> dict:
     bound = dict(zip(params, args))
     bound.update(kwargs)
     return bound
+
+
+def user_site(frame) -> tuple | None:
+    """``(file, line)`` of the user's innermost frame, as every rank names it
+    (:func:`collcheck.site_key`); no text is built here (it runs per call)."""
+    f = frame
+    while f is not None:
+        name = f.f_code.co_filename
+        if not frames.is_library(name):
+            return collcheck.site_key(name), f.f_lineno
+        f = f.f_back
+    return None
+
+
+def _p2p(g: Guard, name: str, bound: dict, caller):
+    """A checked send / recv / isend / irecv (:mod:`dpnb.engine.p2pcheck`)."""
+    pg = dist.group.WORLD
+    t, tag, site = bound["tensor"], int(bound.get("tag") or 0), user_site(caller)
+    me = g.state.rank
+    if name in ("send", "isend"):
+        dst = bound.get("dst", bound.get("group_dst"))
+        return p2pcheck.send(pg, t, dst, tag, site, wait=name == "send")
+    src = bound.get("src", bound.get("group_src"))
+    if name == "recv":
+        return p2pcheck.recv(pg, me, t, src, tag, site)
+    return p2pcheck.irecv(pg, me, t, src, tag, site)
 
 
 def user_line(frame) -> str:
@@ -101,6 +143,7 @@ def user_line(frame) -> str:
 def _wrapped(guard: Guard, name: str, fn):
     params = list(inspect.signature(fn).parameters)
     checkable = name in collcheck.SPECS
+    p2p = name in collcheck.POINT_TO_POINT
 
     @functools.wraps(fn)
     def collective(*args, **kwargs):
@@ -118,13 +161,15 @@ def _wrapped(guard: Guard, name: str, fn):
         g.depth += 1
         try:
             caller = sys._getframe(1)
+            if p2p and g.should_check_p2p(bound.get("group"), bound.get("tensor")):
+                return _p2p(g, name, bound, caller)
             if checkable and g.should_check(bound.get("group"), bool(bound.get("async_op")),
                                             caller):
                 text = collcheck.describe(name, bound)
                 cur["index"] = g.star.seq + 1
                 cur["phase"] = "check"
                 cur["awaiting"] = g.star.awaiting
-                g.star.call(name, text, collcheck.digest(text), lambda: user_line(caller))
+                g.star.call(name, text, collcheck.digest(text), user_site(caller))
                 cur["phase"] = "run"
             return fn(*args, **kwargs)
         except Exception as e:
@@ -143,11 +188,16 @@ def _wrapped(guard: Guard, name: str, fn):
 
 
 def _patch(guard: Guard) -> None:
-    for mod in (dist, c10d):
-        for name in collcheck.COLLECTIVES:
-            fn = getattr(mod, name, None)
-            if fn is not None and not hasattr(fn, "__dpnb_original__"):
-                setattr(mod, name, _wrapped(guard, name, fn))
+    # one wrapper per function, set on both modules: torch compares ops by
+    # identity (``P2POp(dist.isend, ...)`` against c10d's ``isend``)
+    for name in collcheck.COLLECTIVES:
+        fn = getattr(c10d, name, None)
+        if fn is None or hasattr(fn, "__dpnb_original__"):
+            continue
+        w = _wrapped(guard, name, fn)
+        for mod in (dist, c10d):
+            if getattr(mod, name, None) is fn:
+                setattr(mod, name, w)
 
 
 def install(state) -> Guard:
@@ -178,6 +228,7 @@ def form_star(state, store) -> None:
         guard.star = None
     # the store is new for every formation (a fresh port); its port, the same on
     # every rank (a replaced rank's generation count is not), names the formation
+    guard.p2p = dist.get_backend() == "gloo"
     guard.star = checkstar.Star.form(store, state.rank, state.world_size, state.master_addr,
                                      door.token, state.master_port, state.timeout_s)
 

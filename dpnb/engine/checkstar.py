@@ -8,9 +8,14 @@ the cluster's token with an HMAC of the formation and its rank -- and then
 closes the listening socket, so nobody can connect later.
 
 Who sends what, per checked call: every other rank sends ``(number,
-digest, proposal)`` (24 bytes) to the hub; the hub compares them with its own
-and answers 0 (all equal) or 1 (8 bytes) to each.  After a 1 every rank
-sends its readable call and receives the table of all of them.
+digest, proposal, site)`` (32 bytes) to the hub; the hub compares them with
+its own and answers ``(verdict, period)`` (16 bytes) to each: 0 all equal, 1
+the calls differ, 2 the same call made from different lines (a cell's line 3
+on one rank, line 5 on another: gloo pairs them and both results mix the
+two lines' values), and the period every rank proposed (0 when they differ).
+After a 1 every rank sends its readable call and receives the table of all of
+them; after a 2, its line, and the call runs -- the pairing is kept for the
+cell's note (or its report, if the cell then fails).
 """
 
 from __future__ import annotations
@@ -26,18 +31,21 @@ import struct
 import time
 from typing import Any
 
-from .collcheck import CheckReleased, CollectiveMismatchError, Pattern
+from .collcheck import (CheckReleased, CollectiveMismatchError, Pattern, site_digest,
+                        site_label)
 
 log = logging.getLogger(__name__)
 
-_CHECK = struct.Struct("<qqq")  # number, digest, proposed period
-_VERDICT = struct.Struct("<q")
+_CHECK = struct.Struct("<qqqq")  # number, digest, proposed period, site
+_VERDICT = struct.Struct("<qq")  # 0 same / 1 differ / 2 other lines, agreed period
 _LEN = struct.Struct("<I")
 _HELLO = struct.Struct("<i32s")  # rank, HMAC-SHA256(token, "formation:rank")
 #: how long a connection to the hub may take to send its hello (from accept)
 HELLO_S = 5.0
 #: cap on a readable call or table sent after a mismatch
 MAX_TABLE_BYTES = 1 << 20
+#: pairings across lines kept per cell (the note shows a few)
+MAX_MOVED = 64
 
 
 def _recv_exact(sock: socket.socket, n: int, peer: str = "a peer") -> bytes:
@@ -90,6 +98,10 @@ class Star:
         self.set_timeout(timeout_s)
         self.seq = 0  # calls on the default group since it formed, checked or not
         self.pattern = Pattern()
+        # this cell's calls paired across lines: every rank's table (checked
+        # calls) and this rank's own skipped calls whose line moved
+        self.paired: list[dict] = []
+        self.moved: list[dict] = []
         self.broken: str | None = None  # why the channel cannot be trusted any more
         # while a check waits: the hub, the ranks not heard from yet; another
         # rank, True until its verdict is in (read by the side door's where)
@@ -203,25 +215,45 @@ class Star:
         spokes[r] = conn
 
     # -- one call -----------------------------------------------------------
-    def call(self, op: str, text: str, digest: int, where) -> bool:
+    def reset_cell(self) -> None:
+        """A new cell: its calls' history and pairings start afresh (every rank)."""
+        self.pattern.reset()
+        self.paired, self.moved = [], []
+
+    def call(self, op: str, text: str, digest: int, site: tuple | None = None) -> bool:
         """Number this call; check it against every rank's unless it repeats the
         agreed period.  Raises :class:`CollectiveMismatchError` on a mismatch;
-        ``where()`` gives the user's line for the table.  True if checked."""
+        ``site`` is the user's ``(file, line)`` (:func:`collcheck.site_key`),
+        compared too: calls paired across lines are kept in :attr:`paired`.
+        True if checked."""
         self.seq += 1
-        if self.world == 1 or self.pattern.repeats(digest):
-            self.pattern.record(digest)
+        pattern = self.pattern
+        if self.world == 1:
+            return False
+        if pattern.repeats(digest):
+            before = pattern.moved(site)
+            if before is not None and len(self.moved) < MAX_MOVED:
+                self.moved.append({"rank": self.rank, "op": op, "seq": self.seq,
+                                   "at": site_label(site), "before": site_label(before)})
+            pattern.record(digest, site=site)
             return False
         if self.broken:
             raise CheckReleased(f"dpnb's collective check cannot continue ({self.broken}); the "
                                 f"group is re-formed after this cell (or run %dp reform)")
-        proposal = self.pattern.proposal(digest)
-        mine = (self.seq, digest, proposal)
+        proposal = pattern.proposal(digest, site)
+        mine = (self.seq, digest, proposal, site_digest(site))
         try:
-            same = self._hub_round(mine) if self.rank == 0 else self._spoke_round(mine)
-            if same:
-                self.pattern.record(digest, proposal)
+            verdict, period = self._hub_round(mine) if self.rank == 0 else self._spoke_round(mine)
+            if verdict != 1:
+                pattern.record(digest, period, site)
+                if verdict == 2:
+                    table = self._tables({"at": site_label(site)})
+                    if len(self.paired) < MAX_MOVED:
+                        self.paired.append({"op": op, "seq": self.seq, "sites": {
+                            int(r): t["at"] for r, t in table.items()}})
                 return True
-            table = self._tables({"call": text, "at": where(), "check": self.seq})
+            table = self._tables({"call": text, "at": site_label(site) if site else "",
+                                  "check": self.seq})
         except OSError as e:  # a send on a connection a release shut
             self.broken = f"{type(e).__name__} during call #{self.seq}"
             raise CheckReleased(f"Connection closed by peer during dpnb's collective check "
@@ -248,24 +280,28 @@ class Star:
             return None if ready else [0]
         return list(a) if a else None
 
-    def _spoke_round(self, mine: tuple) -> bool:
+    def _spoke_round(self, mine: tuple) -> tuple[int, int]:
         self.hub.sendall(_CHECK.pack(*mine))
         self._awaiting = True
-        (verdict,) = _VERDICT.unpack(_recv_exact(self.hub, _VERDICT.size, "rank 0"))
-        return verdict == 0
+        return _VERDICT.unpack(_recv_exact(self.hub, _VERDICT.size, "rank 0"))
 
-    def _hub_round(self, mine: tuple) -> bool:
-        same = True
-        order = sorted(self.spokes)
+    def _hub_round(self, mine: tuple) -> tuple[int, int]:
+        """Compare every rank's (number, call) -- the verdict -- and its proposal
+        and site, which only decide the period and whether lines are named."""
+        same, other_line, agreed, order = True, False, mine[2], sorted(self.spokes)
         for i, r in enumerate(order):
             self._awaiting = tuple(order[i:])
-            if _CHECK.unpack(_recv_exact(self.spokes[r], _CHECK.size, f"rank {r}")) != mine:
-                same = False
+            seq, dig, prop, site = _CHECK.unpack(_recv_exact(self.spokes[r], _CHECK.size,
+                                                             f"rank {r}"))
+            same = same and (seq, dig) == mine[:2]
+            agreed = agreed if prop == agreed else 0
+            other_line = other_line or site != mine[3]
         self._awaiting = ()
-        verdict = _VERDICT.pack(0 if same else 1)
+        verdict = (0 if not other_line else 2, agreed) if same else (1, 0)
+        out = _VERDICT.pack(*verdict)
         for r in order:
-            self.spokes[r].sendall(verdict)
-        return same
+            self.spokes[r].sendall(out)
+        return verdict
 
     def _tables(self, info: dict) -> dict:
         if self.rank != 0:

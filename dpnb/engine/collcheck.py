@@ -32,8 +32,12 @@ so a rank waiting here for a peer is freed as fast as one inside gloo.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
+import os
 from typing import Any
+
+from .frames import is_cell
 
 #: what identifies a call, per collective: (parameter, kind); kinds: ``t`` a
 #: tensor (shape, dtype), ``tl`` a list of tensors, ``n`` a list's length, ``v``
@@ -65,9 +69,13 @@ SPECS: dict[str, tuple[tuple[str, str], ...]] = {
                             ("group_src", "v")),
 }
 
-#: point-to-point calls: counted for ``%dp where``, never checked (only two
-#: ranks take part, and a rank waiting in one is found by the deadlock rule)
-POINT_TO_POINT = frozenset({"send", "recv"})
+#: point-to-point calls: counted for ``%dp where``; their sizes are checked
+#: between the two ranks by :mod:`dpnb.engine.p2pcheck`, not on the star
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv"})
+#: how a call site's file is named when it is a cell
+CELL = "<cell>"
+#: what marks a note line on a rank's stderr (the notebook shows it once, after the cell)
+NOTE_PREFIX = "[dpnb note] "
 #: every torch.distributed function the cell guard wraps
 COLLECTIVES = frozenset(SPECS) | POINT_TO_POINT
 #: the device waits a rank blocks in with a GPU (torch's and dpnb's own):
@@ -153,45 +161,124 @@ class Pattern:
     iteration (a reduce-scatter then an all-gather; one all_reduce per
     parameter).  Every check also carries this rank's *proposal*: the
     shortest period its history of calls (this one included) has shown
-    twice in a row.  When the hub finds every rank's (number, fingerprint,
-    proposal) equal, the period is agreed, and while a rank's next call is
-    the one a period earlier it runs without a check.
+    twice in a row -- calls *and their sites*, so a loop whose lines move
+    (``if i % 2``) keeps being checked.  The hub agrees on a period only when
+    every rank proposes the same one (otherwise none: every call is checked),
+    and says which; while a rank's next call is the one a period earlier it
+    runs without a check.
 
     Why that is safe: the last check before such a call was made by every
     rank (had some ranks checked and others not, the checkers would still be
     waiting on the star, never posting the collective -- a deadlock the
     notebook releases, not an abort), so every rank holds the same agreed
-    period and, by induction, the same history; a call equal to the one a
-    period earlier is then equal on every rank.  A rank whose call differs
-    from its period checks, and no rank's mismatched tensor ever reaches
-    gloo.  The history starts afresh with every cell.
+    period and, by induction, the same history of calls; a call equal to the
+    one a period earlier is then equal on every rank.  A rank whose call
+    differs from its period checks, and no rank's mismatched tensor ever
+    reaches gloo.  Sites never decide whether a call is checked (they
+    legitimately differ between ranks): a skipped call whose site is not the
+    one a period earlier is only noted (:meth:`moved`).  The history starts
+    afresh with every cell.
     """
 
     MAX_PERIOD = 256
 
     def __init__(self) -> None:
         self.hist: collections.deque = collections.deque(maxlen=2 * self.MAX_PERIOD)
+        self.sites: collections.deque = collections.deque(maxlen=2 * self.MAX_PERIOD)
         self.period = 0
 
     def reset(self) -> None:
         self.hist.clear()
+        self.sites.clear()
         self.period = 0
 
     def repeats(self, d: int) -> bool:
         p = self.period
         return bool(p) and len(self.hist) >= p and self.hist[-p] == d
 
-    def proposal(self, d: int) -> int:
-        """The shortest period of the history followed by ``d``, seen twice; 0 if none."""
-        h = list(self.hist)
-        h.append(d)
+    def moved(self, site: Any) -> Any:
+        """While :meth:`repeats`: the site a period earlier if ``site`` differs from it, else None."""
+        before = self.sites[-self.period]
+        return before if before != site else None
+
+    def proposal(self, d: int, site: Any = None) -> int:
+        """The shortest period of the history followed by ``(d, site)``, seen twice; 0 if none."""
+        h = list(zip(self.hist, self.sites))
+        cur = (d, site)
+        h.append(cur)
         n = len(h)
         for p in range(1, min(self.MAX_PERIOD, n // 2) + 1):
-            if h[n - 1 - p] == d and all(h[n - 1 - i] == h[n - 1 - i - p] for i in range(p)):
+            if h[n - 1 - p] == cur and all(h[n - 1 - i] == h[n - 1 - i - p] for i in range(p)):
                 return p
         return 0
 
-    def record(self, d: int, period: int | None = None) -> None:
+    def record(self, d: int, period: int | None = None, site: Any = None) -> None:
         self.hist.append(d)
+        self.sites.append(site)
         if period is not None:
             self.period = period
+
+
+# -------------------------------------------------------------------- sites
+@functools.lru_cache(maxsize=1024)
+def site_key(filename: str) -> str:
+    """A call site's file as every rank names it: a cell's file name differs
+    between engines (its execution count, ipykernel's per-process folder)."""
+    return CELL if is_cell(filename) else filename
+
+
+@functools.lru_cache(maxsize=4096)
+def site_digest(site: tuple | None) -> int:
+    """The 64-bit hash of a site that the check sends (the same in every process)."""
+    return 0 if site is None else digest(f"{site[0]}:{site[1]}")
+
+
+def site_label(site: tuple | list | None) -> str:
+    """``cell line 3`` / ``train.py line 42`` for a ``(site_key, line)``."""
+    if not site:
+        return "an unknown line"
+    name, line = site
+    return f"cell line {line}" if name == CELL else f"{os.path.basename(name)} line {line}"
+
+
+def pairing_notes(paired: list[dict], moved: list[dict], limit: int = 3) -> list[str]:
+    """One line per distinct pairing of calls across lines, for the cell's note or report.
+
+    ``paired``: ``{"op", "seq", "sites": {rank: label}}`` for checked calls the
+    ranks made from different lines (the same on every rank: the hub sent the
+    table).  ``moved``: ``{"rank", "op", "seq", "at", "before"}`` for calls this
+    rank made, unchecked (they repeated the agreed loop), from another line
+    than the same call a loop earlier."""
+    lines, seen = [], set()
+    for p in paired:
+        by_site: dict[str, list[int]] = {}
+        for r, at in sorted(p["sites"].items(), key=lambda kv: int(kv[0])):
+            by_site.setdefault(at, []).append(int(r))
+        key = (p["op"], tuple(sorted((at, tuple(rs)) for at, rs in by_site.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        groups = [(rank_text(rs), at) for at, rs in by_site.items()]
+        if len(groups) == 2:
+            (ra, a), (rb, b) = groups
+            lines.append(f"{ra}'s {p['op']} at {a} was paired with {rb}'s {p['op']} at {b}: "
+                         f"both results mix values from different lines")
+        else:
+            lines.append(f"{p['op']} was called from different lines ("
+                         + "; ".join(f"{rs} at {at}" for rs, at in groups)
+                         + "): each result mixes values from these lines")
+    for m in moved:
+        key = ("moved", m["rank"], m["op"], tuple(sorted((m["at"], m["before"]))))
+        if key in seen:
+            continue
+        seen.add(key)
+        lines.append(f"rank {m['rank']}'s {m['op']} came from {m['at']} where the same call a "
+                     f"loop earlier came from {m['before']}: the other ranks' may come from "
+                     f"other lines (not compared: it repeated the agreed loop)")
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... and {len(lines) - limit} more calls paired across lines"]
+    return lines
+
+
+def rank_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))

@@ -89,6 +89,42 @@ def test_one_sided_collective_is_released_at_once_and_says_who_is_blocked_where(
     _healthy(c)
 
 
+PAIRED = "was paired with"
+
+
+def test_calls_paired_across_lines_are_named_in_the_report(c):
+    # issue 37: rank 0's line-2 all_reduce pairs with rank 1's line-4 one (same
+    # shape, so no mismatch); rank 0's line-4 call then finds no partner
+    err, took = _raises(c, "a = torch.ones(3) * (rank + 1)\nif rank == 0: dist.all_reduce(a)\n"
+                           "b = torch.ones(3) * 10 * (rank + 1)\ndist.all_reduce(b)\n")
+    assert took < QUICK_S, took
+    assert err.summary.startswith("rank 0 blocked in a collective no rank could join")
+    assert ("rank 0's all_reduce at cell line 2 was paired with rank 1's all_reduce at cell "
+            "line 4: both results mix values from different lines") in err.report, err.report
+    assert c.pull("b", rank=1).tolist() == [21.0] * 3  # the mixed value the note explains
+    _healthy(c)
+
+
+def test_swapped_calls_and_branches_get_a_note_never_an_error(c):
+    # two same-shape all_reduces in swapped order: no error, values mixed -> a note
+    r = c.run("x = torch.ones(2) * (rank + 1); y = torch.ones(2) * 10 * (rank + 1)\n"
+              "if rank == 0:\n    dist.all_reduce(x)\n    dist.all_reduce(y)\nelse:\n"
+              "    dist.all_reduce(y)\n    dist.all_reduce(x)\n", display=False)
+    assert r.ok
+    notes = {n for o in r.outcomes.values() for n in o.notes}
+    assert notes == {f"rank 0's all_reduce at cell line {a} {PAIRED} rank 1's all_reduce at cell "
+                     f"line {b}: both results mix values from different lines"
+                     for a, b in ((3, 6), (4, 7))}, notes
+    # an if/else whose branches make the same collective, in a loop: a note, no error
+    r = c.run("t = torch.ones(1)\nfor i in range(40):\n    if rank == 0: dist.all_reduce(t)\n"
+              "    else: dist.all_reduce(t)\n", display=False)
+    assert r.ok and c.pull("t") == [2.0 ** 40] * 2
+    assert all(len(o.notes) == 1 and PAIRED in o.notes[0] for o in r.outcomes.values())
+    # the same line on every rank: nothing to say
+    r = c.run("t = torch.ones(1)\nfor i in range(5):\n    dist.all_reduce(t)\n", display=False)
+    assert r.ok and not any(o.notes for o in r.outcomes.values())
+
+
 def test_an_uneven_last_batch_in_a_checked_loop_costs_no_engine(c):
     # the loop's all_reduce repeats, so after two rounds it runs without a check
     # (dpnb.engine.collcheck.Pattern); rank 1's smaller last batch is checked and

@@ -48,17 +48,18 @@ def numbers(text: str, key: str) -> list[float]:
 def assert_whole(c, pids: list[int]) -> None:
     """Nothing was lost: the same engines, a working group, new_group, reform, restart."""
     assert [r.pid for r in c.ranks] == pids and not c.dead
+    n = c.world_size
     c.run("_whole = rank * 3", display=False)
     r = c.run("t = torch.ones(2)\ndist.all_reduce(t)\ng = dist.new_group()\n"
               "u = torch.ones(1)\ndist.all_reduce(u, group=g)\n"
               "_ok = (t.tolist(), u.item(), dist.get_world_size(g))", display=False)
-    assert r.ok and c.pull("_ok") == [([2.0, 2.0], 2.0, 2)] * 2
+    assert r.ok and c.pull("_ok") == [([float(n)] * 2, float(n), n)] * n
     gen = c.generation
     c.reform()
     msg = c.restart()
     assert c.generation >= gen + 2 and "replaced" not in msg
     assert [r.pid for r in c.ranks] == pids
-    assert c.pull("_whole") == [0, 3]
+    assert c.pull("_whole") == [3 * r for r in range(n)]
 
 
 #: an Accelerate training loop as its docs write one (CPU, two ranks): the

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dpnb.engine.checkstar import Star
 from dpnb.engine.collcheck import (CheckReleased, CollectiveMismatchError, Pattern, describe,
-                                   digest)
+                                   digest, pairing_notes)
 
 
 class _T:
@@ -151,12 +151,13 @@ def _stars(world: int, token: str = "t0k") -> list[Star]:
     return out
 
 
-def _all(stars, calls):
+def _all(stars, calls, sites=None):
     res = [None] * len(stars)
+    sites = sites or [("<cell>", 1)] * len(stars)
 
     def go(r):
         try:
-            res[r] = stars[r].call("all_reduce", calls[r], digest(calls[r]), lambda: "cell line 1")
+            res[r] = stars[r].call("all_reduce", calls[r], digest(calls[r]), sites[r])
         except Exception as e:  # collected for the assertions
             res[r] = e
 
@@ -206,7 +207,7 @@ def test_a_release_frees_a_rank_waiting_in_the_check():
 
     def hub():
         try:
-            stars[0].call("all_reduce", "x", digest("x"), lambda: "")
+            stars[0].call("all_reduce", "x", digest("x"))
         except CheckReleased as e:
             res[0] = e
 
@@ -220,4 +221,45 @@ def test_a_release_frees_a_rank_waiting_in_the_check():
     t.join(5)
     assert isinstance(res[0], CheckReleased) and "Connection closed by peer" in str(res[0])
     with pytest.raises(CheckReleased, match="cannot continue"):
-        stars[0].call("all_reduce", "x", digest("y"), lambda: "")
+        stars[0].call("all_reduce", "x", digest("y"))
+
+
+def test_calls_paired_across_lines_are_kept_on_every_rank_and_still_run():
+    stars = _stars(3)
+    call = "all_reduce [3] float32"
+    sites = [("<cell>", 3), ("<cell>", 5), ("<cell>", 5)]
+    assert _all(stars, [call] * 3, sites) == [True, True, True]  # ran: not an error
+    assert _all(stars, [call] * 3) == [True, True, True]  # one line: nothing kept
+    want = [{"op": "all_reduce", "seq": 1,
+             "sites": {0: "cell line 3", 1: "cell line 5", 2: "cell line 5"}}]
+    assert [s.paired for s in stars] == [want] * 3
+    assert pairing_notes(want, []) == [
+        "rank 0's all_reduce at cell line 3 was paired with ranks 1,2's all_reduce at cell "
+        "line 5: both results mix values from different lines"]
+    three = dict(want[0], sites={0: "cell line 3", 1: "cell line 5", 2: "cell line 7"})
+    assert pairing_notes([three], []) == [
+        "all_reduce was called from different lines (rank 0 at cell line 3; rank 1 at cell "
+        "line 5; rank 2 at cell line 7): each result mixes values from these lines"]
+    for s in stars:
+        s.close()
+
+
+def test_two_ranks_paired_across_lines_read_as_one_sentence():
+    paired = [{"op": "all_reduce", "seq": 4, "sites": {"0": "cell line 3", "1": "train.py line 9"}}]
+    assert pairing_notes(paired * 2, []) == [  # the same pairing twice: said once
+        "rank 0's all_reduce at cell line 3 was paired with rank 1's all_reduce at train.py "
+        "line 9: both results mix values from different lines"]
+
+
+def test_a_loop_whose_line_moves_is_not_agreed_but_a_branch_per_rank_is():
+    # sites count in the proposal: rank b alternates lines, so no period agrees
+    pa, pb = Pattern(), Pattern()
+    for i in range(6):
+        qa, qb = pa.proposal(7, ("<cell>", 3)), pb.proposal(7, ("<cell>", 4 + i % 2))
+        pa.record(7, qa, ("<cell>", 3))
+        pb.record(7, qb, ("<cell>", 4 + i % 2))
+    assert qa == 1 and qb == 2  # the hub agrees on neither: every call stays checked
+    # a skipped call from another line than a period earlier is found (for the note)
+    pb.period = 2
+    assert pb.repeats(7) and pb.moved(("<cell>", 9)) == ("<cell>", 4)
+    assert pb.moved(("<cell>", 4)) is None
