@@ -154,6 +154,7 @@ class CellResult:
     error: Exception | None = None  # set when the caller asked not to raise
     released: bool = False  # the ranks' process groups were released (must re-form)
     where: dict = field(default_factory=dict)  # rank -> where it was when stopped
+    shown_live: set = field(default_factory=set)  # (rank, render.live_key) shown while running
 
     @property
     def ok(self) -> bool:
