@@ -102,10 +102,36 @@ def status_text(rows: list[dict]) -> str:
                      for row in table)
 
 
-def status_widget(rows: list[dict]):
-    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
-    import ipywidgets as w
+def widget_bundle(widget, text: str, html_text: str = "") -> dict:
+    """``widget``'s display data with ``text`` as its ``text/plain`` (and
+    ``html_text``, when given, as its ``text/html``).
 
+    ipywidgets' own plain form is the widget's repr (``HTML(value="<table
+    ...``): that is what a notebook run headless (nbconvert, papermill) keeps
+    as its text, and what a text export or a terminal reader of the saved
+    notebook shows.  The widget still renders in Jupyter (its view comes
+    first); the text and HTML are the forms every other reader gets.
+    """
+    data = widget._repr_mimebundle_()
+    if isinstance(data, tuple):  # (data, metadata) from some ipywidgets versions
+        data = data[0]
+    data = {**data, "text/plain": text}
+    if html_text:
+        data["text/html"] = html_text
+    return data
+
+
+def show_widget(widget, text: str, html_text: str = "", *, display_id: bool = False):
+    """Display ``widget`` with a real plain-text (and HTML) form
+    (:func:`widget_bundle`); the display handle when ``display_id``."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
+    from IPython.display import display
+
+    return display(widget_bundle(widget, text, html_text), raw=True, display_id=display_id)
+
+
+def status_html(rows: list[dict]) -> str:
+    """The status table as HTML (the widget's value, and the saved HTML form)."""
     head = "".join(f"<th style='text-align:left;padding:2px 8px'>{c}</th>" for c in status_columns(rows))
     body = []
     for row in status_rows(rows):
@@ -114,16 +140,25 @@ def status_widget(rows: list[dict]):
         body.append(f"<tr{style}>{cells}</tr>")
     order = host_order(rows)
     caption = f"<caption style='text-align:left'>{html.escape(order)}</caption>" if order else ""
-    return w.HTML(f"<table class='dpnb-status'>{caption}<thead><tr>{head}</tr></thead>"
-                  f"<tbody>{''.join(body)}</tbody></table>")
+    return (f"<table class='dpnb-status'>{caption}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def status_widget(rows: list[dict]):
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
+    import ipywidgets as w
+
+    return w.HTML(status_html(rows))
+
+
+def status_plain(rows: list[dict]) -> str:
+    """The status table as text: what a terminal prints and a saved notebook keeps."""
+    order = host_order(rows)
+    return (order + "\n" if order else "") + status_text(rows)
 
 
 def show_status(rows: list[dict]) -> None:
     if in_kernel():
-        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
-        from IPython.display import display
-
-        display(status_widget(rows))
+        show_widget(status_widget(rows), status_plain(rows), status_html(rows))
     else:
-        order = host_order(rows)
-        print((order + "\n" if order else "") + status_text(rows))
+        print(status_plain(rows))

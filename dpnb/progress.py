@@ -13,6 +13,7 @@ import io
 import sys
 import time
 
+from .display import show_widget, widget_bundle
 from .env import RENDER_LOCK, in_kernel
 
 
@@ -43,7 +44,6 @@ class TrainProgress:
     def _build_widget(self) -> None:
         # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
         import ipywidgets as w
-        from IPython.display import display
 
         self.bar = w.IntProgress(value=0, min=0, max=max(1, self.total or 1),
                                  description="step", bar_style="info",
@@ -53,7 +53,9 @@ class TrainProgress:
         self.widget = w.VBox([w.HBox([self.bar, self.label]), self.curve],
                              layout=w.Layout(border="1px solid #ddd", padding="4px"))
         self.widget.add_class("dpnb-train-progress")
-        display(self.widget)
+        # the progress line is the widget's text form: close() puts the last
+        # one there, so a notebook run headless keeps it (not the widget's repr)
+        self._handle = show_widget(self.widget, "starting...", display_id=True)
 
     def _curve_png(self) -> bytes:
         # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
@@ -117,6 +119,7 @@ class TrainProgress:
                 self.bar.max = int(d["total"])
             self.bar.value = min(self.bar.max, max(0, done))
             self.label.value = f"<code>{text}</code>"
+            self._last_line = text
         else:
             self._last_line = text
             sys.stdout.write("\r" + text.ljust(90))
@@ -135,6 +138,8 @@ class TrainProgress:
             self.bar.bar_style = "warning" if note else "success"
             if note:
                 self.label.value += f" <b>{note}</b>"
+            line = " ".join(x for x in (self._last_line, note) if x)
+            self._handle.update(widget_bundle(self.widget, line or "no step ran"), raw=True)
         else:
             if self._last_line or note:
                 sys.stdout.write("\n" if self._last_line else "")

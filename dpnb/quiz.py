@@ -23,6 +23,7 @@ import random
 from dataclasses import dataclass
 from importlib import resources
 
+from .display import show_widget
 from .env import in_kernel
 
 #: where the course's questions are: ``dpnb/questions/NN.json``
@@ -159,9 +160,6 @@ def ask(qid_or_prompt: str, options: list[str] | None = None, answer: int | None
             raise TypeError("a question of your own needs options, answer and explanations")
         q = Question(qid_or_prompt, tuple(options), answer, tuple(explanations))
     if in_kernel():
-        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
-        from IPython.display import display
-
-        display(q.widget())
+        show_widget(q.widget(), q.text())
     else:
         print(q.text())

@@ -178,7 +178,8 @@ class Transport:
             self.health.busy.add(r)
         return CellResult(ranks=sel, outcomes=w.outcomes, elapsed_s=time.monotonic() - w.t0,
                           streamed=bool(streamer and streamer.started), released=w.released,
-                          where=w.where, cell_timeout_s=timeout)
+                          where=w.where, cell_timeout_s=timeout,
+                          shown_live=streamer.shown_live if streamer else set())
 
     def release(self, ranks: Iterable[int]) -> bool:
         """Release the process groups of ``ranks`` (side doors); True if any answered."""

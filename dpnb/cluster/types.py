@@ -158,6 +158,7 @@ class CellResult:
     released: bool = False  # the ranks' process groups were released (must re-form)
     where: dict = field(default_factory=dict)  # rank -> where it was when stopped
     cell_timeout_s: float | None = None  # the cell's own --timeout, if it had one
+    shown_live: set = field(default_factory=set)  # (rank, render.live_key) shown while running
 
     @property
     def ok(self) -> bool:

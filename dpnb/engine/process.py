@@ -111,6 +111,45 @@ def setup_inline_figures() -> None:
         log.info("inline figures not switched on: %s: %s", type(e).__name__, e)
 
 
+#: the key, in a display's ``transient``, that marks an engine's
+#: ``update_display_data`` sent as a ``display_data`` (read by
+#: :mod:`dpnb.cluster.render`)
+DISPLAY_UPDATE = "dpnb_update"
+
+
+def forward_display_updates() -> None:
+    """Let the notebook see this engine's display updates (once per process).
+
+    ``display(obj, display_id=True)`` then ``handle.update(obj)`` -- how
+    Hugging Face's ``NotebookProgressCallback`` redraws its table -- sends
+    ``update_display_data``, which ipyparallel's client drops: only the
+    first drawing reached the notebook (the table froze at "[2/5 :").
+    Here an update goes out as a ``display_data`` whose ``transient`` (never
+    saved with a notebook) carries :data:`DISPLAY_UPDATE`; ipyparallel keeps
+    it with the cell's outputs, and the notebook applies it to the display
+    with the same ``display_id``.  Nothing changes for other displays.
+    """
+    try:
+        # lazy: boot imports this module before the kernel (and IPython) exists
+        from IPython import get_ipython
+
+        pub = get_ipython().display_pub
+    except Exception as e:  # not inside an engine's kernel (a test, a plain process)
+        log.info("display updates not forwarded: %s: %s", type(e).__name__, e)
+        return
+    publish = pub.publish
+    if getattr(publish, "dpnb_forwards_updates", False):
+        return
+
+    def forwarding(data, metadata=None, *args, transient=None, update=False, **kwargs):
+        if update:
+            transient = {**(transient or {}), DISPLAY_UPDATE: True}
+        return publish(data, metadata, *args, transient=transient, **kwargs)
+
+    forwarding.dpnb_forwards_updates = True
+    pub.publish = forwarding
+
+
 class _TextTqdm:
     """Import hook: ``tqdm.autonotebook`` (and so ``tqdm.auto``) gives the text bar.
 

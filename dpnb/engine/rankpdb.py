@@ -140,6 +140,31 @@ class RankPdb(pdb.Pdb):
             return
         super().user_return(frame, return_value)
 
+    def get_stack(self, f, t):
+        """pdb's frame list from the outermost frame of the user's code on:
+        below it are the engine's own (ipyparallel, ipykernel, tornado,
+        IPython, dpnb's cell runner), about 40 frames that ``where`` printed
+        before the cell's and ``up`` climbed into.  A stack with no user code
+        (a stop inside a library called by dpnb) is left whole."""
+        stack, i = super().get_stack(f, t)
+        first = next((k for k, (fr, _) in enumerate(stack)
+                      if not frames.is_library(fr.f_code.co_filename)), None)
+        if first is None or first > i:
+            return stack, i
+        return stack[first:], i - first
+
+    def format_stack_entry(self, frame_lineno, lprefix=": "):
+        """A cell's entry named as dpnb names it elsewhere (``cell line 6``,
+        :func:`dpnb.engine.frames.label`), not by the temporary file ipykernel
+        compiled it from (``/tmp/ipykernel_123/3744619388.py(6)``)."""
+        text = super().format_stack_entry(frame_lineno, lprefix)
+        frame, lineno = frame_lineno
+        name = frame.f_code.co_filename
+        head = f"{self.canonic(name)}({lineno!r})"
+        if frames.is_cell(name) and text.startswith(head):
+            text = f"{frames.label(frame, lineno)}, in " + text[len(head):]
+        return text
+
     def do_interact(self, arg):
         self.message("interact is not available on a rank: use p, pp or !statement")
 

@@ -207,6 +207,7 @@ def init_rank(info: dict) -> dict:
         process.watch_parent(int(info["watch_ppid"]))
     process.exit_fast_on_sigterm()
     process.setup_inline_figures()
+    process.forward_display_updates()
     if info.get("widgets") is False:  # a terminal notebook: no widgets from engines
         process.text_progress_bars()
     door = None

@@ -426,7 +426,7 @@ def train(
         from . import autosave
 
         ck_dir = autosave.check(st, checkpoint_dir, checkpoint_every)
-    note = data.usage_note(P.micro_batch, P.grad_accum, P.world_size)
+    note = data.usage_note(P.micro_batch, P.grad_accum, P.world_size, P.n_steps)
     # Everything is validated: from here on the call changes state.
     groups = st.optimizer.param_groups
     for g in groups:

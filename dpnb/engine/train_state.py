@@ -115,14 +115,24 @@ class DataState:
         items = [self.dataset[i] for i in idx[start : start + batch]]
         return default_collate(items), len(items)
 
-    def usage_note(self, micro_batch: int, grad_accum: int, world_size: int) -> str | None:
-        """Once per setting: how many samples an epoch uses and drops, and why."""
+    def usage_note(self, micro_batch: int, grad_accum: int, world_size: int,
+                   call_steps: int) -> str | None:
+        """Once per setting: how many samples an epoch uses and drops, and why --
+        said by the call of ``call_steps`` steps that reaches the end of an
+        epoch, where the drop happens; a shorter call drops nothing.  No
+        separate rule for a large share: what an epoch drops is less than one
+        step's samples per rank, so a share worth saying means few steps to an
+        epoch, and the first call to reach its end says it."""
         n = len(self.dataset)
         per_rank = n // world_size
-        steps = per_rank // (micro_batch * grad_accum)
-        used = steps * micro_batch * grad_accum * world_size
+        need = micro_batch * grad_accum
+        steps = per_rank // need
+        used = steps * need * world_size
         key = (n, micro_batch, grad_accum, world_size)
         if used == n or key in self.noted:
+            return None
+        pos = (self.offset - self.offset % world_size) // world_size  # as ensure_room reads it
+        if call_steps < (per_rank - pos) // need:  # the call ends before the epoch's last step
             return None
         self.noted.add(key)
         why = []

@@ -36,6 +36,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 from dpnb.core import ConfigError
+from dpnb.display import show_widget
 from dpnb.env import RENDER_LOCK, in_kernel
 
 from ..core.errors import UserError
@@ -200,6 +201,7 @@ def _make_viewbox_class():
                      figure: Callable[[Any], Figure], html_fn: Callable[[Any], str],
                      text_fn: Callable[[Any], str], extra: Sequence[Any] = (),
                      show_figure: bool = True, layout_rows: Sequence[Sequence[str]] | None = None):
+            self.title = title
             self.title_html = w.HTML(f"<b>{_html.escape(title)}</b>")
             self.controls = dict(controls)
             self._compute = compute
@@ -290,7 +292,8 @@ def show_view(box, data: Any = None, fig: Figure | None = None, text: str | None
             # print everything twice
             box.image.layout.display = "none"
             box.readout.layout.display = "none"
-            display(box)
+            # its text form names it; the static copy below carries the text
+            show_widget(box, f"{box.title} (controls shown in Jupyter; the figure and text below)")
             bundle = static_bundle(box.figure, box.readout.value, box.text())
             handle = display(bundle, raw=True, display_id=True)
             box.attach_static(handle)

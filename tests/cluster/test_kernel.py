@@ -114,6 +114,52 @@ def test_long_cell_streams_while_running(kernel):
     assert final.startswith("[all 2 ranks]") and "tick 5" in final
 
 
+def _html_by_display(msgs):
+    """``{display_id: [html, ...]}`` in arrival order, with each message's time."""
+    out = {}
+    for t, m in msgs:
+        c = m["content"]
+        if m["msg_type"] in ("display_data", "update_display_data") and "text/html" in c["data"]:
+            did = (c.get("transient") or {}).get("display_id")
+            out.setdefault(did, []).append((t, m["msg_type"], c["data"]["text/html"]))
+    return out
+
+
+def test_a_display_updated_through_its_handle_updates_live(kernel):
+    """Hugging Face's notebook progress table (``transformers/utils/notebook.py``,
+    ``NotebookProgressBar.display`` / ``NotebookTrainingTracker.display``, used by
+    ``NotebookProgressCallback``) is drawn with ``display(HTML(...),
+    display_id=True)`` and redrawn with ``handle.update(HTML(...))``; this cell
+    draws the same way without transformers.  The update used to be dropped on
+    the way (the table froze at its first drawing, "[2/5 :"); now each rank's
+    table is shown while the cell runs and updated in place."""
+    code = ("%%dp\nimport time\nfrom IPython.display import HTML, display\n"
+            "h = display(HTML('<p>step 0 of 8</p>'), display_id=True)\n"
+            "for i in range(1, 9):\n    time.sleep(0.3)\n"
+            "    h.update(HTML(f'<p>step {i} of 8 on rank {rank}</p>'))\n")
+    msgs, reply = _run(kernel, code)
+    assert reply["content"]["status"] == "ok", _texts(msgs)
+    end = msgs[-1][0]
+    shown = _html_by_display(msgs)
+    assert len(shown) == 2, shown  # one table per rank, each shown once and then updated
+    for r, seq in zip((0, 1), sorted(shown.values(), key=lambda s: s[-1][2])):
+        assert [k for _, k, _ in seq][0] == "display_data"
+        assert all(k == "update_display_data" for _, k, _ in seq[1:]) and len(seq) > 2, seq
+        assert seq[-1][2] == f"<p>step 8 of 8 on rank {r}</p>"
+        # a redrawn table was on the page while the cell still ran
+        assert any(t < end - 0.5 and "step" in h and "of 8 on rank" in h for t, _, h in seq), seq
+
+
+def test_a_short_cells_updated_display_shows_its_last_drawing(kernel):
+    """The same redrawing in a cell too short to stream: shown once at the end, as last drawn."""
+    code = ("%%dp\nfrom IPython.display import HTML, display\n"
+            "h = display(HTML('<p>[2/5 :</p>'), display_id=True)\nh.update(HTML('<p>[5/5 done]</p>'))\n")
+    msgs, reply = _run(kernel, code)
+    assert reply["content"]["status"] == "ok", _texts(msgs)
+    html = [h for seq in _html_by_display(msgs).values() for _, _, h in seq]
+    assert html == ["<p>[5/5 done]</p>"], html  # identical on both ranks: shown once
+
+
 def test_ranks_that_print_differently_get_tabs_while_streaming(kernel):
     code = ("%%dp\nimport time\nfor i in range(4):\n"
             "    print(f'tick {i} on rank {rank}', flush=True)\n    time.sleep(0.5)\n")
@@ -135,6 +181,9 @@ def test_status_is_a_widget_in_jupyter(kernel):
     views = [m for _, m in msgs if m["msg_type"] == "display_data"
              and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]]
     assert views
+    # what a notebook run headless keeps: the table as text, not the widget's repr
+    text = views[0]["content"]["data"]["text/plain"]
+    assert text.split()[:3] == ["rank", "host", "pid"] and "gloo" in text, text
     states = [m for _, m in msgs if m["msg_type"] == "comm_open"]
     html = json.dumps([m["content"]["data"] for m in states])
     assert "dpnb-status" in html and "gloo" in html

@@ -35,6 +35,32 @@ def test_breakpoint_on_a_rank_prompts_in_the_notebook(c, capsys):
     assert [r.pid for r in c.ranks] == pids
 
 
+def test_where_starts_at_the_cell_and_names_it_as_dpnb_does(c, capsys):
+    """``where`` lists the user's frames only -- the ~40 of the engine's machinery
+    (ipyparallel, ipykernel, tornado, asyncio, IPython) below the cell used to
+    come first -- and a cell is ``cell line N``, not ipykernel's temporary
+    file; ``up`` stops at the cell."""
+    from dpnb.cluster.debugging import scripted
+
+    c.transport.ask = scripted(["where", "up", "up", "c"])
+    try:
+        res = c.run("def inner(v):\n    breakpoint()\n    return v\nw = inner(rank) if rank == 1 else 0\n",
+                    display=False)
+    finally:
+        del c.transport.ask
+    assert res.ok
+    out = capsys.readouterr().out
+    where = out.split("(Pdb rank 1) where\n", 1)[1].split("(Pdb rank 1)", 1)[0]
+    entries = [ln for ln in where.splitlines() if ln[:2] in ("  ", "> ") and not ln.startswith("  ->")]
+    assert entries == ["  cell line 4, in <module>()", "> cell line 3, in inner()"], where
+    for machinery in ("ipykernel", "tornado", "asyncio", "IPython", "ipyparallel", "dpnb/"):
+        assert machinery not in where, where
+    # the first `up` goes to the cell's line 4; the second finds no older frame
+    after_up = out.split("(Pdb rank 1) up\n", 1)[1]
+    assert after_up.startswith("> cell line 4, in <module>()"), after_up
+    assert "(Pdb rank 1) up\n*** Oldest frame" in out, out
+
+
 def test_pdb_set_trace_and_torch_distributed_breakpoint_prompt_too(c, capsys):
     from dpnb.cluster.debugging import scripted
 
