@@ -39,7 +39,7 @@ from ..ranks import parse_ranks, rank_label
 from . import diagnose, engines, gpuplan, launch, placement
 from . import keep as keeping
 from .debugging import post_mortem
-from .group import Group, moved_sentences
+from .group import Group
 from .launchers import EngineLauncher, launcher_for
 from .processes import Processes, stop_ipp, wait_pids_gone
 from .render import show_result
@@ -121,8 +121,8 @@ class Engines:
         ordinals per host.  ``timeout``: seconds a collective may wait for a
         busy peer (default: torch's; :mod:`dpnb.core.timeouts`).  ``env``:
         ``{"GLOO_SOCKET_IFNAME": "eth1"}`` or ``["K=V", ...]`` for every
-        engine; ``remote_python``: the Python on
-        other hosts (default ``python3``); ``ssh_config``: an ssh config file;
+        engine; ``remote_python``: the Python on other hosts (default
+        ``python3``); ``ssh_config``: an ssh config file;
         ``master_addr``: the group's store address instead of rank 0's route
         to the controller.  ``zygote``: local engines forked from one process
         that imported torch once (:mod:`dpnb.engine.hostagent`); default: on
@@ -170,12 +170,10 @@ class Engines:
         if threads is None:
             cpu = min(probes[e]["cpu_count"] for e in eids)
             threads = max(1, cpu // max(r.local_world_size for r in ranks))
-        local = starter.engines_here
+        addr = starter.spec.master_addr or ("127.0.0.1" if starter.engines_here else ranks[0].ip)
         self = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=backend,
                    engine_launcher=starter, timeout_s=timeout, profile_dir=profile_dir,
-                   master_addr=starter.spec.master_addr or ("127.0.0.1" if local
-                                                            else ranks[0].ip),
-                   threads=threads, gpus=gpus, seed=seed)
+                   master_addr=addr, threads=threads, gpus=gpus, seed=seed)
         self.group.init_ranks()
         self.group.form()
         # Our controller and engines (or mpiexec, or the ssh clients of the
@@ -332,10 +330,7 @@ class Engines:
         self.require_running()
         if self.dead:
             raise DpnbError(f"{rank_label(self.dead)} died: run %dp restart instead")
-        info = self.group.regroup(callbacks=True, hint="; try %dp restart")
-        info["message"] = (f"process group re-formed on port {info['port']} (generation "
-                           f"{info['generation']}).{moved_sentences(info)}")
-        return info
+        return self.group.reform_said(hint="; try %dp restart")
 
     def adopt_ranks(self, ranks: list[RankInfo], *, fresh: Sequence[int] = (),
                     new_world: bool = False) -> None:

@@ -120,6 +120,14 @@ class Group:
         # the first cell does not wait for them.
         self.t.setup_all("preload_done", timeout=self.form_wait_s)
 
+    def reform_said(self, hint: str = "") -> dict:
+        """``%dp reform``: :meth:`regroup` with every rank's callbacks; its
+        ``message`` says what was moved to the new group and what was not."""
+        info = self.regroup(callbacks=True, hint=hint)
+        info["message"] = (f"process group re-formed on port {info['port']} (generation "
+                           f"{info['generation']}).{moved_sentences(info)}")
+        return info
+
     def regroup(self, *, callbacks: bool, hint: str = "") -> dict:
         """Rank 0 opens a fresh store socket, then every rank re-forms the group.
 
