@@ -80,7 +80,7 @@ def record_of(c, ttl_s: float) -> dict:
         "ranks": [dict(r.__dict__) for r in c.ranks], "backend": c.backend,
         "master_addr": c.master_addr, "master_port": c.master_port, "timeout_s": c.timeout_s,
         "threads": c.threads, "seed": c.seed, "generation": c.generation,
-        "token": c.transport.token,
+        "token": c.transport.token, "run_id": c.group.run_id,
         "doors": {str(r): list(a) for r, a in c.transport.doors.items()},
         "env": [list(kv) for kv in c.spec.env],
         "setup_log": [_entry(e) for e in c.setup_log.entries],
@@ -218,6 +218,7 @@ def from_record(cls, rec: dict):
     c.transport.token = rec["token"]
     c.transport.doors = {int(r): (a[0], int(a[1])) for r, a in rec["doors"].items()}
     c.group.master_port = int(rec["master_port"])
+    c.group.run_id = rec.get("run_id") or c.group.run_id  # replacements join the same run
     c.health.generation = int(rec["generation"])
     c.created, c.keep_s = float(rec["created"]), float(rec["ttl_s"])
     c.setup_log = SetupLog()

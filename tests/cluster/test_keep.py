@@ -53,6 +53,9 @@ KEPT_RECORD_KEYS = {"id", "created", "ttl_s", "profile_dir", "cluster_file", "ra
                     "master_addr", "master_port", "timeout_s", "threads", "generation", "token",
                     "doors", "env", "setup_log", "history", "train_log", "last_wrap",
                     "batch_plan", "last_train", "autosave_dir"}
+#: keys added since (2026-11-26), read with .get so that older records still attach:
+#: --seed (a replacement's generators) and torchrun's TORCHELASTIC_RUN_ID
+ADDED_RECORD_KEYS = {"seed", "run_id"}
 
 
 def _kernel(tmp_path, ttl: str, end: str) -> dict:
@@ -105,7 +108,7 @@ def test_keep_then_kernel_exit_then_attach_finds_the_state(state, capsys):
     try:
         assert c.pull("x") == [41, 42]  # what the first kernel built is there
         rec_now = c.to_record(60.0)
-        assert set(rec_now) == KEPT_RECORD_KEYS
+        assert set(rec_now) == KEPT_RECORD_KEYS | ADDED_RECORD_KEYS
         assert rec_now["last_wrap"]["model"] == "net" and rec_now["train_log"][0]["steps"] == 2
         assert c.check()["ok"]
         assert [e.label for e in c.setup_log.entries][:2] == ["cell: import torch, dpnb.data (+4 lines)",
