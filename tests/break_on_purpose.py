@@ -1,13 +1,16 @@
 """Break each behaviour on purpose, run the test that claims it, expect a failure.
 
-    python tests/break_on_purpose.py [WORD ...]
+    python tests/break_on_purpose.py [--fast] [WORD ...]
 
 Each entry below is one deliberate break of dpnb (a changed constant, a
 skipped call, a removed branch) and the tests that must fail because of it
 -- the proof that those tests are not vacuous (tests/README.md).  The file is
 changed in place and restored afterwards, even on Ctrl-C; run it on a clean
 checkout (it refuses a tree with uncommitted changes to the files it breaks).
-With WORDs, only the entries whose name contains one of them run.  Exits 1
+With WORDs, only the entries whose name contains one of them run; with
+``--fast``, only those whose tests all lie in tests/unit (about a minute:
+``.ci/run`` runs them after pytest, so CI fails when such a break goes
+uncaught).  Exits 1
 if a break was not caught (its tests passed) or could not be applied.
 Not part of the pytest run: each entry starts its own pytest, clusters
 included (a few minutes in all; the Slurm entry needs the multihost tier's
@@ -255,6 +258,78 @@ MUTATIONS = [
   "        if call_steps < (per_rank - pos) // need:  # the call ends before the epoch's last step\n"
   "            return None\n", "",
   ["tests/unit/test_data_note.py"]),
+ # -- issue 39: the last rounds' features (profile, wire and store, side doors, %dp run,
+ #    pdb, recovery's cell inference, placement, shared hosts)
+ ("wire: a wrong proof gets no answer from the server", "dpnb/engine/wire.py",
+  '    if not hmac.compare_digest(proof, mac(token, b"c", nonce, theirs)):\n        raise WireError("wrong token")',
+  '    if False:\n        raise WireError("wrong token")',
+  ["tests/unit/test_wire.py::test_the_servers_answer_nothing_to_a_wrong_proof_and_close"]),
+ ("shared hosts: a wrong proof from another user is refused", "dpnb/engine/wire.py",
+  '    if not hmac.compare_digest(proof, mac(token, b"c", nonce, theirs)):\n        raise WireError("wrong token")',
+  '    if False:\n        raise WireError("wrong token")',
+  ["tests/shared/test_other_user.py::test_store_and_side_doors_refuse_the_other_user"]),
+ ("wire: the handshake has one deadline from accept", "dpnb/engine/wire.py",
+  "    data = await asyncio.wait_for(reader.readexactly(NONCE + 32), max(left, 0.001))",
+  "    data = await reader.readexactly(NONCE + 32)",
+  ["tests/unit/test_wire.py::test_strangers_do_not_delay_the_store"]),
+ ("store: compare_set on a missing key answers as TCPStore", "dpnb/engine/authstore.py",
+  "            if (cur is None and not expected) or cur == expected:",
+  "            if cur == expected:",
+  ["tests/unit/test_wire.py::test_store_operations_match_tcpstore"]),
+ ("side doors: a release is counted before the abort", "dpnb/engine/sidedoor.py",
+  '        self.state.releases = getattr(self.state, "releases", 0) + 1\n', "",
+  ["tests/unit/test_release_gate.py::test_release_counts_then_aborts_before_shutting_sockets"]),
+ ("private folder: another user's 0700 folder is not ours", "dpnb/engine/private.py",
+  "st.st_uid == os.getuid() and ", "",
+  ["tests/unit/test_private.py::test_a_0700_folder_at_the_name_owned_by_another_user_is_not_used"]),
+ ("private folder: a loose folder at the name is not ours", "dpnb/engine/private.py",
+  " and not st.st_mode & 0o077", "",
+  ["tests/unit/test_private.py::test_a_loose_folder_at_the_name_is_not_used"]),
+ ("profile: a subset's straggler is named by its rank", "dpnb/core/profile.py",
+  "    return Straggler(ranks[i].rank,", "    return Straggler(i,",
+  ["tests/unit/test_core_profile.py::test_a_subset_profile_names_the_late_rank_by_its_rank_not_its_position"]),
+ ("profile: a late span is cut one ring step after the first finisher", "dpnb/core/profile.py",
+  "        limit = first + max(0.0, first - entered) / steps\n",
+  "        limit = first + max(0.0, first - entered)\n",
+  ["tests/unit/test_core_profile.py::test_a_span_closed_late_is_cut_at_the_first_finisher_plus_one_ring_step"]),
+ ("profile: the typical lateness is the median", "dpnb/core/profile.py",
+  "                     statistics.median(behind[i]), sum(behind[i]), max(behind[i]))",
+  "                     min(behind[i]), sum(behind[i]), max(behind[i]))",
+  ["tests/unit/test_core_profile.py::test_the_typical_lateness_is_not_hidden_by_a_tiny_collective"]),
+ ("%dp run gives the rank's __main__ back", "dpnb/engine/script.py",
+  '            mods["__main__"] = self.main\n', "            pass\n",
+  ["tests/unit/test_script_world.py::test_main_is_the_script_during_its_run_and_the_ranks_again_after_even_a_failure"]),
+ ("%dp run: the script is __main__ while it runs", "dpnb/engine/script.py",
+  '    sys.modules["__main__"] = mod\n', "",
+  ["tests/unit/test_script_world.py::test_main_is_the_script_during_its_run_and_the_ranks_again_after_even_a_failure"]),
+ ("pdb: Ctrl-C at a prompt quits that rank's debugger", "dpnb/cluster/debugging.py",
+  '            self._send(r, "q")  # Ctrl-C at the prompt', '            pass  # Ctrl-C at the prompt',
+  ["tests/unit/test_own_code_pure.py::test_ctrl_c_at_a_pdb_prompt_quits_that_ranks_debugger_and_stops_the_cell"]),
+ ("pdb: nobody to answer is said once, then the ranks go on", "dpnb/cluster/debugging.py",
+  "        if self.cannot:  # said once already: let it go on\n", "        if False:\n",
+  ["tests/unit/test_own_code_pure.py::test_the_desk_tells_a_rank_to_go_on_where_nobody_can_answer"]),
+ ("pdb: a fed line runs in the rank's frame", "dpnb/engine/rankpdb.py",
+  '        return line.rstrip("\\n") + "\\n"\n', '        return "continue\\n"\n',
+  ["tests/unit/test_own_code_pure.py::test_the_rank_debugger_publishes_its_prompt_and_runs_the_lines_it_is_fed"]),
+ ("recovery: cells changing a model in place are replayed", "dpnb/core/cellgraph.py",
+  "            if name in lf.touches:\n", "            if False:\n",
+  ["tests/unit/test_cellgraph.py::test_the_last_binding_and_its_inputs_as_of_its_place_in_the_history"]),
+ ("recovery: a function reads its names as of its caller", "dpnb/core/cellgraph.py",
+  'todo.append((r, f"cell {c.index}", max(before, pos + 1), False))',
+  'todo.append((r, f"cell {c.index}", pos, False))',
+  ["tests/unit/test_cellgraph.py::test_the_last_binding_and_its_inputs_as_of_its_place_in_the_history"]),
+ ("recovery: a rank-selected binding is refused", "dpnb/core/cellgraph.py",
+  "    if c.ranks is not None:\n        return f\"it ran on rank", "    if False:\n        return f\"it ran on rank",
+  ["tests/unit/test_cellgraph.py::test_unreplayable_cells_are_left_out_with_their_reason",
+   "tests/cluster/test_resume_inferred.py::test_a_name_no_replayable_cell_binds_is_refused_before_anything_is_replaced"]),
+ ("placement: hosts in the user's order", "dpnb/cluster/placement.py",
+  '        return sorted(eids, key=lambda e: (pos.get(probes[e].get("location") or "", far), e))',
+  "        return eids",
+  ["tests/unit/test_cluster_pure.py::test_hosts_follow_the_order_the_user_gave_not_who_registered_first"]),
+ ("placement: the launcher's own rank orders Slurm and MPI", "dpnb/cluster/placement.py",
+  "    if by_launch_rank and None not in launch and len(set(launch)) == len(launch):",
+  "    if False:",
+  ["tests/unit/test_cluster_pure.py::test_hosts_follow_the_order_the_user_gave_not_who_registered_first"]),
 ]
 
 
@@ -269,8 +344,19 @@ def _collects(tests: list[str]) -> str | None:
     return "; ".join(lines[-3:])
 
 
+def fast(entry) -> bool:
+    """Every test of the entry is in the unit tier (no cluster, no kernel)."""
+    return all(t.startswith("tests/unit/") for t in entry[4])
+
+
 def main(words: list[str]) -> int:
-    chosen = [m for m in MUTATIONS if not words or any(w in m[0] for w in words)]
+    only_fast = "--fast" in words
+    words = [w for w in words if w != "--fast"]
+    chosen = [m for m in MUTATIONS if (not words or any(w in m[0] for w in words))
+              and (fast(m) or not only_fast)]
+    if not chosen:
+        print(f"NOT RUN  no entry matches {' '.join(words)}")
+        return 1
     why = _collects(sorted({t.split("::")[0] for m in chosen for t in m[4]}))
     if why:
         print(f"NOT RUN  the unbroken tests do not collect with {sys.executable}: {why}")

@@ -10,6 +10,7 @@ figures are in benchmarks/RESULTS.md) would fail by 24 s if a rank waited for it
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -18,6 +19,7 @@ import dpnb
 from dpnb.errors import DpnbError, RemoteCellError
 
 QUICK_S = 6.0  # far below the group timeout (torch's 30 min)
+NATIVE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +44,19 @@ def _healthy(c) -> None:
 def test_raise_before_all_reduce_releases_the_peer_at_once(c):
     assert c.timeout_s == 1800.0  # torch's default for gloo: only a release makes this quick
     c.run("kept = rank * 10", display=False)
-    pids = [r.pid for r in c.ranks]
+    pids, gen = [r.pid for r in c.ranks], c.generation
     err, took = _raises(c, "t = torch.ones(1)\nif rank == 1:\n    raise ValueError('typo')\n"
                            "dist.all_reduce(t)")
     assert took < QUICK_S, f"the peer waited {took:.1f} s: not released"
     assert err.summary.startswith("rank 1 raised ValueError; rank 0 waiting on rank 1")
-    assert "released" in err.report and err.reformed
+    assert set(err.failures) == {0, 1} and err.failures[1][0] == "ValueError"
+    assert err.waiting == [0] and "rank 0 was waiting on rank 1" in err.report
+    assert "rank 1 raised ValueError: typo" in err.report
+    assert "at cell line 3: raise ValueError('typo')" in err.report
+    assert err.report.count("Traceback") == 1  # the user's traceback once; not the waiter's
+    # no native log lines of torch/gloo (glog's "W0102 12:34:56") and no c10d internals
+    assert not NATIVE.search(err.report) and "monitoredBarrier" not in err.report, err.report
+    assert "released" in err.report and err.reformed and c.generation == gen + 1
     assert [r.pid for r in c.ranks] == pids and c.pull("kept") == [0, 10]
     _healthy(c)
 
@@ -228,3 +237,12 @@ def test_the_startup_heap_is_frozen_and_what_cells_make_is_still_collected(c):
           "frozen = gc.get_freeze_count()", display=False)
     assert c.pull("gone") == [True, True]
     assert all(n > 50_000 for n in c.pull("frozen")), c.pull("frozen")
+
+
+def test_every_rank_dying_says_nothing_was_kept(c):
+    """Last in this module: it leaves no engine alive (the fixture's stop follows)."""
+    with pytest.raises(RemoteCellError) as ei:
+        c.run("import os\nos._exit(5)", display=False)
+    assert ei.value.died == {0: "exit code 5", 1: "exit code 5"}
+    assert "no rank survived, so nothing on the engines was kept" in ei.value.report
+    assert "ranks  " not in ei.value.report  # never an empty rank list

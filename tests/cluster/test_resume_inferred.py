@@ -99,10 +99,14 @@ def test_resume_on_three_ranks_after_checkpoint_every(tmp_path):
         s = c.train(steps=4, micro_batch=4, progress=False, checkpoint_every=2,
                     checkpoint_dir=str(tmp_path / "auto"))
         assert len(s["checkpoints"]) == 2
+        ref = c.train(steps=1, micro_batch=4, progress=False)["losses"]  # step 4, unkilled
         _kill_mid_training(c, 1)
-        msg = c.restart(resume="")  # the latest automatic checkpoint
+        msg = c.restart(resume="")  # the latest automatic checkpoint: step 4's
+        assert f"Resumed from {s['checkpoints'][-1]} at step 4" in msg, msg
         assert "Rebuilt on ranks 0-2" in msg and "cell: HIDDEN = 12" in msg, msg
-        assert c.train(steps=1, micro_batch=4, progress=False)["losses"]
+        again = c.train(steps=1, micro_batch=4, progress=False)
+        assert again["first_step"] == 4
+        assert again["losses"] == pytest.approx(ref, rel=1e-5, abs=1e-7)
         assert c.check()["ok"]
 
 

@@ -1,18 +1,14 @@
 """What people do at a REPL all day -- breakpoint(), exit(), sys.exit(), a
-tqdm.auto bar, a rank dying -- costs no engine and leaves nothing wedged."""
+tqdm.auto bar -- costs no engine and leaves nothing wedged.  (A breakpoint
+nobody can answer is tested where that happens, in a kernel run without stdin:
+tests/cluster/test_kernel.py; every rank dying in tests/cluster/test_mistakes.py.)"""
 
 from __future__ import annotations
-
-import re
-import time
 
 import pytest
 from helpers.shell import magics_on
 
-import dpnb
 from dpnb.errors import RemoteCellError
-
-NATIVE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d", re.M)
 
 
 def test_breakpoint_on_a_rank_prompts_in_the_notebook(c, capsys):
@@ -76,19 +72,6 @@ def test_pdb_set_trace_and_torch_distributed_breakpoint_prompt_too(c, capsys):
     assert "(Pdb rank 0) p rank\n0" in out and "(Pdb rank 1) p rank\n1" in out, out
 
 
-def test_breakpoint_where_nobody_can_answer_goes_on_with_one_note(c, capsys):
-    c.transport.ask = lambda prompt: None  # papermill / nbconvert: no stdin
-    try:
-        t0 = time.monotonic()
-        res = c.run("for i in range(3):\n    breakpoint()\ndone = True", display=False)
-        took = time.monotonic() - t0
-    finally:
-        del c.transport.ask  # back to the class's: input()
-    assert res.ok and took < 5 and c.pull("done") == [True, True]
-    out = capsys.readouterr().out
-    assert out.count("cannot prompt") == 1  # once, then the ranks go on
-
-
 def test_exit_and_sys_exit_end_the_cell_not_the_engine(c):
     pids = [r.pid for r in c.ranks]
     for code, said in (("exit()", "exit() / sys.exit()"), ("quit(3)", "sys.exit(3)"),
@@ -103,21 +86,6 @@ def test_exit_and_sys_exit_end_the_cell_not_the_engine(c):
     assert ei.value.summary == "ranks 0-1 raised ValueError"
     assert c.run("alive = True", display=False).ok and c.pull("alive") == [True, True]
     assert [r.pid for r in c.ranks] == pids and not c.dead
-
-
-def test_a_reports_text_has_no_native_log_lines_and_no_empty_rank_lists():
-    with dpnb.start(2, timeout=6) as c2:
-        with pytest.raises(RemoteCellError) as ei:
-            c2.run("t = torch.ones(1)\nif rank == 1:\n    raise ValueError('typo')\n"
-                   "dist.all_reduce(t)", display=False)
-        assert not NATIVE.search(ei.value.report), ei.value.report
-        assert "monitoredBarrier" not in ei.value.report
-        # every rank dies: the report must not say "ranks  keep their state"
-        with pytest.raises(RemoteCellError) as ei:
-            c2.run("import os\nos._exit(5)", display=False)
-        assert ei.value.died == {0: "exit code 5", 1: "exit code 5"}
-        assert "no rank survived, so nothing on the engines was kept" in ei.value.report
-        assert "ranks  " not in ei.value.report
 
 
 def test_tqdm_auto_on_the_ranks_is_text_in_a_terminal_and_breaks_nothing(c, capsys):

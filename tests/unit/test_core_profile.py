@@ -84,6 +84,17 @@ def test_cpu_straggler_named_with_its_lateness():
     assert rep.stats[0].compute_s == pytest.approx((900 + 500) * 1e-6)
 
 
+def test_a_subset_profile_names_the_late_rank_by_its_rank_not_its_position():
+    """Profiling ranks 1 and 2 of 3 (``--ranks 1,2``): rank 2, the second trace,
+    is late; the report says rank 2 (position 1 would read as rank 1)."""
+    ranks = [P.extract(_cpu_rank(ms), rank=r, host="h") for r, ms in ((2, 31), (1, 1))]
+    rep = P.analyze(ranks, world_size=3)
+    assert [r.rank for r in rep.ranks] == [1, 2] and [s.rank for s in rep.stats] == [1, 2]
+    assert rep.world_size == 3
+    assert rep.straggler.rank == 2 and rep.straggler.typical_late_s == pytest.approx(0.030)
+    assert (rep.straggler.last_at, rep.straggler.of) == (1, 1)
+
+
 def test_several_hosts_are_aligned_on_their_collectives():
     # rank 1's host clock runs 7 ms ahead; its wall clock says 3 ms (NTP error)
     r0 = P.extract(_cpu_rank(1, host="a"), rank=0, host="a", wall_offset_us=1e9)

@@ -222,6 +222,27 @@ def test_the_desk_tells_a_rank_to_go_on_where_nobody_can_answer(monkeypatch, cap
     assert sent[-1] == "p 1"
 
 
+def test_ctrl_c_at_a_pdb_prompt_quits_that_ranks_debugger_and_stops_the_cell(monkeypatch):
+    """Ctrl-C in the input box: the rank stopped in pdb is told to quit (else it
+    would sit at its prompt with nobody to answer), and the interrupt goes on
+    to stop the cell as any Ctrl-C does."""
+    from dpnb.cluster import debugging
+
+    sent = []
+    monkeypatch.setattr("dpnb.cluster.sidedoor.knock",
+                        lambda *a, **kw: sent.append((a[3], kw.get("line"))) or {"fed": True})
+    md = {"data": {"dpnb_pdb": {"n": 1, "text": "> cell(2)\n(Pdb rank 1) "}}}
+    t = types.SimpleNamespace(doors={1: ("127.0.0.1", 1)}, token="x", timeout_s=30.0,
+                              where=lambda ranks: {})
+
+    def ctrl_c(prompt):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        debugging.Desk(t, ctrl_c).poll({1: types.SimpleNamespace(_metadata=[md])}, {1})
+    assert sent == [("pdb", "q")]
+
+
 def test_native_log_lines_leave_the_output_for_the_log():
     from dpnb.cluster.render import without_native_logs
 

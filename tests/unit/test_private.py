@@ -43,3 +43,22 @@ def test_caches_go_private_unless_the_user_chose(tmp_path, monkeypatch):
     assert list(got) == ["TORCHINDUCTOR_CACHE_DIR"]
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(private.private_dir())
     assert os.environ["TRITON_CACHE_DIR"] == "/data/my-triton"
+
+
+def test_a_0700_folder_at_the_name_owned_by_another_user_is_not_used(tmp_path, monkeypatch):
+    """Mode alone is not ownership: another user's own 0700 folder at our name
+    (made before us, so that we would write our sockets and caches into it)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(private.tempfile, "tempdir", None)
+    me = os.getuid()
+    if os.geteuid() != 0:  # we cannot give a folder away: be someone else instead
+        me += 1
+        monkeypatch.setattr(private.os, "getuid", lambda: me)
+    planted = tmp_path / f"dpnb-{me}"
+    planted.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(planted, 65534, 65534)  # nobody's, as another user would have made it
+    assert _mode(planted) == 0o700 and os.stat(planted).st_uid != me
+    got = private.private_dir()
+    assert got != str(planted) and _mode(got) == 0o700 and os.stat(got).st_uid == os.geteuid()

@@ -59,6 +59,25 @@ def test_each_script_imports_its_own_siblings_and_gives_the_modules_back(tmp_pat
         sys.modules.pop("helpers", None)
 
 
+def test_main_is_the_script_during_its_run_and_the_ranks_again_after_even_a_failure(tmp_path):
+    """``sys.modules["__main__"]`` is the script's module while it runs (a class it
+    defines pickles as ``__main__.Point``, as under torchrun) and the rank's own
+    again afterwards -- after a clean end, ``sys.exit(0)`` and a raise alike."""
+    path = str(tmp_path / "train.py")
+    src = ("import pickle, sys\nclass Point:\n    pass\n"
+           "seen = (sys.modules['__main__'].__dict__ is globals(), pickle.dumps(Point()))\n"
+           "if END == 'exit':\n    sys.exit(0)\nif END == 'raise':\n    raise ValueError('x')\n")
+    main = sys.modules.get("__main__")
+    for end in ("none", "exit", "raise"):
+        ns: dict = {}
+        try:
+            run(ns, path, [], f"END = {end!r}\n" + src)
+        except ValueError:
+            assert end == "raise"
+        assert ns["seen"][0] and b"__main__" in ns["seen"][1] and b"Point" in ns["seen"][1], end
+        assert sys.modules.get("__main__") is main, end
+
+
 def test_a_script_folder_holding_dpnb_or_a_venv_never_re_imports_them(tmp_path):
     """A script at a repository's root: dpnb's own package and the venv lie below
     its folder, and stay shared (libraries are never the script's)."""

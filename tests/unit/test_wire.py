@@ -9,6 +9,7 @@ once.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -78,6 +79,43 @@ def test_wrong_token_is_refused_both_ways(server):
             AuthStore("127.0.0.1", impostor.port, TOKEN, timedelta(seconds=2))
     finally:
         impostor.close()
+
+
+def _raw_wrong_proof(addr, port, request: bytes) -> bytes:
+    """Play a client that holds a wrong token but does not check the server's
+    proof itself (as :func:`wire.client_handshake` would): what comes back?"""
+    with wire.connect(addr, port, 2.0) as s:
+        nonce = wire.recv_exact(s, wire.NONCE)
+        mine = b"n" * wire.NONCE
+        s.sendall(mine + wire.mac("guess", b"c", nonce, mine) + request)
+        got = b""
+        try:
+            while chunk := s.recv(4096):
+                got += chunk
+        except ConnectionResetError:
+            pass  # closed with our unread request in its buffer: a reset, no answer
+        return got
+
+
+def test_the_servers_answer_nothing_to_a_wrong_proof_and_close(server):
+    """The server side of the handshake: a raw client with a wrong token gets no
+    proof back and no answer to its request, only the closed connection."""
+    door = SideDoor(SimpleNamespace(rank=3), "127.0.0.1", TOKEN, keep=set())
+    door.start()
+    try:
+        asks = [(door.address, wire.frame(b'{"cmd": "where"}')),
+                (("127.0.0.1", server.port), wire.frame(b"N"))]
+        for (addr, port), request in asks:
+            assert _raw_wrong_proof(addr, port, request) == b"", (addr, port)
+        # the same raw client with the right token is answered: the check above is the proof's
+        with wire.connect(*door.address, 2.0) as s:
+            nonce = wire.recv_exact(s, wire.NONCE)
+            mine = b"n" * wire.NONCE
+            s.sendall(mine + wire.mac(TOKEN, b"c", nonce, mine) + wire.frame(b'{"cmd": "where"}'))
+            assert wire.recv_exact(s, 32) == wire.mac(TOKEN, b"s", nonce, mine)
+            assert json.loads(wire.recv_frame(s, 1 << 20))["rank"] == 3
+    finally:
+        door.close()
 
 
 def _stall(port: int, kind: str, stop: threading.Event) -> None:
