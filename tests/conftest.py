@@ -1,6 +1,8 @@
 """Test-wide settings and the one layout rule: a test's folder is its tier.
 
-``unit/`` (fast, no processes beyond a short torch subprocess), ``cluster/``
+``unit/`` (fast, one machine, no engine and no cluster: pure logic, plus short
+Python subprocesses, world-size-1 gloo groups, and local sockets and threads
+where the thing tested is one -- the wire's servers, the import checks), ``cluster/``
 (real ipyparallel engines or multi-process gloo groups), ``ecosystem/`` (code
 written the way other projects write it -- torchrun scripts, DDP/FSDP/ZeRO
 built in cells, Accelerate -- on real clusters), ``multihost/``
@@ -10,8 +12,8 @@ only), ``notebook/``
 (nbclient), ``browser/`` (JupyterLab in Chromium), ``slow/`` (fresh virtual
 environments, the benchmark smoke run), ``gpu/`` (one CUDA GPU; skipped
 without one).  Each test gets its folder's marker here, so
-``-m "not cluster and not ecosystem and not multihost and not shared and not notebook and not browser and not slow"``
-selects the fast tier.  Shared helpers are the package ``tests/helpers``.
+``-m "not cluster and not ecosystem and not multihost and not shared and not notebook and not browser and not slow and not gpu and not standin"``
+selects the fast tier (the same tests as ``tests/unit``).  Shared helpers are the package ``tests/helpers``.
 
 IPython/Jupyter state is kept out of the user's home.
 """

@@ -37,6 +37,9 @@ def test_an_accelerate_loop_profiled_in_a_cell(c, tmp_path):
     rep = c.last_profile.report
     assert "all_reduce" in _ops(c) and all(s.steps == 4 for s in rep.stats), rep.stats
     assert all(s.comm_s > 0 and s.compute_s > 0 for s in rep.stats)
+    # DDP's gradient sync, one bucket a step: Linear(8, 16) and Linear(16, 1), 161 floats
+    (grads,) = [o for o in rep.ops if o.op == "all_reduce"]
+    assert (grads.nbytes, grads.count) == ((8 * 16 + 16 + 16 + 1) * 4, 4), rep.ops
     assert_whole(c, pids)
 
 
@@ -55,8 +58,14 @@ fs_opt = torch.optim.SGD(fs.parameters(), lr=0.05)
     ops = _ops(c)
     # gloo runs the reduce-scatter as an all-reduce; the profile names what FSDP asked for
     assert ops == {"all_gather", "reduce_scatter"}, ops
-    rows = {o.op: o for o in c.last_profile.report.ops}
-    assert rows["all_gather"].nbytes and rows["all_gather"].count >= 2
+    rows = {(o.op, o.nbytes): o.count for o in c.last_profile.report.ops}
+    # each rank's shard of a unit, padded on dim 0 to the 2 ranks: fs[0] 64x32 + 64
+    # -> 32x32 + 32 floats; fs[2] 1x64 + 1 -> 1x64 + 1; gathered in forward and again
+    # in backward (resharded after forward), 2 steps; the gradients reduce-scattered
+    # from the whole padded unit (twice the shard) once a step
+    shard0, shard2 = (32 * 32 + 32) * 4, (64 + 1) * 4
+    assert rows == {("all_gather", shard0): 4, ("all_gather", shard2): 4,
+                    ("reduce_scatter", 2 * shard0): 2, ("reduce_scatter", 2 * shard2): 2}, rows
     assert_whole(c, pids)
 
 

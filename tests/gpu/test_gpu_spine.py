@@ -97,11 +97,15 @@ def test_raising_rank_then_a_reform_of_the_nccl_group(gpu_cluster):
         c.run("t = torch.ones(1, device=device)\nraise ValueError('boom')", display=False)
     assert "raised ValueError: boom" in ei.value.report
     assert c.generation == gen  # one rank, nobody waited: nothing to re-form
+    c.run("_old_group = id(dist.group.WORLD)", display=False)  # an int: the re-form leaves it
     c.reform()  # a new NCCL communicator, and the group works on it
     assert c.generation == gen + 1
-    res = c.run("t = torch.ones(1, device=device)\ndist.all_reduce(t)\nv = t.item()",
-                display=False)
-    assert res.ok and c.pull("v") == [1.0]
+    # at world size 1 an all_reduce's sum proves nothing: check that the group is a
+    # new NCCL one and that the collective ran on the GPU through it
+    res = c.run("t = torch.full((3,), 2.0, device=device)\ndist.all_reduce(t)\n"
+                "v = (id(dist.group.WORLD) != _old_group, dist.get_backend(), t.device.type,"
+                " t.tolist())", display=False)
+    assert res.ok and c.pull("v") == [(True, "nccl", "cuda", [2.0, 2.0, 2.0])]
 
 
 def test_nccl_refuses_two_ranks_on_one_gpu():

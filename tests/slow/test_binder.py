@@ -1,5 +1,5 @@
-"""The Binder files work: a fresh environment built from binder/ runs the
-quick start in its own "Python 3 (dpnb)" kernel.
+"""The Binder files work: a fresh environment built from binder/ runs a 2-rank
+cluster in its own "Python 3 (dpnb)" kernel.
 
 Does what repo2docker does, in a fresh venv (minutes: it installs torch,
 JupyterLab and dpnb):
@@ -8,8 +8,10 @@ JupyterLab and dpnb):
 2. ``pip install -r binder/requirements.txt -c constraints-cpu.txt``;
 3. run ``binder/postBuild`` from the repository root, with the venv first on
    PATH (it installs dpnb, the kernelspec and checks the widget extension);
-4. execute notebooks/00_quickstart.ipynb with nbclient in the kernel that
-   postBuild installed (its python must be the venv's).
+4. execute a small notebook (start 2 ranks, one all_reduce cell) with nbclient
+   in the kernel that postBuild installed, and check that its dpnb is the
+   venv's.  The quick start itself is executed by the notebook tier
+   (tests/notebook/test_execute.py); here only the Binder environment is new.
 
     python -m pytest -m slow tests/slow/test_binder.py
 """
