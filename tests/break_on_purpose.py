@@ -164,7 +164,7 @@ MUTATIONS = [
   "if timeout is not None and not isinstance(timeout, timedelta):", "if False:",
   ["tests/unit/test_script_world.py::test_what_torch_refuses_is_refused_as_torch_refuses_it"]),
  ("init_process_group's timeout is honoured", "dpnb/engine/lifecycle.py",
-  "            _hold_timeout(st, timeout.total_seconds())\n", "            pass\n",
+  "            hold_timeout(st, timeout.total_seconds())\n", "            pass\n",
   ["tests/ecosystem/test_script_worlds.py::test_the_scripts_timeout_holds_for_its_run_and_the_clusters_after"]),
  ("the cluster's timeout is back after the cell", "dpnb/engine/lifecycle.py",
   "                compat.set_group_timeout(st.timeout_s)\n", "                pass\n",
@@ -255,6 +255,19 @@ MUTATIONS = [
   "        if call_steps < (per_rank - pos) // need:  # the call ends before the epoch's last step\n"
   "            return None\n", "",
   ["tests/unit/test_data_note.py"]),
+ ("an NCCL cluster's group serves CPU tensors through gloo", "dpnb/engine/netplan.py",
+  '    return NCCL_GROUP if backend == "nccl" else backend\n', "    return backend\n",
+  ["tests/unit/test_backend_env.py::test_an_nccl_cluster_gives_cpu_tensors_gloo_as_torch_does_for_both_names"]),
+ ("dist.breakpoint honours timeout_s", "dpnb/engine/rankpdb.py",
+  "            compat.set_other_groups_timeout(float(timeout_s))\n            hold_timeout(self.state, float(timeout_s))\n",
+  "            pass\n",
+  ["tests/unit/test_rank_breakpoint.py"]),
+ ("NCCL's interface routes to the group, not the controller", "dpnb/engine/netplan.py",
+  'info.get("data_ifname") or ""', 'info.get("ifname") or ""',
+  ["tests/unit/test_backend_env.py::test_nccl_takes_the_route_to_the_group_not_the_controllers_vpn"]),
+ ("pulled tensors arrive on the CPU", "dpnb/engine/runner.py",
+  "serialize_object(to_host(ns[name]))", "serialize_object(ns[name])",
+  ["tests/unit/test_pull_to_host.py"]),
 ]
 
 
