@@ -268,6 +268,9 @@ MUTATIONS = [
  ("pulled tensors arrive on the CPU", "dpnb/engine/runner.py",
   "serialize_object(to_host(ns[name]))", "serialize_object(ns[name])",
   ["tests/unit/test_pull_to_host.py"]),
+ ("a GPU-per-task rank sees LOCAL_RANK 0", "dpnb/engine/workerenv.py",
+  "        local, local_world, group, groups = 0, 1, rank, world\n", "        pass\n",
+  ["tests/unit/test_gpu_plan.py::test_a_gpu_per_task_rank_sees_local_rank_0_as_srun_torchrun_gives_each_task"]),
 ]
 
 

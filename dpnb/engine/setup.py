@@ -154,7 +154,8 @@ def init_rank(info: dict) -> dict:
     compat.ensure_single_collectives()  # the course and dpnb use torch 2.13's names
     ns = user_ns()
     rank, world = int(info["rank"]), int(info["world_size"])
-    os.environ.update(torchrun_env(info))
+    worker = torchrun_env(info)
+    os.environ.update(worker)
     as_a_worker()  # no interactive prompt, as under torchrun
     # a torchrun script pasted into a cell parses an empty command line, not
     # the engine's own (argparse would refuse its options); %dp run sets its own
@@ -191,8 +192,8 @@ def init_rank(info: dict) -> dict:
     state = EngineState(
         rank=rank,
         world_size=world,
-        local_rank=int(info["local_rank"]),
-        local_world_size=int(info["local_world_size"]),
+        local_rank=int(worker["LOCAL_RANK"]),  # the GPU view the user's code sees
+        local_world_size=int(worker["LOCAL_WORLD_SIZE"]),
         node_rank=int(info["node_rank"]),
         backend=info["backend"],
         device=device,
