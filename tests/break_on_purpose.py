@@ -271,6 +271,9 @@ MUTATIONS = [
  ("a GPU-per-task rank sees LOCAL_RANK 0", "dpnb/engine/workerenv.py",
   "        local, local_world, group, groups = 0, 1, rank, world\n", "        pass\n",
   ["tests/unit/test_gpu_plan.py::test_a_gpu_per_task_rank_sees_local_rank_0_as_srun_torchrun_gives_each_task"]),
+ ("NCCL kernels are named by their c10d call", "dpnb/core/traces.py",
+  "    launched = _launch_ops(spans) if on_device else {}", "    launched = {}",
+  ["tests/unit/test_core_profile.py::test_nccl_kernels_are_named_by_the_c10d_call_that_launched_them"]),
 ]
 
 
