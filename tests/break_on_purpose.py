@@ -274,6 +274,9 @@ MUTATIONS = [
  ("NCCL kernels are named by their c10d call", "dpnb/core/traces.py",
   "    launched = _launch_ops(spans) if on_device else {}", "    launched = {}",
   ["tests/unit/test_core_profile.py::test_nccl_kernels_are_named_by_the_c10d_call_that_launched_them"]),
+ ("a CPU tensor moved by .cpu() into an engine collective is caught", "dpnb/engine/setup.py",
+  "    t = torch.ones(1, device=st.device)\n", "    t = torch.ones(1, device=st.device).cpu()\n",
+  ["tests/unit/test_comm_device.py::test_engine_code_makes_collective_tensors_on_the_comm_device"]),
 ]
 
 
