@@ -97,6 +97,22 @@ def set_group_timeout(seconds: float) -> Any:
     return pg
 
 
+def set_other_groups_timeout(seconds: float) -> int:
+    """Set every live group's timeout but the default group's to ``seconds``
+    (what torch's ``dist.breakpoint`` does to every group); returns how many."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d as c10d  # lazy: as above
+
+    fn = _need(c10d, "_set_pg_timeout", "dist.breakpoint(timeout_s=...)")
+    world = c10d._get_default_group()
+    others = [g for g in _need(c10d, "_world", "live groups").pg_map if g is not world]
+    for g in others:
+        fn(timedelta(seconds=seconds), g)
+    return len(others)
+
+
 def abort_groups() -> bool:
     """Abort every process group of this process (NCCL: from any thread)."""
     # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets

@@ -387,7 +387,7 @@ class Engines:
         self.history.append(CellRecord(EntryKind.PUSH, names=tuple(values)))
 
     def pull(self, name: str, rank: int | None = None):
-        """The value of ``name`` on ``rank``, or a list with one value per rank."""
+        """``name`` on ``rank``, or one value per rank; tensors arrive on the CPU."""
         if not isinstance(name, str) or not name.isidentifier():
             raise DpnbError(f"pull needs a variable name, got {name!r}")
         sel = self._select(None if rank is None else [rank])

@@ -114,7 +114,7 @@ def place_replacements(old: list[RankInfo], ranks: list[int],
                               device=o.device, location=o.location,
                               ifname=p.get("ifname", o.ifname),
                               visible_devices=o.visible_devices,
-                              device_fallback=o.device_fallback)
+                              device_fallback=o.device_fallback, own_gpu=o.own_gpu)
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..core.errors import ConfigError
-from ..core.gpus import EngineGpus, GpuPick, host_gpus, pick_gpus
+from ..core.gpus import EngineGpus, GpuPick, bound_per_task, host_gpus, pick_gpus
 from ..errors import DpnbError
 from .types import RankInfo
 
@@ -58,21 +58,27 @@ def with_devices(ranks: list[RankInfo], backend: str, gpus: list[int] | None,
                  probes: dict[int, dict] | None = None) -> list[RankInfo]:
     """Each rank's device, and the GPUs its engine is shown (:mod:`dpnb.core.gpus`):
     ``cuda:<local_rank>`` under NCCL, with ``CUDA_VISIBLE_DEVICES`` set to
-    ``--gpus`` when given; ``cpu`` otherwise."""
+    ``--gpus`` when given; ``cpu`` otherwise.  Under a launcher that bound
+    each engine its own GPU, ``cuda:0`` and ``own_gpu`` (the user's code then
+    sees ``LOCAL_RANK=0``: :func:`dpnb.engine.workerenv.torchrun_env`)."""
     if backend != "nccl":
         return [replace(r, device="cpu", visible_devices="", device_fallback=None)
                 for r in ranks]
     if probes is None:  # no probes (a re-planned cluster): every engine sees every GPU
         probes = {r.engine_id: {} for r in ranks}
     picks: dict[int, GpuPick] = {}
+    own: set[int] = set()  # engines a launcher bound their own GPU (LOCAL_RANK 0 of 1)
     try:
         for engines in _engine_gpus(ranks, probes).values():
             picks.update(pick_gpus(engines, gpus))
+            if bound_per_task(engines):
+                own.update(e.engine_id for e in engines)
     except ConfigError as e:
         raise DpnbError(str(e)) from None
     return [replace(r, device=f"cuda:{picks[r.engine_id].index}",
                     visible_devices=picks[r.engine_id].visible,
-                    device_fallback=gpus[r.local_rank] if gpus else None)
+                    device_fallback=gpus[r.local_rank] if gpus else None,
+                    own_gpu=r.engine_id in own)
             for r in ranks]
 
 

@@ -241,6 +241,7 @@ def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: 
                 local_world_size=ri.local_world_size, node_rank=ri.node_rank,
                 backend=backend, device_index=device_index(ri),
                 visible_devices=ri.visible_devices, device_fallback=ri.device_fallback,
+                own_gpu=ri.own_gpu,
                 master_addr=master_addr,
                 master_port=master_port, timeout_s=timeout_s, threads=threads,
                 local_cluster=local, watch_ppid=watch_ppid, token=token,

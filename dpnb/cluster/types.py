@@ -45,6 +45,9 @@ class RankInfo:
     # it: ``device`` then counts within it); "" leaves the engine's own
     visible_devices: str = ""
     device_fallback: int | None = None  # the ordinal in the engine's own numbering
+    # the launcher bound this engine its own GPU (Slurm --gpus-per-task): its
+    # code sees LOCAL_RANK 0 of 1, as under `srun torchrun --nproc-per-node=1`
+    own_gpu: bool = False
 
 
 @dataclass(frozen=True)

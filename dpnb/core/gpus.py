@@ -15,7 +15,9 @@ A launcher can instead bind one GPU per task (Slurm ``--gpus-per-task=1``,
 device cgroups): each engine of a host then sees a different GPU, all of
 them as ``cuda:0``.  The host has as many GPUs as the engines see together,
 each rank drives the one it is shown, and ``--gpus`` has nothing left to
-choose.  Pure: the engines' probes come in, a plan per engine goes out.
+choose; its code sees ``LOCAL_RANK=0`` of 1, as each task does under ``srun
+torchrun --nproc-per-node=1`` (:func:`dpnb.engine.workerenv.torchrun_env`),
+so ``set_device(LOCAL_RANK)`` names that one GPU.  Pure: the engines' probes come in, a plan per engine goes out.
 """
 
 from __future__ import annotations

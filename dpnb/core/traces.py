@@ -4,7 +4,8 @@
 events -- compute, communication (gloo's worker-thread spans on CPU; NCCL
 kernels on a GPU, ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` in NCCL ≥ 2.19
 and ``ncclKernel_AllReduce_RING_LL_Sum_float`` before: Holistic Trace
-Analysis still looks only for the older name), and the enqueue on the
+Analysis still looks only for the older name; a kernel is named by the c10d
+call that launched it where the trace links them), and the enqueue on the
 calling thread (``c10d::allreduce_``), which is where a rank *enters* a
 collective on CPU -- and keeps of a rank's trace only what the analysis in
 :mod:`dpnb.core.profile` needs, under caps, as a :class:`RankTrace`.
@@ -34,7 +35,8 @@ _NCCL_KERNEL = re.compile(r"^nccl(Dev)?Kernel_|^ncclDevFunc_|^ncclKernel")
 _OPS = (("reducescatter", "reduce_scatter"), ("allgather", "all_gather"),
         ("allreduce", "all_reduce"), ("alltoall", "all_to_all"), ("broadcast", "broadcast"),
         ("barrier", "barrier"), ("sendrecv", "send_recv"), ("send", "send_recv"),
-        ("recv", "send_recv"), ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"))
+        ("recv", "send_recv"), ("reduce", "reduce"), ("gather", "gather"), ("scatter", "scatter"),
+        ("coalesced", "coalesced"))
 _PREFIXES = ("gloo:", "nccl:", "c10d::", "nccldevkernel_", "ncclkernel_", "nccldevfunc_")
 
 
@@ -162,6 +164,58 @@ def _nbytes(args: dict) -> int | None:
     return n * size
 
 
+def _call_op(e: dict) -> str:
+    """The collective a CPU-side c10d event names ("" for any other event):
+    ``record_param_comms`` by its ``Collective name``, ``nccl:all_reduce`` and
+    ``c10d::allreduce_`` by theirs."""
+    name = str(e.get("name", ""))
+    if name == "record_param_comms":
+        name = str((e.get("args") or {}).get("Collective name", ""))
+    elif not name.startswith(("nccl:", "c10d::")):
+        return ""
+    op = op_of(name)
+    return "" if op == "other" else op
+
+
+def _launch_ops(spans: list[dict]) -> dict[int, str]:
+    """``{id(kernel event): op}`` for the NCCL kernels a c10d call launched.
+
+    A kernel's name says what NCCL ran, not what was asked: grouped and
+    coalesced launches (FSDP2's, ``_coalescing_manager``'s) all run
+    ``ncclDevKernel_Generic``, and one rank's kernel name can differ from
+    another's for the same call.  The CPU side names the call: the kernel's
+    ``External id`` is that of the op that launched it (``nccl:all_reduce``,
+    ``record_param_comms``); failing that, its ``correlation`` leads to the
+    runtime launch, and the innermost c10d event around that launch on its
+    thread names it.  Kernels neither leads to keep their name's op."""
+    by_ext: dict = {}  # External id -> op of a c10d event
+    around: dict = {}  # thread -> [(start, end, op)] of c10d events
+    launches: dict = {}  # correlation -> (thread, time) of the runtime launch
+    for e in spans:
+        args, cat = e.get("args") or {}, e.get("cat")
+        if cat in ("cuda_runtime", "cuda_driver"):
+            if args.get("correlation") is not None:
+                launches[args["correlation"]] = (e.get("tid"), float(e["ts"]))
+        elif cat != "kernel" and (op := _call_op(e)):
+            if args.get("External id") is not None:
+                by_ext[args["External id"]] = op
+            s = float(e["ts"])
+            around.setdefault(e.get("tid"), []).append((s, s + float(e["dur"]), op))
+    out = {}
+    for e in spans:
+        if e.get("cat") != "kernel" or not is_nccl_kernel(str(e.get("name", ""))):
+            continue
+        args = e.get("args") or {}
+        op = by_ext.get(args.get("External id"))
+        if op is None and args.get("correlation") in launches:
+            tid, at = launches[args["correlation"]]
+            inner = [(s, o) for s, t, o in around.get(tid, ()) if s <= at <= t]
+            op = max(inner)[1] if inner else None
+        if op:
+            out[id(e)] = op
+    return out
+
+
 def _pair(comm_raw: list, enq: list[tuple[float, str]], on_device: bool) -> list[CommEvent]:
     """Each collective's span with the call that entered it.
 
@@ -175,15 +229,15 @@ def _pair(comm_raw: list, enq: list[tuple[float, str]], on_device: bool) -> list
     """
     out = []
     if not on_device and enq and len(enq) == len(comm_raw):
-        for (e, s, t), (at, op) in zip(comm_raw, enq):
+        for (e, s, t, _), (at, op) in zip(comm_raw, enq):
             out.append(CommEvent(op, s, t, _nbytes(e.get("args", {})), min(at, s), str(e["name"])))
         return out
-    ops = [op_of(str(e["name"])) for e, _, _ in comm_raw]
+    ops = [op for _, _, _, op in comm_raw]
     by_op: dict[str, list[float]] = {}
     for at, op in enq:
         by_op.setdefault(op, []).append(at)
     seen: dict[str, int] = {}
-    for (e, s, t), op in zip(comm_raw, ops):
+    for (e, s, t, _), op in zip(comm_raw, ops):
         k = seen.get(op, 0)
         seen[op] = k + 1
         calls = by_op.get(op, [])
@@ -211,6 +265,7 @@ def extract(events: list[dict], *, rank: int, host: str, wall_offset_us: float =
     on_device = any(e.get("cat") == "kernel" for e in spans)
     kinds = [(e, classify(str(e.get("name", "")), str(e.get("cat", "")))) for e in spans]
     comm_threads = {e.get("tid") for e, k in kinds if k is Kind.COMM and e.get("cat") != "kernel"}
+    launched = _launch_ops(spans) if on_device else {}  # NCCL kernels named by their call
     compute: dict = {}  # thread (or "gpu") -> its ops' spans
     inside: dict = {}  # thread -> its spans inside a c10d call
     comm_raw: list = []
@@ -219,7 +274,7 @@ def extract(events: list[dict], *, rank: int, host: str, wall_offset_us: float =
         s, d = float(e["ts"]), float(e["dur"])
         cat = e.get("cat")
         if k is Kind.COMM and (cat == "kernel") == on_device:
-            comm_raw.append((e, s, s + d))
+            comm_raw.append((e, s, s + d, launched.get(id(e)) or op_of(str(e["name"]))))
         elif k is Kind.ENQUEUE:
             if e.get("name") != "record_param_comms":
                 enq.append((s, op_of(e["name"])))

@@ -18,8 +18,16 @@ calls it from C++ (gloo, NCCL, ``new_group``) like any store.
 
 Who talks to whom: every rank (rank 0 included) keeps one connection to rank
 0's server per store object for the life of the group; requests are one
-frame each way, serialised per connection by a lock.  The store is only used
-while groups form, never on the training path.
+frame each way, serialised per connection by a lock.  gloo uses the store
+only while groups form.  NCCL's heartbeat monitor, with dumps on timeout on
+(torch's default), checks the default group's store for a dump signal every
+``TORCH_NCCL_COORD_CHECK_MILSEC`` (1 s) while no NCCL work was added or
+finished for a watchdog sleep -- between cells, and during long Python-only
+stretches of a loop; the watchdog sets keys through it on a timeout.  Each
+such call goes through Python on both ends: about 70 µs with the GIL free,
+about 10 ms when Python threads hold it (TCPStore: about 50 µs either way;
+``benchmarks/store.py --calls``).  ``TORCH_NCCL_DUMP_ON_TIMEOUT=0`` ends the
+polling, ``TORCH_NCCL_ENABLE_MONITORING=0`` the monitor.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from .. import compat
 from .. import log as dpnb_log
 from . import checkpoint, training
+from .netplan import group_backend
 from .seeding import seed_rank
 from .state import STATE_NAME, EngineState
 
@@ -82,7 +83,7 @@ def init(ns: dict, *, backend: str = "auto", timeout_s: float = 600.0,
     else:
         device = torch.device("cpu")
     kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    dist.init_process_group(backend=group_backend(backend), timeout=timedelta(seconds=timeout_s), **kwargs)
     state = EngineState(rank=rank, world_size=world, local_rank=local_rank,
                         local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
                         node_rank=int(env.get("GROUP_RANK", 0)), backend=backend,

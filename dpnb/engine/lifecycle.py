@@ -15,7 +15,12 @@ identity:
 
   - ``backend``, ``world_size``, ``rank``: checked equal to the cluster's
     (``"cpu:gloo,cuda:nccl"`` agrees when one of its names is the group's);
-    a difference is an :class:`AdoptError` naming each;
+    a difference is an :class:`AdoptError` naming each.  An NCCL cluster's
+    group is formed as ``"cpu:gloo,cuda:nccl"``
+    (:data:`dpnb.engine.netplan.NCCL_GROUP`), so a script naming that string
+    gets its CPU collectives, as under torchrun (``backend=None`` in torch
+    2.13 forms the accelerator's backend only; naming ``"nccl"`` there
+    leaves CPU tensors without a backend -- here they go through gloo);
   - ``init_method``: torch's checks (a string; no ``rank`` / ``world_size``
     both in the URL and as arguments; a scheme torch has a rendezvous for,
     else torch's ``RuntimeError``); a URL's ``?rank=&world_size=`` are
@@ -194,7 +199,7 @@ def _refusals(device_id, pg_options) -> list[str]:
     return out
 
 
-def _hold_timeout(st, seconds: float) -> None:
+def hold_timeout(st, seconds: float) -> None:
     """The group timeout a script asked for, for the rest of this cell (the
     script's run): gloo's or NCCL's wait on the default group and the
     collective check's wait for a peer; the cluster's again when the cell ends."""
@@ -252,7 +257,7 @@ def _adopting(holder: "_Holder"):
                              "that matches (%dp stop, then %dp start -n N --backend B)")
         held = ""
         if timeout is not None:
-            _hold_timeout(st, timeout.total_seconds())
+            hold_timeout(st, timeout.total_seconds())
             held = (f"; its timeout ({timeout.total_seconds():g} s) holds until this cell or "
                     f"run ends, then the cluster's {st.timeout_s:g} s")
         _note(f"init_process_group() joined the cluster's running {st.backend} group "

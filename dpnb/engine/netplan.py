@@ -45,6 +45,21 @@ def route_address(dest: str) -> str:
         return "127.0.0.1"
 
 
+def data_interface(master_addr: str) -> str:
+    """The interface this host sends to ``master_addr`` (rank 0's address, or
+    ``--master-addr``) on: the one NCCL's peers are reached through.  ""
+    when there is no route (NCCL then picks its own)."""
+    try:
+        family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, 9))  # a UDP connect sends nothing
+            return interface_of(s.getsockname()[0])
+    except OSError as e:
+        log.warning("no route to the group's address %s (%s); NCCL picks its interface",
+                    master_addr, e)
+        return ""
+
+
 def interface_of(ip: str) -> str:
     """The name of the interface that holds ``ip`` ("" if none does)."""
     import psutil  # a dependency of ipyparallel
@@ -55,6 +70,20 @@ def interface_of(ip: str) -> str:
     return ""
 
 
+#: the group dpnb forms for ``--backend nccl`` (an exported job too): NCCL
+#: for CUDA tensors, gloo for CPU ones, as torch forms it for a script naming
+#: both; a script adopted with that string (or "nccl") finds its CPU
+#: collectives working instead of "No backend type associated with device
+#: type cpu".  Cost: gloo's one TCP pair per peer at formation; dpnb's own
+#: collectives stay on CUDA tensors (tests/unit/test_comm_device.py).
+NCCL_GROUP = "cpu:gloo,cuda:nccl"
+
+
+def group_backend(backend: str) -> str:
+    """The backend string ``init_process_group`` is given for the cluster's ``backend``."""
+    return NCCL_GROUP if backend == "nccl" else backend
+
+
 def backend_env(info: dict) -> dict[str, str]:
     """The communication settings a rank gets unless the user set them (``--env``).
 
@@ -63,8 +92,13 @@ def backend_env(info: dict) -> dict[str, str]:
       on a stock Debian node; on a multi-NIC node maybe one the others cannot
       reach, and ``ncclCommInitRank`` hangs).  A local cluster stays on
       loopback (a container's hostname often resolves to an address that is
-      not routable from itself); across hosts, the interface that reaches the
-      controller reaches the other hosts too.
+      not routable from itself).  Across hosts gloo takes the interface that
+      reaches the controller (``ifname``: its traffic is light, and that
+      route is the one probed); NCCL takes the one that reaches the group's
+      address (``data_ifname``: rank 0's, or ``--master-addr``), because the
+      controller may sit behind a management or VPN interface that NCCL's
+      gradients must not be forced onto; no route there, nothing set (NCCL's
+      own choice, as under torchrun).
     * ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (clean up only): torch's default
       (3) tears the whole process down when an NCCL op outlives the group
       timeout -- a slow checkpoint or one rank compiling would cost the
@@ -76,7 +110,8 @@ def backend_env(info: dict) -> dict[str, str]:
     if ifname:
         out["GLOO_SOCKET_IFNAME"] = ifname
     if info.get("backend") == "nccl":
-        if ifname:
-            out["NCCL_SOCKET_IFNAME"] = ifname
+        nccl_if = "lo" if info.get("local_cluster") else info.get("data_ifname") or ""
+        if nccl_if:
+            out["NCCL_SOCKET_IFNAME"] = nccl_if
         out["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
     return out

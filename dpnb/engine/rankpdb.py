@@ -30,8 +30,11 @@ import pdb
 import queue
 import sys
 import threading
+import traceback
 
+from .. import compat
 from . import debug, frames
+from .lifecycle import hold_timeout
 from .state import get_state
 
 log = logging.getLogger(__name__)
@@ -199,6 +202,7 @@ class _Hooks:
 
     def __init__(self, state):
         self.state = state
+        self.skips: dict[int, int] = {}  # dist.breakpoint(skip=): calls seen per place
 
     def breakpointhook(self, *args, **kwargs):
         _stop_here(self.state, sys._getframe(1))
@@ -209,9 +213,24 @@ class _Hooks:
         _stop_here(self.state, sys._getframe(1))
 
     def dist_breakpoint(self, rank: int = 0, skip: int = 0, timeout_s=3600):
+        """torch's ``dist.breakpoint``: ``skip`` first calls from the same
+        place pass (torch's count), then ``timeout_s`` becomes every group's
+        timeout (as torch sets it: the ranks waiting in the barrier below must
+        not give up while ``rank`` is being debugged) -- the default group's,
+        and the collective check's wait, until the cell ends (then the
+        cluster's again, :func:`dpnb.engine.lifecycle.hold_timeout`); the
+        other groups' stay, as under torch."""
         # lazy: torch-free at import (boot loads torch in a background thread)
         import torch.distributed as dist
 
+        if skip > 0:
+            key = hash(str(traceback.format_exc()))  # torch's key for "this breakpoint"
+            self.skips[key] = self.skips.get(key, 0) + 1
+            if self.skips[key] <= skip:
+                return
+        if timeout_s is not None:
+            compat.set_other_groups_timeout(float(timeout_s))
+            hold_timeout(self.state, float(timeout_s))
         if self.state.rank == rank:
             _stop_here(self.state, sys._getframe(1))
         dist.barrier()  # as torch's own: the other ranks wait for the debugged one

@@ -38,12 +38,43 @@ def has_names_ns(ns: dict, names: list[str]) -> list[str]:
     return [n for n in names if n not in ns]
 
 
+def to_host(value):
+    """``value`` with every tensor on an accelerator replaced by a CPU copy,
+    through dicts, lists, tuples (named ones too) and sets; anything else is
+    sent as it is.  A pulled CUDA tensor unpickled in the notebook would
+    open a CUDA context there on the engine's device number (another
+    physical GPU under ``--gpus``), or fail on a notebook host without a
+    GPU; the rank's own value stays where it is."""
+    # lazy: the notebook imports this module for its functions' names
+    import copy
+
+    import torch
+
+    def host(v):
+        if isinstance(v, torch.Tensor):
+            if v.device.type in ("cpu", "meta"):
+                return v
+            out = v.detach().cpu()
+            return out.requires_grad_() if v.requires_grad and out.is_floating_point() else out
+        if isinstance(v, dict):
+            out = copy.copy(v)  # keeps an OrderedDict's or a defaultdict's kind
+            out.update((k, host(x)) for k, x in v.items())
+            return out
+        if isinstance(v, tuple) and hasattr(v, "_fields"):  # a named tuple
+            return type(v)(*(host(x) for x in v))
+        if isinstance(v, (list, tuple, set, frozenset)):
+            return type(v)(host(x) for x in v)
+        return v
+
+    return host(value)
+
+
 def get_value(name: str) -> list[bytes]:
     """``name``'s value, serialized here (ipyparallel's canning) for the
     notebook to unpack itself: a value that pickles on the engine but cannot
     be rebuilt in the notebook (a hook-free DDP asks for a process group
     there) would otherwise fail inside the client's I/O thread, and the pull
-    would wait forever."""
+    would wait forever.  Tensors arrive on the CPU (:func:`to_host`)."""
     # lazy: the notebook imports this module for its functions' names, and
     # `import dpnb.cluster` stays free of ipyparallel
     from ipyparallel.serialize import serialize_object
@@ -51,7 +82,7 @@ def get_value(name: str) -> list[bytes]:
     ns = user_ns()
     if name not in ns:
         raise NameError(name)
-    return [bytes(b) for b in serialize_object(ns[name])]
+    return [bytes(b) for b in serialize_object(to_host(ns[name]))]
 
 
 def set_values(values: dict) -> list[str]:

@@ -36,7 +36,8 @@ from ..core.timeouts import form_timeout
 from .. import log as dpnb_log
 from . import process, seeding
 from .lifecycle import torch_fn  # torch-free at import, like this module
-from .netplan import backend_env, interface_of, launch_rank, route_address
+from .netplan import (backend_env, data_interface, group_backend, interface_of, launch_rank,
+                      route_address)
 from .rebind import rebind_user_objects
 from .state import STATE_NAME, EngineState, get_state
 from .workerenv import as_a_worker, torchrun_env
@@ -153,7 +154,8 @@ def init_rank(info: dict) -> dict:
     compat.ensure_single_collectives()  # the course and dpnb use torch 2.13's names
     ns = user_ns()
     rank, world = int(info["rank"]), int(info["world_size"])
-    os.environ.update(torchrun_env(info))
+    worker = torchrun_env(info)
+    os.environ.update(worker)
     as_a_worker()  # no interactive prompt, as under torchrun
     # a torchrun script pasted into a cell parses an empty command line, not
     # the engine's own (argparse would refuse its options); %dp run sets its own
@@ -166,6 +168,8 @@ def init_rank(info: dict) -> dict:
 
     folder = private_dir()
     private_caches(folder)
+    if info["backend"] == "nccl" and not info.get("local_cluster"):
+        info = dict(info, data_ifname=data_interface(info["master_addr"]))
     for key, value in backend_env(info).items():  # an explicit --env wins
         os.environ.setdefault(key, value)
     # Two engines on two cores each spawning a full intra-op pool oversubscribe
@@ -188,8 +192,8 @@ def init_rank(info: dict) -> dict:
     state = EngineState(
         rank=rank,
         world_size=world,
-        local_rank=int(info["local_rank"]),
-        local_world_size=int(info["local_world_size"]),
+        local_rank=int(worker["LOCAL_RANK"]),  # the GPU view the user's code sees
+        local_world_size=int(worker["LOCAL_WORLD_SIZE"]),
         node_rank=int(info["node_rank"]),
         backend=info["backend"],
         device=device,
@@ -289,7 +293,7 @@ def form_group(master_port: int | None = None) -> dict:
     # fails this in about a minute rather than after a 30-minute group timeout.
     store = st.store = _open_store(st, timedelta(seconds=form_timeout(st.timeout_s)))
     # torch's own: a cell's init_process_group is dpnb's adopting one (lifecycle)
-    torch_fn("init_process_group")(backend=st.backend, store=store, rank=st.rank,
+    torch_fn("init_process_group")(backend=group_backend(st.backend), store=store, rank=st.rank,
                                    world_size=st.world_size, timeout=timeout, **kwargs)
     # once joined, the store waits as torchrun's does: as long as the group
     # (a new_group whose peers are still busy must not fail sooner)

@@ -28,13 +28,21 @@ def torchrun_env(info: dict) -> dict[str, str]:
     threads, below).
     """
     rank, world = int(info["rank"]), int(info["world_size"])
+    local, local_world, group, groups = (info["local_rank"], info["local_world_size"],
+                                         info["node_rank"], info.get("nnodes", 1))
+    if info.get("own_gpu"):
+        # A launcher bound this engine its own GPU (Slurm --gpus-per-task): it
+        # is cuda:0 here, so set_device(LOCAL_RANK) must name 0 -- what
+        # `srun --gpus-per-task=1 torchrun --nproc-per-node=1` gives each
+        # task: its own agent, local rank 0 of 1, one node per task.
+        local, local_world, group, groups = 0, 1, rank, world
     env = {
         "RANK": rank,
         "WORLD_SIZE": world,
-        "LOCAL_RANK": info["local_rank"],
-        "LOCAL_WORLD_SIZE": info["local_world_size"],
-        "GROUP_RANK": info["node_rank"],
-        "GROUP_WORLD_SIZE": info.get("nnodes", 1),
+        "LOCAL_RANK": local,
+        "LOCAL_WORLD_SIZE": local_world,
+        "GROUP_RANK": group,
+        "GROUP_WORLD_SIZE": groups,
         "ROLE_RANK": rank,
         "ROLE_WORLD_SIZE": world,
         "ROLE_NAME": "default",

@@ -11,9 +11,40 @@ def test_local_gloo_stays_on_loopback():
 
 
 def test_nccl_across_hosts_pins_both_interfaces_and_survives_a_slow_op():
-    env = backend_env({"backend": "nccl", "local_cluster": False, "ifname": "ib0"})
+    env = backend_env({"backend": "nccl", "local_cluster": False, "ifname": "ib0",
+                       "data_ifname": "ib0"})
     assert env == {"GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0",
                    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+
+
+def test_nccl_takes_the_route_to_the_group_not_the_controllers_vpn():
+    """The controller is reached over a VPN (tun0), rank 0 over the data
+    network (ib0): NCCL's traffic must not be forced onto the VPN."""
+    env = backend_env({"backend": "nccl", "local_cluster": False, "ifname": "tun0",
+                       "data_ifname": "ib0"})
+    assert env["NCCL_SOCKET_IFNAME"] == "ib0" and env["GLOO_SOCKET_IFNAME"] == "tun0"
+    # no route to the group's address: NCCL picks its own, as under torchrun
+    env = backend_env({"backend": "nccl", "local_cluster": False, "ifname": "tun0",
+                       "data_ifname": ""})
+    assert "NCCL_SOCKET_IFNAME" not in env
+
+
+def test_the_data_interface_is_the_one_routing_to_the_group_address():
+    from dpnb.engine.netplan import data_interface
+
+    assert data_interface("127.0.0.1") == "lo"
+
+
+def test_an_nccl_cluster_gives_cpu_tensors_gloo_as_torch_does_for_both_names():
+    """A script's CPU collectives on an NCCL cluster (object collectives,
+    checkpoint metadata) need a CPU backend in the group dpnb forms."""
+    from torch.distributed.distributed_c10d import BackendConfig
+
+    from dpnb.engine.netplan import group_backend
+
+    devices = BackendConfig(group_backend("nccl")).get_device_backend_map()
+    assert devices == {"cpu": "gloo", "cuda": "nccl"}
+    assert group_backend("gloo") == "gloo"
 
 
 def test_nothing_pinned_where_the_interface_is_unknown():

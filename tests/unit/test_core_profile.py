@@ -186,3 +186,26 @@ def test_the_typical_lateness_is_not_hidden_by_a_tiny_collective():
     st = P.analyze(r, 2).straggler
     assert st.rank == 1 and (st.last_at, st.of) == (2, 3)
     assert st.typical_late_s == pytest.approx(0.050) and st.max_late_s == pytest.approx(0.050)
+
+
+def test_nccl_kernels_are_named_by_the_c10d_call_that_launched_them():
+    """FSDP2's and coalesced launches run ``ncclDevKernel_Generic``: the name
+    says nothing of the op.  The kernel's External id (or its correlation to
+    the runtime launch inside the call) leads to the c10d event that names it."""
+    ev = [_x(P.CLOCK_MARKER, 0, 1, cat="user_annotation"),
+          # linked by External id: record_param_comms names the collective
+          _x("record_param_comms", 10, 8, **{"External id": 5,
+                                              "Collective name": "_reduce_scatter_base"}),
+          _x("cudaLaunchKernel", 12, 2, cat="cuda_runtime", correlation=11, **{"External id": 5}),
+          _x("ncclDevKernel_Generic_4", 40, 30, cat="kernel", tid=8, correlation=11,
+             **{"External id": 5}),
+          # linked by correlation only: the launch sits inside nccl:_allgather_base
+          _x("nccl:_allgather_base", 100, 10),
+          _x("cudaLaunchKernel", 104, 2, cat="cuda_runtime", correlation=12),
+          _x("ncclDevKernel_Generic_4", 120, 30, cat="kernel", tid=8, correlation=12),
+          # neither: the kernel's own name is all there is
+          _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 200, 10, cat="kernel", tid=8),
+          _x(P.END_MARKER, 400, 1, cat="user_annotation")]
+    r = P.extract(ev, rank=0, host="a")
+    assert [c.op for c in r.comm] == ["reduce_scatter", "all_gather", "all_reduce"]
+    assert P.op_of("nccl:coalesced") == "coalesced"  # a grouped launch still pairs by name

@@ -161,3 +161,28 @@ def test_the_zygote_refuses_to_fork_once_the_driver_is_loaded(monkeypatch):
     monkeypatch.setattr(device, "driver_loaded", lambda maps="/proc/self/maps": True)
     with pytest.raises(RuntimeError, match="CUDA was initialised in the zygote"):
         agent._check_fork_safe()
+
+
+def test_a_gpu_per_task_rank_sees_local_rank_0_as_srun_torchrun_gives_each_task():
+    """Under --gpus-per-task every engine's one GPU is cuda:0: the LOCAL_RANK
+    its code sees must name it (``set_device(LOCAL_RANK)`` in Accelerate,
+    Lightning, most scripts), as ``srun torchrun --nproc-per-node=1`` gives:
+    each task its own agent, local rank 0 of 1, one node per task."""
+    from dpnb.engine.workerenv import torchrun_env
+
+    probes = {0: _probe("n1", 0, ids=("GPU-a",), visible="0"),
+              1: _probe("n1", 1, ids=("GPU-b",), visible="1")}
+    ranks = with_devices(assign_ranks(probes), "nccl", None, probes)
+    envs = [torchrun_env(rank_init_info(r, world_size=2, backend="nccl", master_addr="x",
+                                        master_port=1, timeout_s=3.0, threads=1, local=False,
+                                        watch_ppid=None)) for r in ranks]
+    assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"], e["GROUP_WORLD_SIZE"])
+            for e in envs] == [("0", "1", "0", "2"), ("0", "1", "1", "2")]
+    assert [r.device for r in ranks] == ["cuda:0", "cuda:0"]
+    # engines that share the host's GPUs keep torchrun's per-host numbering
+    probes = {0: _probe("a", 0), 1: _probe("a", 1)}
+    shared = with_devices(assign_ranks(probes), "nccl", None, probes)
+    env = torchrun_env(rank_init_info(shared[1], world_size=2, backend="nccl", master_addr="x",
+                                      master_port=1, timeout_s=3.0, threads=1, local=True,
+                                      watch_ppid=None))
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == ("1", "2", "0")
