@@ -7,6 +7,7 @@ runs is whatever version of dpnb the engine has imported.
 
 from __future__ import annotations
 
+import copy
 import importlib
 
 from .. import log as dpnb_log
@@ -46,8 +47,6 @@ def to_host(value):
     physical GPU under ``--gpus``), or fail on a notebook host without a
     GPU; the rank's own value stays where it is."""
     # lazy: the notebook imports this module for its functions' names
-    import copy
-
     import torch
 
     def host(v):
