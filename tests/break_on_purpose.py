@@ -24,6 +24,14 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("standin: save's agreement travels on the communication device", "dpnb/engine/checkpoint.py",
+  "else 0], device=es.comm_device)", "else 0])",
+  ["tests/standin/test_standin.py::test_save_and_load_on_an_nccl_like_group"]),
+ ("standin: a re-formation after an aborting release rebinds from the group formed last",
+  "dpnb/engine/setup.py",
+  "old = dist.group.WORLD if dist.is_initialized() else st.group",
+  "old = dist.group.WORLD if dist.is_initialized() else None",
+  ["tests/standin/test_standin.py::test_release_abort_then_reform_rebinds_user_objects_by_identity"]),
  ("the default group timeout is torch's", "dpnb/core/timeouts.py",
   "    return TORCH_DEFAULT_TIMEOUT_S[backend]\n", "    return 30.0\n",
   ["tests/unit/test_backend_env.py::test_the_default_group_timeouts_are_torchs_own",
