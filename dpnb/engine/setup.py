@@ -166,7 +166,7 @@ def init_rank(info: dict) -> dict:
 
     folder = private_dir()
     private_caches(folder)
-    for key, value in backend_env(info).items():  # an explicit --env wins
+    for key, value in backend_env(info, folder).items():  # an explicit --env wins
         os.environ.setdefault(key, value)
     # Two engines on two cores each spawning a full intra-op pool oversubscribe
     # the CPU: a DDP step runs about twice as slow as with one thread each.
