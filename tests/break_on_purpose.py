@@ -27,6 +27,20 @@ ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("o
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("NCCL's dumps go to the private folder", "dpnb/engine/netplan.py",
+  '"nccl_trace_rank_")', '"..", "nccl_trace_rank_")',
+  ["tests/unit/test_backend_env.py::test_nccl_dumps_go_to_the_private_folder_and_the_monitor_is_off"]),
+ ("NCCL's heartbeat monitor is off", "dpnb/engine/netplan.py",
+  'out["TORCH_NCCL_ENABLE_MONITORING"] = "0"', 'out["TORCH_NCCL_ENABLE_MONITORING"] = "1"',
+  ["tests/unit/test_backend_env.py::test_nccl_dumps_go_to_the_private_folder_and_the_monitor_is_off"]),
+ ("standin: save's agreement travels on the communication device", "dpnb/engine/checkpoint.py",
+  "else 0], device=es.comm_device)", "else 0])",
+  ["tests/standin/test_standin.py::test_save_and_load_on_an_nccl_like_group"]),
+ ("standin: a re-formation after an aborting release rebinds from the group formed last",
+  "dpnb/engine/setup.py",
+  "old = dist.group.WORLD if dist.is_initialized() else st.group",
+  "old = dist.group.WORLD if dist.is_initialized() else None",
+  ["tests/standin/test_standin.py::test_release_abort_then_reform_rebinds_user_objects_by_identity"]),
  ("the default group timeout is torch's", "dpnb/core/timeouts.py",
   "    return TORCH_DEFAULT_TIMEOUT_S[backend]\n", "    return 30.0\n",
   ["tests/unit/test_backend_env.py::test_the_default_group_timeouts_are_torchs_own",

@@ -10,7 +10,10 @@ built in cells, Accelerate -- on real clusters), ``multihost/``
 second unix user and a third namespace host attack a running cluster; root
 only), ``notebook/``
 (nbclient), ``browser/`` (JupyterLab in Chromium), ``slow/`` (fresh virtual
-environments, the benchmark smoke run), ``gpu/`` (one CUDA GPU; skipped
+environments, the benchmark smoke run), ``standin/`` (dpnb's engine code on
+multi-process groups whose backend, like NCCL, serves the CUDA device type
+only: a CPU tensor at a collective fails as under NCCL; see
+``helpers/standin.py``), ``gpu/`` (one CUDA GPU; skipped
 without one).  Each test gets its folder's marker here, so
 ``-m "not cluster and not ecosystem and not multihost and not shared and not notebook and not browser and not slow and not gpu and not standin"``
 selects the fast tier (the same tests as ``tests/unit``).  Shared helpers are the package ``tests/helpers``.
@@ -44,7 +47,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 TESTS = pathlib.Path(__file__).resolve().parent
 TIERS = ("unit", "cluster", "ecosystem", "multihost", "shared", "notebook", "browser", "slow",
-         "gpu")
+         "standin", "gpu")
 
 
 def pytest_collection_modifyitems(config, items):

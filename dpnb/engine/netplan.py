@@ -84,7 +84,7 @@ def group_backend(backend: str) -> str:
     return NCCL_GROUP if backend == "nccl" else backend
 
 
-def backend_env(info: dict) -> dict[str, str]:
+def backend_env(info: dict, folder: str = "") -> dict[str, str]:
     """The communication settings a rank gets unless the user set them (``--env``).
 
     * ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``: gloo binds its pair
@@ -104,6 +104,17 @@ def backend_env(info: dict) -> dict[str, str]:
       timeout -- a slow checkpoint or one rank compiling would cost the
       engine and everything built on it.  With 2 the watchdog aborts the
       communicators and the op raises; dpnb then re-forms the group.
+    * ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``: the flight recorder's dumps (after
+      a timeout the watchdog saw) go to this user's private ``folder``
+      (:func:`dpnb.engine.private.private_dir`), not torch's default
+      ``/tmp/nccl_trace_rank_<r>``, which every user of the host shares.
+    * ``TORCH_NCCL_ENABLE_MONITORING=0``: torch's heartbeat monitor, after an
+      error its watchdog saw, signals every rank through the store and kills
+      the process unless the group was shut down -- an engine, with the
+      user's model in it, gone minutes after an error the user had caught, or
+      after the release dpnb itself made.  dpnb watches its engines itself
+      (the side door, ``%dp status``, the deadlock verdicts) and re-forms the
+      group; the monitor would also poll rank 0's store about once a second.
     """
     ifname = "lo" if info.get("local_cluster") else info.get("ifname") or ""
     out = {}
@@ -114,4 +125,7 @@ def backend_env(info: dict) -> dict[str, str]:
         if nccl_if:
             out["NCCL_SOCKET_IFNAME"] = nccl_if
         out["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+        out["TORCH_NCCL_ENABLE_MONITORING"] = "0"
+        if folder:
+            out["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(folder, "nccl_trace_rank_")
     return out

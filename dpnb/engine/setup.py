@@ -170,7 +170,7 @@ def init_rank(info: dict) -> dict:
     private_caches(folder)
     if info["backend"] == "nccl" and not info.get("local_cluster"):
         info = dict(info, data_ifname=data_interface(info["master_addr"]))
-    for key, value in backend_env(info).items():  # an explicit --env wins
+    for key, value in backend_env(info, folder).items():  # an explicit --env wins
         os.environ.setdefault(key, value)
     # Two engines on two cores each spawning a full intra-op pool oversubscribe
     # the CPU: a DDP step runs about twice as slow as with one thread each.
@@ -298,6 +298,7 @@ def form_group(master_port: int | None = None) -> dict:
     # once joined, the store waits as torchrun's does: as long as the group
     # (a new_group whose peers are still busy must not fail sooner)
     store.set_timeout(timeout)
+    st.group = dist.group.WORLD  # what a re-formation rebinds from, aborted or not
     t = torch.ones(1, device=st.device)
     dist.all_reduce(t)
     if int(t.item()) != st.world_size:
@@ -419,11 +420,14 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
     # lazy: torch-free at import (boot loads torch in a background thread)
     import torch.distributed as dist
 
-    old = dist.group.WORLD if dist.is_initialized() else None
-    destroy_group()
-    out = form_group(master_port)
     ns = user_ns()
     st = get_state(ns)
+    # Not dist.group.WORLD alone: an NCCL release aborted the groups, and
+    # c10d's world map is empty by now -- the user's objects still hold the
+    # group this rank formed last.
+    old = dist.group.WORLD if dist.is_initialized() else st.group
+    destroy_group()
+    out = form_group(master_port)
     problems, moved, left = [], [], []
     for cb in list(st.on_reform) if callbacks else []:
         try:

@@ -66,6 +66,11 @@ class EngineState:
     # key holds the generation, so a re-formed group forms new subgroups
     subgroups: Any = None
     profiler: Any = None  # dpnb.engine.profile's running torch.profiler, between begin and end
+    # the default group this rank formed last, held here because c10d forgets
+    # it: an NCCL release aborts the groups, which empties c10d's world map
+    # (dist.group.WORLD is None), and the re-formation must still know which
+    # group the user's DDP/ZeRO/FSDP2 objects are bound to
+    group: Any = None
 
     @property
     def comm_device(self):
@@ -82,7 +87,7 @@ class EngineState:
         self.generation = old.generation
         for name in ("train", "pending_data", "watch", "straggle_delay_s", "stop_requested",
                      "stop_file", "store_sock", "store_server", "store", "releases", "side_door",
-                     "cell_guard", "lifecycle", "pdb_hooks"):
+                     "cell_guard", "lifecycle", "pdb_hooks", "group"):
             setattr(self, name, getattr(old, name))
 
 

@@ -43,21 +43,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_ns(rank: int, world_size: int, port: int) -> dict:
-    """The namespace an engine holds after dpnb's cluster start (CPU/gloo)."""
+def make_ns(rank: int, world_size: int, port: int, backend: str = "gloo") -> dict:
+    """The namespace an engine holds after dpnb's cluster start (CPU/gloo; with
+    ``backend="nccl"``, the stand-in's: every rank on ``cuda:0``, see
+    :mod:`helpers.standin`)."""
     import torch
     import torch.distributed as dist
 
     from dpnb.engine.state import STATE_NAME, EngineState
 
-    device = torch.device("cpu")
+    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     state = EngineState(
         rank=rank,
         world_size=world_size,
         local_rank=rank,
         local_world_size=world_size,
         node_rank=0,
-        backend="gloo",
+        backend=backend,
         device=device,
         master_addr="127.0.0.1",
         master_port=port,
@@ -74,11 +76,11 @@ def make_ns(rank: int, world_size: int, port: int) -> dict:
     }
 
 
-def init_group(rank: int, world_size: int, port: int) -> None:
+def init_group(rank: int, world_size: int, port: int, backend: str = "gloo") -> None:
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
@@ -102,7 +104,7 @@ def reform(ns: dict, port: int | None = None) -> None:
     dist.broadcast_object_list(box, src=0)
     port = int(box[0])
     dist.destroy_process_group()
-    init_group(state.rank, state.world_size, port)
+    init_group(state.rank, state.world_size, port, state.backend)
     state.master_port = port
     state.generation += 1
     for cb in list(state.on_reform):
@@ -127,15 +129,25 @@ def _child(rank, world_size, port, path, name, args, kwargs, q):
 
     # a rank that hangs past the harness's patience shows where, in the log
     faulthandler.dump_traceback_later(kwargs.pop("_hang_dump_s", 200), exit=False)
+    standin = kwargs.pop("_standin", False)
     try:
+        import contextlib
+
         import torch
 
         torch.set_num_threads(1)
         torch.set_num_interop_threads(1)
-        init_group(rank, world_size, port)
-        ns = make_ns(rank, world_size, port)
+        mode = contextlib.nullcontext()
+        if standin:  # NCCL's stand-in (tests/helpers/standin.py), loaded by path as fn is
+            mod = _load(os.path.join(HERE, "standin.py"), "install").__module__
+            sys.modules[mod].install()
+            mode = sys.modules[mod].CudaMode()
+        backend = "nccl" if standin else "gloo"
+        init_group(rank, world_size, port, backend)
+        ns = make_ns(rank, world_size, port, backend)
         fn = _load(path, name)
-        out = fn(ns, *args, **kwargs)
+        with mode:
+            out = fn(ns, *args, **kwargs)
         q.put(("ok", rank, pickle.dumps(out)))
     except BaseException:  # report everything, including KeyboardInterrupt
         q.put(("err", rank, traceback.format_exc()))
@@ -155,9 +167,11 @@ def _child(rank, world_size, port, path, name, args, kwargs, q):
     os._exit(0)
 
 
-def run_ranks(fn, *args, world_size: int = 2, timeout: float = 120, **kwargs):
-    """Run ``fn(ns, *args, **kwargs)`` on ``world_size`` gloo ranks."""
-    kwargs = {**kwargs, "_hang_dump_s": max(10.0, timeout - 15.0)}
+def run_ranks(fn, *args, world_size: int = 2, timeout: float = 120, standin: bool = False,
+              **kwargs):
+    """Run ``fn(ns, *args, **kwargs)`` on ``world_size`` gloo ranks (``standin``:
+    on NCCL's CPU stand-in, inside its :class:`helpers.standin.CudaMode`)."""
+    kwargs = {**kwargs, "_hang_dump_s": max(10.0, timeout - 15.0), "_standin": standin}
     path = os.path.abspath(sys.modules[fn.__module__].__file__)
     ctx = _mp.get_context("spawn")
     q = ctx.Queue()

@@ -14,7 +14,7 @@ def test_nccl_across_hosts_pins_both_interfaces_and_survives_a_slow_op():
     env = backend_env({"backend": "nccl", "local_cluster": False, "ifname": "ib0",
                        "data_ifname": "ib0"})
     assert env == {"GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0",
-                   "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+                   "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_ENABLE_MONITORING": "0"}
 
 
 def test_nccl_takes_the_route_to_the_group_not_the_controllers_vpn():
@@ -49,7 +49,26 @@ def test_an_nccl_cluster_gives_cpu_tensors_gloo_as_torch_does_for_both_names():
 
 def test_nothing_pinned_where_the_interface_is_unknown():
     env = backend_env({"backend": "nccl", "local_cluster": False, "ifname": ""})
-    assert env == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    assert env == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_ENABLE_MONITORING": "0"}
+
+
+def test_nccl_dumps_go_to_the_private_folder_and_the_monitor_is_off(tmp_path):
+    """Defect E: after an error the watchdog saw, torch's heartbeat monitor
+    kills the engine later, and its dumps land in the shared /tmp."""
+    env = backend_env({"backend": "nccl", "local_cluster": True}, str(tmp_path))
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_trace_rank_")
+    assert env["TORCH_NCCL_ENABLE_MONITORING"] == "0"
+    # gloo: no NCCL settings at all
+    assert backend_env({"backend": "gloo", "local_cluster": True}, str(tmp_path)) == {
+        "GLOO_SOCKET_IFNAME": "lo"}
+
+
+def test_init_rank_passes_the_private_folder_to_the_nccl_settings():
+    import inspect
+
+    from dpnb.engine import setup
+
+    assert "backend_env(info, folder)" in inspect.getsource(setup.init_rank)
 
 
 
