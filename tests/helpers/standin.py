@@ -213,7 +213,11 @@ def install() -> None:
     real_init = dist.init_process_group
 
     def init_process_group(backend=None, *args, device_id=None, **kwargs):
-        if str(backend).lower() == "nccl":
+        # dpnb forms an NCCL cluster as "cpu:gloo,cuda:nccl" (a script's CPU
+        # collectives work, as torch gives a script naming both); the stand-in
+        # serves CUDA only, stricter on purpose: dpnb's *own* collectives must
+        # stay on the communication device, and a CPU tensor among them fails
+        if str(backend).lower() in ("nccl", "cpu:gloo,cuda:nccl"):
             backend = NAME
         return real_init(backend, *args, **kwargs)
 
