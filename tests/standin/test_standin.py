@@ -10,7 +10,6 @@ checked, not just the absence of an error.
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
