@@ -7,19 +7,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers.ecosystem import ACCELERATE_LOOP, assert_whole, script
+from helpers.ecosystem import ACCELERATE_LOOP, IN_SYNC, QUICK_S, assert_whole, script
 
 from dpnb.errors import RemoteCellError
-
-QUICK_S = 6.0  # the group timeout is 30 s: "released quickly", never a speed claim
-
-IN_SYNC = """
-def _same(t):
-    t = t.detach().reshape(-1).double()
-    got = [torch.zeros_like(t) for _ in range(world_size)]
-    dist.all_gather(got, t)
-    return all(torch.equal(got[0], g) for g in got)
-"""
 
 
 def test_ddp_zero_and_fsdp2_built_in_a_cell_train_in_step(c):

@@ -13,19 +13,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from helpers.ecosystem import assert_whole
+from helpers.ecosystem import IN_SYNC, QUICK_S, assert_whole
 
 from dpnb.errors import RemoteCellError
 
-QUICK_S = 6.0  # the group timeout is 30 s: "released quickly", never a speed claim
-
-IN_SYNC = """
-def _same(t):
-    t = t.detach().reshape(-1).double()
-    got = [torch.zeros_like(t) for _ in range(world_size)]
-    dist.all_gather(got, t)
-    return all(torch.equal(got[0], g) for g in got)
-"""
 
 #: a mistake on one rank while the other waits in a collective: the group is released
 MISTAKE = "t = torch.ones(1)\nif rank == 1:\n    raise ValueError('typo')\ndist.all_reduce(t)"

@@ -16,6 +16,19 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
                        "scripts")
 
 
+#: "released quickly": far below the group timeout (torch's 30 min), never a speed claim
+QUICK_S = 6.0
+
+#: a cell defining ``_same(t)``: is ``t`` equal on every rank (all_gather, exact)
+IN_SYNC = """
+def _same(t):
+    t = t.detach().reshape(-1).double()
+    got = [torch.zeros_like(t) for _ in range(world_size)]
+    dist.all_gather(got, t)
+    return all(torch.equal(got[0], g) for g in got)
+"""
+
+
 def script(name: str) -> str:
     return os.path.join(SCRIPTS, name)
 
