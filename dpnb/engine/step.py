@@ -55,17 +55,13 @@ def optimizer_gate(es, since: int, dev) -> None:
     never reached.  Under NCCL the all-reduce only *queues* a kernel: the
     optimizer's kernels are queued behind it, and an abort makes that kernel
     exit early -- the optimizer would apply partly reduced gradients and
-    nothing would say so.  Two things abort an NCCL communicator: dpnb's
-    release through the side door (counted in ``es.releases``) and torch's
-    own watchdog, which with ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` aborts it
-    when a collective outlives the group timeout (a rank stalled that long)
-    or fails, recording the error on the group
-    (:func:`dpnb.compat.group_error`).  So: wait for the device's queued
-    work (the all-reduce included), then compare the release count with the
-    step's start and ask the group for a watchdog error.  Checked after the
-    wait, since either may land during it.  Only NCCL needs the wait (and
-    the per-step host stall it costs): elsewhere a released all-reduce
-    raises before the optimizer is reached.
+    nothing would say so.  Two things abort it: dpnb's release (counted in
+    ``es.releases``) and torch's watchdog, when a collective outlives the
+    group timeout (a rank stalled that long) or fails; it records that on
+    the group (:func:`dpnb.compat.group_error`).  So: wait for the device's
+    queued work, then check both -- after the wait, since either may land
+    during it.  Only NCCL needs the wait (a per-step host stall): elsewhere
+    a released all-reduce raises before the optimizer is reached.
     """
     nccl = getattr(es, "backend", None) == "nccl"
     if nccl:
@@ -76,10 +72,9 @@ def optimizer_gate(es, since: int, dev) -> None:
                          "reduced), so the weights are those before the step")
     err = compat.group_error() if nccl else None
     if err is not None:
-        raise TrainError(f"torch's NCCL watchdog aborted the process group ({err}: a collective "
-                         "outlived the group timeout or failed): this step's optimizer step was "
-                         "not applied (the gradients may be only partly reduced), so the weights "
-                         "are those before the step; re-form the group (%dp reform) to go on")
+        raise TrainError(f"torch's NCCL watchdog aborted the process group ({err}): this "
+                         "step's optimizer step was not applied (the gradients may be only "
+                         "partly reduced); re-form the group (%dp reform) to go on")
 
 
 #: values each rank contributes to a step's stats gather: loss, stop flag, compute s, samples
