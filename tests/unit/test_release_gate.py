@@ -97,7 +97,7 @@ def test_gate_refuses_a_step_after_the_watchdogs_abort(monkeypatch):
     from torch.distributed import distributed_c10d as c10d
 
     backend = _FakeNcclBackend()
-    monkeypatch.setattr(c10d.GroupMember, "WORLD", _FakeGroup(backend))
+    monkeypatch.setattr(c10d._world, "_default_pg", _FakeGroup(backend))  # what WORLD reads
     es = SimpleNamespace(releases=0, backend="nccl")
 
     def sync(_dev):  # the group timeout passes while the all-reduce kernel waits
@@ -114,7 +114,7 @@ def test_gate_refuses_a_step_after_the_watchdogs_abort(monkeypatch):
 def test_group_error_is_none_without_an_nccl_side(monkeypatch):
     from torch.distributed import distributed_c10d as c10d
 
-    monkeypatch.setattr(c10d.GroupMember, "WORLD", None)  # after a release: no group
+    monkeypatch.setattr(c10d._world, "_default_pg", None)  # after a release: no group
     assert compat.group_error() is None
     assert compat.group_error(_FakeGroup(None)) is None  # gloo: no CUDA backend
     assert compat.group_error(_FakeGroup(object())) is None  # a backend without get_error
