@@ -126,6 +126,39 @@ def abort_groups() -> bool:
     return True
 
 
+def group_error(pg: Any = None) -> str | None:
+    """The error torch's NCCL watchdog recorded on ``pg``'s communicator
+    (default: the default group): ``"TIMEOUT"``, ``"COMM_ERROR"`` or
+    ``"REMOTE_ERROR"``; ``None`` when it saw none, or ``pg`` has no NCCL side.
+
+    With ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (dpnb's setting) the watchdog
+    thread, on a collective that outlived the group timeout or failed, sets
+    this error and then aborts the communicators: the rank's queued kernels
+    end early, as after dpnb's own release, but nothing in Python is told.
+    ``ProcessGroupNCCL.get_error()`` reads one field under a mutex (no
+    device or store call), so the optimizer-step gate can ask every step.
+    The error stays set until the group is re-formed (a new group, a clean
+    error): an aborted communicator reduces nothing any more.
+    """
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
+    import torch
+    from torch.distributed import distributed_c10d as c10d  # lazy: as above
+
+    pg = c10d.GroupMember.WORLD if pg is None else pg
+    if pg is None:  # no default group (a release under NCCL empties c10d's map)
+        return None
+    try:
+        backend = pg._get_backend(torch.device("cuda"))
+    except RuntimeError:  # a group without a CUDA backend (gloo): no watchdog
+        return None
+    get = getattr(backend, "get_error", None)  # ProcessGroupNCCL (and its wrapper) only
+    if get is None:
+        return None
+    err = get()
+    name = getattr(err, "name", str(err))
+    return None if name == "SUCCESS" else name
+
+
 def group_alive(pg: Any) -> bool:
     """Whether a process group object is one of this process's current groups
     (after a re-formation, every group of the old world is destroyed)."""
@@ -338,6 +371,11 @@ def check_torch() -> list[str]:
 
     v = torch.__version__
     probs: list[str] = []
+    if dist.is_nccl_available():
+        nccl = getattr(dist.distributed_c10d, "ProcessGroupNCCL", None)
+        if nccl is None or not hasattr(nccl, "get_error"):
+            probs.append(f"torch {v}: ProcessGroupNCCL has no get_error (the optimizer-step "
+                         "gate cannot see the watchdog's abort)")
     if not hasattr(dist.distributed_c10d, "_set_pg_timeout"):
         probs.append(f"torch {v}: distributed_c10d has no _set_pg_timeout")
     if "env" not in rendezvous_schemes():

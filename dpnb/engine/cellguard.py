@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from IPython import get_ipython
 
-from . import checkstar, collcheck, frames, p2pcheck, rankpdb
+from . import checkstar, collcheck, device, frames, p2pcheck, rankpdb
 from .state import get_state
 
 
@@ -59,6 +59,7 @@ class Guard:
         self.depth = 0  # inside a wrapped collective (nested calls pass through)
         self.main = threading.main_thread().ident
         self.p2p = False  # the group is gloo: point-to-point calls are checked
+        self.nccl = False  # the group is NCCL: each collective passed is marked on the stream
 
     # -- cell hooks ----------------------------------------------------------
     def pre(self, *_info) -> None:
@@ -85,6 +86,18 @@ class Guard:
                 sys.stderr.write(collcheck.NOTE_PREFIX + line + "\n")
             sys.stderr.flush()
         rankpdb.settle(self.state)
+
+    def mark(self) -> None:
+        """Under NCCL a collective returns once its kernel is queued: note an
+        event after it, so the side door can tell a rank whose device wait
+        includes an unfinished collective (a peer may never join it) from one
+        waiting behind its own compute.  An ``async_op`` call is queued on
+        NCCL's stream, which the current one waits for only at ``wait()``:
+        its mark may pass first (the rank then reads as running, and its
+        wait is bounded by the group timeout, not called a deadlock).
+        Collectives torch issues in C++ (DDP's gradient all-reduce) are not
+        seen here, for the same reason."""
+        self.state.collective_mark = device.mark_collective(self.state.device)
 
     # -- deciding ------------------------------------------------------------
     def should_check(self, group: Any, async_op: bool, caller) -> bool:
@@ -150,7 +163,10 @@ def _wrapped(guard: Guard, name: str, fn):
         __tracebackhide__ = True  # IPython shows the user's line, not this frame
         g = guard
         if not g.active or g.depth or threading.get_ident() != g.main:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            if g.nccl:
+                g.mark()
+            return out
         st = g.state
         calls = st.cell_calls
         calls[name] = seq = calls.get(name, 0) + 1
@@ -171,7 +187,10 @@ def _wrapped(guard: Guard, name: str, fn):
                 cur["awaiting"] = g.star.awaiting
                 g.star.call(name, text, collcheck.digest(text), user_site(caller))
                 cur["phase"] = "run"
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            if g.nccl:
+                g.mark()
+            return out
         except Exception as e:
             # Raised again from here, without torch's frames: IPython formats
             # each frame with its source, and distributed_c10d.py is 5,000
@@ -229,6 +248,7 @@ def form_star(state, store) -> None:
     # the store is new for every formation (a fresh port); its port, the same on
     # every rank (a replaced rank's generation count is not), names the formation
     guard.p2p = dist.get_backend() == "gloo"
+    guard.nccl = getattr(state, "backend", None) == "nccl"
     guard.star = checkstar.Star.form(store, state.rank, state.world_size, state.master_addr,
                                      door.token, state.master_port, state.timeout_s)
 

@@ -162,6 +162,31 @@ def queued_work(dev: Any) -> bool:
         return False
 
 
+def mark_collective(dev: Any) -> Any:
+    """An event recorded on ``dev``'s current stream just after a collective
+    was queued on it (``None`` on the CPU): until the event has passed, that
+    collective's kernel has not completed.  Recording is a host-side
+    enqueue (a few microseconds, no wait), so the cell guard marks every
+    collective it passes under NCCL."""
+    if not is_accel(dev):
+        return None
+    return torch.accelerator.current_stream(torch.device(dev)).record_event()
+
+
+def collective_pending(mark: Any) -> bool:
+    """Whether the collective ``mark`` follows (:func:`mark_collective`) has
+    not completed yet (asked from another thread, without waiting).  A rank
+    in a device wait behind plain compute -- evaluation, timing code -- has
+    no such collective: it is running, not waiting for a peer."""
+    if mark is None:
+        return False
+    try:
+        return not mark.query()
+    except RuntimeError as e:  # a device in an error state: say nothing is known
+        log.debug("querying the last collective's event: %s", e)
+        return False
+
+
 def memory_allocated(dev: Any) -> int | None:
     return int(torch.accelerator.memory_allocated(torch.device(dev))) if is_accel(dev) else None
 

@@ -129,7 +129,11 @@ def _collective_frame(frame) -> dict | None:
 
 def _device_wait(state, frame) -> dict | None:
     """The NCCL rank's wait for its GPU's queued work, as a collective the
-    diagnosis can reason about (its group unknown: taken as the world)."""
+    diagnosis can reason about (its group unknown: taken as the world) --
+    only while a collective dpnb saw issued on this rank has not completed
+    (``state.collective_mark``).  Queued work alone is no collective: a rank
+    synchronizing behind its own matmuls is running, and calling it a
+    certain deadlock would abort every rank's communicators."""
     if getattr(state, "backend", None) != "nccl" or frame is None:
         return None
     path = frame.f_code.co_filename.replace("\\", "/")
@@ -139,7 +143,7 @@ def _device_wait(state, frame) -> dict | None:
     # lazy: torch-free at import (boot loads torch in a background thread)
     from . import device
 
-    if not device.queued_work(state.device):
+    if not device.collective_pending(getattr(state, "collective_mark", None)):
         return None
     return {"op": DEVICE_WAIT_OP, "group": None, "device_wait": True}
 

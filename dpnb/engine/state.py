@@ -57,6 +57,10 @@ class EngineState:
     cell_guard: Any = None  # dpnb.engine.cellguard.Guard: counts and checks cells' collectives
     cell_calls: dict = field(default_factory=dict)  # collectives run by the current cell, by op
     current_collective: Any = None  # {"op", "seq", "group", ...} while a cell is inside one
+    # NCCL: an event recorded on the stream right after the last collective
+    # dpnb saw issued (dpnb.engine.device.mark_collective); not yet passed,
+    # a device wait on this rank includes a collective (the deadlock rule)
+    collective_mark: Any = None
     debugger: Any = None  # dpnb.engine.rankpdb.RankPdb while this rank is stopped in pdb
     lifecycle: Any = None  # dpnb.engine.lifecycle's replacements of init/destroy_process_group
     pdb_hooks: Any = None  # dpnb.engine.rankpdb's breakpoint() / pdb.set_trace replacements

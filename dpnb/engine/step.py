@@ -32,6 +32,7 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
+from .. import compat
 from ..core.strategies import is_fsdp
 from . import device
 from .microbatch import _split, _to_device, default_loss
@@ -48,24 +49,32 @@ log = logging.getLogger(__name__)
 
 
 def optimizer_gate(es, since: int, dev) -> None:
-    """Refuse the optimizer step if the group was released during this step.
+    """Refuse the optimizer step if the group was released or aborted during this step.
 
     Under gloo a release makes the gradient all-reduce raise, so the step is
     never reached.  Under NCCL the all-reduce only *queues* a kernel: the
     optimizer's kernels are queued behind it, and an abort makes that kernel
     exit early -- the optimizer would apply partly reduced gradients and
-    nothing would say so.  So: wait for the device's queued work (the
-    all-reduce included), then compare the release count with the step's
-    start.  Checked after the wait, since a release may land during it.  Only
-    NCCL needs the wait (and the per-step host stall it costs): elsewhere a
-    released all-reduce raises before the optimizer is reached.
+    nothing would say so.  Two things abort it: dpnb's release (counted in
+    ``es.releases``) and torch's watchdog, when a collective outlives the
+    group timeout (a rank stalled that long) or fails; it records that on
+    the group (:func:`dpnb.compat.group_error`).  So: wait for the device's
+    queued work, then check both -- after the wait, since either may land
+    during it.  Only NCCL needs the wait (a per-step host stall): elsewhere
+    a released all-reduce raises before the optimizer is reached.
     """
-    if getattr(es, "backend", None) == "nccl":
+    nccl = getattr(es, "backend", None) == "nccl"
+    if nccl:
         device.synchronize(dev)
     if es.releases != since:
         raise TrainError("the process group was released during this step's gradient sync: "
                          "its optimizer step was not applied (the gradients may be only partly "
                          "reduced), so the weights are those before the step")
+    err = compat.group_error() if nccl else None
+    if err is not None:
+        raise TrainError(f"torch's NCCL watchdog aborted the process group ({err}): this "
+                         "step's optimizer step was not applied (the gradients may be only "
+                         "partly reduced); re-form the group (%dp reform) to go on")
 
 
 #: values each rank contributes to a step's stats gather: loss, stop flag, compute s, samples

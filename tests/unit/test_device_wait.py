@@ -41,32 +41,48 @@ def _blocked_in_torch_synchronize():
     return t, lock
 
 
-def _state(backend):
+def _state(backend, mark="a collective's event"):
     return types.SimpleNamespace(rank=1, backend=backend, device=torch.device("cuda", 0),
-                                 current_collective=None, debugger=None, cell_calls={})
+                                 current_collective=None, debugger=None, cell_calls={},
+                                 collective_mark=mark)
+
+
+class _Event:
+    """What ``device.mark_collective`` records: ``query()`` is whether the
+    stream has passed it (the collective before it completed)."""
+
+    def __init__(self, passed):
+        self.passed = passed
+
+    def query(self):
+        return self.passed
 
 
 def test_an_nccl_rank_waiting_on_its_gpu_is_inside_a_collective(monkeypatch):
-    queued = [True]
-    monkeypatch.setattr(device, "queued_work", lambda dev: queued[0])
+    monkeypatch.setattr(device, "queued_work", lambda dev: True)  # the stream is busy throughout
     t, release = _blocked_in_torch_synchronize()
     try:
-        a = sidedoor.where(_state("nccl"), ident=t.ident)
+        pending = _state("nccl", _Event(passed=False))  # the last collective has not completed
+        a = sidedoor.where(pending, ident=t.ident)
         assert a["collective"] == {"op": "device synchronize", "group": None, "device_wait": True}
-        queued[0] = False  # nothing queued: the GPU is not what it waits for
-        assert sidedoor.where(_state("nccl"), ident=t.ident)["collective"] is None
-        queued[0] = True  # gloo's collectives are seen in their c10d frames instead
-        assert sidedoor.where(_state("gloo"), ident=t.ident)["collective"] is None
+        # the collective completed: what is queued now is the rank's own compute
+        assert sidedoor.where(_state("nccl", _Event(passed=True)), ident=t.ident)[
+            "collective"] is None
+        # no collective issued at all (a cell of matmuls and a synchronize)
+        assert sidedoor.where(_state("nccl", None), ident=t.ident)["collective"] is None
+        # gloo's collectives are seen in their c10d frames instead
+        assert sidedoor.where(_state("gloo", _Event(passed=False)), ident=t.ident)[
+            "collective"] is None
     finally:
         release.release()
         t.join()
 
 
 def test_timeout_spares_the_rank_waiting_on_its_gpu_and_names_the_other(monkeypatch):
-    monkeypatch.setattr(device, "queued_work", lambda dev: True)
     t, release = _blocked_in_torch_synchronize()
     try:
-        waiting = dict(sidedoor.where(_state("nccl"), ident=t.ident), reporting=False)
+        waiting = dict(sidedoor.where(_state("nccl", _Event(passed=False)), ident=t.ident),
+                       reporting=False)
     finally:
         release.release()
         t.join()
@@ -86,3 +102,33 @@ def test_timeout_spares_the_rank_waiting_on_its_gpu_and_names_the_other(monkeypa
     assert where_verdict(res) == (
         "rank 1 is waiting for its GPU's queued work (a device synchronize; under NCCL, most "
         "likely a collective a peer has not joined) at cell line 7; rank 0 finished the cell")
+
+
+def test_a_rank_synchronizing_behind_its_own_compute_is_running_not_deadlocked(monkeypatch):
+    """Issue 38, defect C: rank 0 finished the cell, rank 1 sits in
+    ``torch.cuda.synchronize()`` behind plain matmuls (evaluation, timing):
+    its stream has queued work, but no collective of its is unfinished, so it
+    is no certain deadlock (which would abort every rank's communicators)."""
+    monkeypatch.setattr(device, "queued_work", lambda dev: True)
+    t, release = _blocked_in_torch_synchronize()
+    try:
+        busy = dict(sidedoor.where(_state("nccl", _Event(passed=True)), ident=t.ident),
+                    reporting=False)
+    finally:
+        release.release()
+        t.join()
+    assert busy["collective"] is None
+    assert deadlock.certain({1: busy}, {1}, 2) == {}
+
+
+def test_the_cell_guard_marks_each_collective_it_passes_under_nccl(monkeypatch):
+    from dpnb.engine import cellguard
+
+    marks = []
+    monkeypatch.setattr(device, "mark_collective", lambda dev: marks.append(dev) or "event")
+    g = cellguard.Guard(types.SimpleNamespace(device="cuda:0", collective_mark=None))
+    w = cellguard._wrapped(g, "all_reduce", lambda tensor, group=None, async_op=False: "done")
+    assert w("t") == "done" and marks == []  # gloo: nothing to mark
+    g.nccl = True
+    assert w("t") == "done" and marks == ["cuda:0"]
+    assert g.state.collective_mark == "event"

@@ -68,3 +68,57 @@ def test_gate_waits_for_the_device_only_under_nccl(monkeypatch):
     assert waited == []  # gloo raises in the all-reduce itself: no stall per step
     step.optimizer_gate(SimpleNamespace(releases=0, backend="nccl"), 0, "cuda:0")
     assert waited == ["cuda:0"]
+
+
+class _FakeNcclBackend:
+    """What ``pg._get_backend(cuda)`` returns under NCCL: ``get_error()``
+    gives the error the watchdog recorded (an enum with ``.name``)."""
+
+    def __init__(self):
+        self.error = "SUCCESS"
+
+    def get_error(self):
+        return SimpleNamespace(name=self.error)
+
+
+class _FakeGroup:
+    def __init__(self, backend):
+        self.backend = backend
+
+    def _get_backend(self, dev):
+        if dev.type != "cuda":
+            raise RuntimeError("No backend type associated with device type cpu")
+        if self.backend is None:
+            raise RuntimeError("No backend type associated with device type cuda")
+        return self.backend
+
+
+def test_gate_refuses_a_step_after_the_watchdogs_abort(monkeypatch):
+    from torch.distributed import distributed_c10d as c10d
+
+    backend = _FakeNcclBackend()
+    monkeypatch.setattr(c10d._world, "_default_pg", _FakeGroup(backend))  # what WORLD reads
+    es = SimpleNamespace(releases=0, backend="nccl")
+
+    def sync(_dev):  # the group timeout passes while the all-reduce kernel waits
+        backend.error = "TIMEOUT"
+
+    monkeypatch.setattr(step.device, "synchronize", lambda _dev: None)
+    step.optimizer_gate(es, 0, "cuda:0")  # a quiet step: no release, no watchdog error
+    monkeypatch.setattr(step.device, "synchronize", sync)
+    with pytest.raises(TrainError, match="watchdog aborted the process group \\(TIMEOUT"):
+        step.optimizer_gate(es, 0, "cuda:0")
+    assert es.releases == 0  # no side-door release: the watchdog alone refused the step
+
+
+def test_group_error_is_none_without_an_nccl_side(monkeypatch):
+    from torch.distributed import distributed_c10d as c10d
+
+    monkeypatch.setattr(c10d._world, "_default_pg", None)  # after a release: no group
+    assert compat.group_error() is None
+    assert compat.group_error(_FakeGroup(None)) is None  # gloo: no CUDA backend
+    assert compat.group_error(_FakeGroup(object())) is None  # a backend without get_error
+    nccl = _FakeNcclBackend()
+    assert compat.group_error(_FakeGroup(nccl)) is None
+    nccl.error = "COMM_ERROR"
+    assert compat.group_error(_FakeGroup(nccl)) == "COMM_ERROR"
