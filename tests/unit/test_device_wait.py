@@ -78,14 +78,19 @@ def test_an_nccl_rank_waiting_on_its_gpu_is_inside_a_collective(monkeypatch):
         t.join()
 
 
-def test_timeout_spares_the_rank_waiting_on_its_gpu_and_names_the_other(monkeypatch):
+def _where_in_synchronize(mark) -> dict:
+    """The side door's answer for an NCCL rank in ``torch.cuda.synchronize()``
+    whose last marked collective is ``mark`` (passed or not)."""
     t, release = _blocked_in_torch_synchronize()
     try:
-        waiting = dict(sidedoor.where(_state("nccl", _Event(passed=False)), ident=t.ident),
-                       reporting=False)
+        return dict(sidedoor.where(_state("nccl", mark), ident=t.ident), reporting=False)
     finally:
         release.release()
         t.join()
+
+
+def test_timeout_spares_the_rank_waiting_on_its_gpu_and_names_the_other(monkeypatch):
+    waiting = _where_in_synchronize(_Event(passed=False))
     culprit = {"collective": None, "reporting": False, "top": "sleep"}
     tr = FakeTransport({0: culprit, 1: waiting})
     w = W.Waiting(tr, [0, 1], "execute", timeout=9.0)
@@ -110,13 +115,7 @@ def test_a_rank_synchronizing_behind_its_own_compute_is_running_not_deadlocked(m
     its stream has queued work, but no collective of its is unfinished, so it
     is no certain deadlock (which would abort every rank's communicators)."""
     monkeypatch.setattr(device, "queued_work", lambda dev: True)
-    t, release = _blocked_in_torch_synchronize()
-    try:
-        busy = dict(sidedoor.where(_state("nccl", _Event(passed=True)), ident=t.ident),
-                    reporting=False)
-    finally:
-        release.release()
-        t.join()
+    busy = _where_in_synchronize(_Event(passed=True))
     assert busy["collective"] is None
     assert deadlock.certain({1: busy}, {1}, 2) == {}
 
