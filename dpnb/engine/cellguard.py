@@ -59,6 +59,7 @@ class Guard:
         self.depth = 0  # inside a wrapped collective (nested calls pass through)
         self.main = threading.main_thread().ident
         self.p2p = False  # the group is gloo: point-to-point calls are checked
+        self.poster = p2pcheck.Poster()  # irecv's data receives, posted in call order
         self.nccl = False  # the group is NCCL: each collective passed is marked on the stream
 
     # -- cell hooks ----------------------------------------------------------
@@ -144,7 +145,7 @@ def _p2p(g: Guard, name: str, bound: dict, caller):
     src = bound.get("src", bound.get("group_src"))
     if name == "recv":
         return p2pcheck.recv(pg, me, t, src, tag, site)
-    return p2pcheck.irecv(pg, me, t, src, tag, site)
+    return p2pcheck.irecv(pg, me, t, src, tag, site, g.poster)
 
 
 def user_line(frame) -> str:

@@ -177,9 +177,10 @@ def recv(pg, me: int, t: torch.Tensor, src, tag: int, site) -> int:
     return src
 
 
-class _Poster:
+class Poster:
     """One thread per source (``None``: any source) posting ``irecv``'s data
-    receives in the order they were called -- the order gloo pairs them in."""
+    receives in the order they were called -- the order gloo pairs them in.
+    One per engine, held by the cell guard (:class:`dpnb.engine.cellguard.Guard`)."""
 
     def __init__(self):
         self.queues: dict[Any, queue.SimpleQueue] = {}
@@ -201,10 +202,7 @@ class _Poster:
             job()
 
 
-_POSTER = _Poster()
-
-
-def irecv(pg, me: int, t: torch.Tensor, src, tag: int, site) -> Received:
+def irecv(pg, me: int, t: torch.Tensor, src, tag: int, site, poster: Poster) -> Received:
     """``irecv``: returns at once; the data's receive is posted once the header is in."""
     if t.is_complex():
         t = torch.view_as_real(t)
@@ -218,5 +216,5 @@ def irecv(pg, me: int, t: torch.Tensor, src, tag: int, site) -> Received:
             out.error = e
         out._ready.set()
 
-    _POSTER.submit(src, job)
+    poster.submit(src, job)
     return out
