@@ -82,18 +82,27 @@ def rendezvous_schemes() -> frozenset[str]:
     return frozenset(_need(mod, "_rendezvous_handlers", "checking an init_method URL"))
 
 
-def set_group_timeout(seconds: float) -> Any:
-    """Set the default group's collective timeout (gloo and NCCL backends) to
-    ``seconds``, from now on; returns the group it was set on.  torch has no
-    public way to change a formed group's timeout."""
+def _set_pg_timeouts(seconds: float, groups: list, why: str) -> None:
+    """``seconds`` as the collective timeout of each of ``groups`` (gloo and
+    NCCL backends), from now on.  torch has no public way to change a formed
+    group's timeout."""
     # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
     from datetime import timedelta
 
     from torch.distributed import distributed_c10d as c10d  # lazy: as above
 
-    fn = _need(c10d, "_set_pg_timeout", "a script's init_process_group(timeout=...)")
+    fn = _need(c10d, "_set_pg_timeout", why)
+    for g in groups:
+        fn(timedelta(seconds=seconds), g)
+
+
+def set_group_timeout(seconds: float) -> Any:
+    """Set the default group's collective timeout to ``seconds``; returns the group."""
+    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
+    from torch.distributed import distributed_c10d as c10d
+
     pg = c10d._get_default_group()
-    fn(timedelta(seconds=seconds), pg)
+    _set_pg_timeouts(seconds, [pg], "a script's init_process_group(timeout=...)")
     return pg
 
 
@@ -101,15 +110,11 @@ def set_other_groups_timeout(seconds: float) -> int:
     """Set every live group's timeout but the default group's to ``seconds``
     (what torch's ``dist.breakpoint`` does to every group); returns how many."""
     # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
-    from datetime import timedelta
+    from torch.distributed import distributed_c10d as c10d
 
-    from torch.distributed import distributed_c10d as c10d  # lazy: as above
-
-    fn = _need(c10d, "_set_pg_timeout", "dist.breakpoint(timeout_s=...)")
     world = c10d._get_default_group()
     others = [g for g in _need(c10d, "_world", "live groups").pg_map if g is not world]
-    for g in others:
-        fn(timedelta(seconds=seconds), g)
+    _set_pg_timeouts(seconds, others, "dist.breakpoint(timeout_s=...)")
     return len(others)
 
 
