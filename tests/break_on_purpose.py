@@ -379,6 +379,10 @@ MUTATIONS = [
  ("a CPU tensor moved by .cpu() into an engine collective is caught", "dpnb/engine/setup.py",
   "    t = torch.ones(1, device=st.device)\n", "    t = torch.ones(1, device=st.device).cpu()\n",
   ["tests/unit/test_comm_device.py::test_engine_code_makes_collective_tensors_on_the_comm_device"]),
+ # issue 41: the error summary reads the re-form's flag, not a word in its message
+ ("a group left unformed is not summarised as re-formed", "dpnb/cluster/diagnose.py",
+  "    if reformed:  # the flag", '    if reform_msg and "re-formed" in reform_msg:  # the flag',
+  ["tests/unit/test_cluster_pure.py::test_a_group_left_unformed_is_not_summarised_as_re_formed"]),
 ]
 
 

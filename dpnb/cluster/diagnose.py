@@ -327,7 +327,8 @@ def _timed_out_line(res: CellResult, timed: list[int]) -> str:
 
 
 def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
-                 timeout_s: float, reform_msg: str = "") -> tuple[str, str]:
+                 timeout_s: float, reform_msg: str = "",
+                 reformed: bool = False) -> tuple[str, str]:
     """``(summary, report)`` for a cell that failed on some ranks."""
     oc = res.outcomes
     lines: list[str] = []
@@ -400,7 +401,7 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
     if reform_msg:
         lines.append(reform_msg)
     summary = "; ".join(bits) or "the cell failed"
-    if reform_msg and "re-formed" in reform_msg:
+    if reformed:  # the flag the re-form returned, never a word read back from its message
         summary += " (process group re-formed, state kept)"
     return summary, "\n".join(lines)
 
@@ -409,7 +410,8 @@ def remote_error(res: CellResult, d: Diagnosis, *, timeout_s: float, reform_msg:
                  reformed: bool) -> RemoteCellError:
     """The :class:`RemoteCellError` for ``res`` once the group's fate is known."""
     summary, report = error_report(res, culprits=d.culprits, waiting=d.waiting,
-                                   timeout_s=timeout_s, reform_msg=reform_msg)
+                                   timeout_s=timeout_s, reform_msg=reform_msg,
+                                   reformed=reformed)
     failures = {r: (o.ename, o.evalue, o.traceback)
                 for r, o in res.outcomes.items() if o.status != Status.OK}
     return RemoteCellError(summary, report, failures=failures, waiting=d.waiting,

@@ -107,6 +107,19 @@ def test_raise_before_collective_names_culprit_and_waiter():
     assert first_error(res) == "rank 0: error: RuntimeError: [gloo] Timed out waiting 6000ms for recv"
 
 
+def test_a_group_left_unformed_is_not_summarised_as_re_formed():
+    """The summary reads the re-form's flag, not a word in its message: "was not
+    re-formed yet" (a rank still busy) must not read "(process group re-formed)"."""
+    res = _res(r0=dict(status="error", ename="RuntimeError", collective=True,
+                       evalue="[gloo] Timed out waiting 6000ms for recv"),
+               r1=dict(status="error", ename="ValueError", evalue="bad", traceback=TB))
+    d = classify(res)
+    msg = "rank 1 still busy, so the process group was not re-formed yet: wait and run %dp reform."
+    err = remote_error(res, d, timeout_s=6, reform_msg=msg, reformed=False)
+    assert "re-formed, state kept" not in err.summary and msg in err.report
+    assert not err.reformed
+
+
 def test_collective_error_without_a_culprit_is_not_waiting():
     res = _res(r0=dict(status="error", ename="DistBackendError", evalue="x", collective=True),
                r1=dict(status="ok"))
