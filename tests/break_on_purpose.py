@@ -383,6 +383,10 @@ MUTATIONS = [
  ("a group left unformed is not summarised as re-formed", "dpnb/cluster/diagnose.py",
   "    if reformed:  # the flag", '    if reform_msg and "re-formed" in reform_msg:  # the flag',
   ["tests/unit/test_cluster_pure.py::test_a_group_left_unformed_is_not_summarised_as_re_formed"]),
+ ("a view's error is one class on the ranks and in the notebook", "dpnb/widgets/_common.py",
+  "from ..core.errors import ViewError  # one class",
+  "from ..core.errors import UserError\n\n\nclass ViewError(UserError, ValueError):\n    pass  # one class",
+  ["tests/unit/test_user_errors.py::test_each_error_name_is_one_class"]),
 ]
 
 

@@ -15,6 +15,13 @@ class UserError(Exception):
     subclass, held equal by ``tests/unit/test_user_errors.py``)."""
 
 
+class ViewError(UserError, ValueError, RuntimeError):
+    """A view cannot be drawn from what it has: nothing trained or wrapped yet on a
+    rank, or records a figure cannot use.  The message says what to do.  One class
+    for the engine's views and the notebook's (a ValueError and a RuntimeError, as
+    each side's callers caught it)."""
+
+
 class ConfigError(UserError, ValueError):
     """An invalid or unsatisfiable training configuration.
 

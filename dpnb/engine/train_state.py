@@ -16,7 +16,7 @@ from typing import Any
 import torch.nn as nn
 from torch.utils.data import DistributedSampler, default_collate
 
-from ..core.errors import UserError
+from ..core.errors import UserError, ViewError
 from .measure import BucketRecorder
 from .state import get_state
 
@@ -254,10 +254,6 @@ def require_bound(ns: dict) -> TrainState:
             "still hold their model)"
         )
     return st
-
-
-class ViewError(UserError, RuntimeError):
-    """A view was asked for something this rank does not have; the message says what to do."""
 
 
 def viewed_state(ns: dict) -> TrainState:

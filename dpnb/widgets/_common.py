@@ -39,7 +39,7 @@ from dpnb.core import ConfigError
 from dpnb.display import show_widget
 from dpnb.env import RENDER_LOCK, in_kernel
 
-from ..core.errors import UserError
+from ..core.errors import ViewError  # one class for every view, engine side and notebook side
 
 FIG_WIDTH_IN = 9.5
 DPI = 100
@@ -64,10 +64,6 @@ COLORS = {
     "model": "#4C72B0",
     "measured": "#DD8452",
 }
-
-
-class ViewError(UserError, ValueError):
-    """A view cannot be drawn from what it was given; the message says what to do."""
 
 
 # ----------------------------------------------------------------- figures

@@ -25,3 +25,21 @@ def test_user_enames_are_the_user_error_classes():
     names = {c.__name__ for c in _every(UserError) if c.__module__.startswith("dpnb.")}
     assert {"TrainError", "ViewError", "AdoptError", "ConfigError", "StartError"} <= names
     assert names | {"UserError"} == USER_ENAMES
+
+
+def test_each_error_name_is_one_class():
+    """One name, one meaning: a view's error is the same class on a rank and in
+    the notebook (``except ViewError`` catches both), and no two UserError
+    subclasses share a name."""
+    for m in pkgutil.walk_packages(dpnb.__path__, "dpnb."):
+        importlib.import_module(m.name)
+    by_name: dict[str, set] = {}
+    for c in _every(UserError):
+        if c.__module__.startswith("dpnb."):
+            by_name.setdefault(c.__name__, set()).add(f"{c.__module__}.{c.__qualname__}")
+    assert {n: w for n, w in by_name.items() if len(w) > 1} == {}
+    from dpnb.engine.train_state import ViewError as on_ranks
+    from dpnb.widgets import ViewError as in_notebook
+
+    assert on_ranks is in_notebook and issubclass(on_ranks, ValueError) \
+        and issubclass(on_ranks, RuntimeError)
