@@ -63,7 +63,7 @@ MUTATIONS = [
   ["tests/cluster/test_busy_peer.py::test_the_default_group_timeout_is_torchs_on_every_rank"]),
  ("a wait for a busy rank is named while it runs", "dpnb/cluster/waiting.py",
   "        if WAITS_FOR_BUSY in verdict:", "        if False:",
-  ["tests/cluster/test_busy_peer.py::test_a_rank_busy_35_s_is_waited_for_and_the_wait_is_named"]),
+  ["tests/cluster/test_busy_peer.py::test_a_busy_rank_is_waited_for_and_the_wait_is_named"]),
  ("a cell timeout is named only when given", "dpnb/cluster/diagnose.py",
   "    if res.cell_timeout_s:\n        return (f\"{rank_label(timed)} did not finish", "    if True:\n        return (f\"{rank_label(timed)} did not finish",
   ["tests/cluster/test_busy_peer.py::test_a_peer_given_up_at_the_group_timeout_is_reported_in_sentences_that_agree"]),
@@ -387,6 +387,9 @@ MUTATIONS = [
   "from ..core.errors import ViewError  # one class",
   "from ..core.errors import UserError\n\n\nclass ViewError(UserError, ValueError):\n    pass  # one class",
   ["tests/unit/test_user_errors.py::test_each_error_name_is_one_class"]),
+ ("a failed start stops what it spawned, when ipyparallel's stop does not", "dpnb/cluster/launch.py",
+  "    wait_pids_gone(left, timeout=STOP_WAIT_S)\n", "",
+  ["tests/cluster/test_failed_start.py::test_a_failed_start_whose_ipyparallel_stop_does_nothing_leaves_no_process"]),
 ]
 
 

@@ -146,7 +146,7 @@ class Engines:
                             f"are held by this kernel's connections")
         starter.check(n)  # bad launcher settings fail before anything starts
         _log.install()
-        icluster, client, profile_dir = launch.bring_up(n, starter, start_timeout, warm)
+        icluster, client, profile_dir, spawned = launch.bring_up(n, starter, start_timeout, warm)
         try:
             c = cls._form(icluster, client, n=n, backend=backend, starter=starter, gpus=gpu_list,
                           timeout=timeout, threads=threads, profile_dir=profile_dir, seed=seed)
@@ -155,7 +155,7 @@ class Engines:
                 keeping.hold(c, ttl)
             return c
         except BaseException:
-            launch.tear_down(icluster, client, starter, profile_dir)
+            launch.tear_down(icluster, client, starter, profile_dir, spawned)
             raise
 
     @classmethod

@@ -33,10 +33,14 @@ from .agents import engine_connection_file
 from .gpuplan import device_index
 from .launchers import EngineLauncher
 from .launchers.local import local_gpu_count
-from .processes import engine_logs, stop_ipp
+from .processes import Spawned, engine_logs, stop_ipp, wait_pids_gone
 from .types import BACKENDS, LAUNCHERS, RankInfo
 
 log = logging.getLogger(__name__)
+
+#: how long a failed start's processes get to exit after ipyparallel's stop
+#: before SIGKILL (a clean stop here takes about a quarter second)
+STOP_WAIT_S = 3.0
 
 
 def parse_gpus(gpus: str | Sequence[int] | None) -> list[int] | None:
@@ -191,9 +195,9 @@ def prewarm_wanted() -> bool:
 
 def bring_up(n: int, launcher: EngineLauncher, start_timeout: float, warm=None):
     """Controller and engines in a fresh 0700 profile: ``(icluster, client,
-    profile_dir)``.  A failed start leaves no folder and no process."""
-
-
+    profile_dir, spawned)``.  A failed start -- here, or later with
+    :func:`tear_down` given ``spawned`` -- leaves no folder and no process."""
+    spawned = Spawned()  # every process from here on is this start's
     profile_dir = tempfile.mkdtemp(prefix="dpnb-profile-")  # 0700: keys stay private
     icluster = client = None
     try:
@@ -205,21 +209,25 @@ def bring_up(n: int, launcher: EngineLauncher, start_timeout: float, warm=None):
         except Exception as e:
             raise StartError(f"could not start {n} engines with the {launcher.name} launcher: "
                              f"{type(e).__name__}: {e}{engine_logs(icluster)}") from None
-        return icluster, client, profile_dir
+        return icluster, client, profile_dir, spawned
     except BaseException:
-        tear_down(icluster, client, launcher, profile_dir)
+        tear_down(icluster, client, launcher, profile_dir, spawned)
         raise
 
 
-def tear_down(icluster, client, launcher: EngineLauncher, profile_dir: str) -> None:
-    """Undo a start that failed part-way."""
-
-
+def tear_down(icluster, client, launcher: EngineLauncher, profile_dir: str,
+              spawned: Spawned) -> None:
+    """Undo a start that failed part-way: ipyparallel's stop and the launcher's
+    close first, then every process the start spawned that outlived them
+    (ipyparallel's stop of a half-started controller can fail, or return
+    before its schedulers exit) gets SIGKILL after a short wait."""
+    left = spawned.since()  # before the stop: a dying parent's children are reparented
     if client is not None:
         client.close()
     launcher.close()
     if icluster is not None:
         stop_ipp(icluster)
+    wait_pids_gone(left, timeout=STOP_WAIT_S)
     shutil.rmtree(profile_dir, ignore_errors=True)
 
 

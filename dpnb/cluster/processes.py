@@ -155,6 +155,36 @@ def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Pro
         time.sleep(0.02)
 
 
+def descendants() -> dict[int, float]:
+    """``{pid: start time}`` of every process below this one, however deep."""
+    out: dict[int, float] = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out[p.pid] = p.create_time()
+        except psutil.Error as e:  # gone since the listing: nothing to own
+            log.debug("pid %s: %s", p.pid, e)
+    return out
+
+
+class Spawned:
+    """Every process one start spawned, by PID and start time.
+
+    A start spawns through several hands -- ipyparallel's controller (which forks
+    its schedulers), the launcher's engines or the zygote's forks, ssh clients,
+    mpiexec, sbatch -- and a failure can come at any point, including in
+    ipyparallel's own stop of a half-started controller.  So the start, not each
+    hand, owns them: what this process has below it at the failure, less what it
+    had before the start began (the warm zygote, other clusters), is this start's,
+    and only that is stopped -- by PID and start time, never by name."""
+
+    def __init__(self):
+        self.before = descendants()
+
+    def since(self) -> dict[int, float]:
+        """What was spawned below this process since the start began."""
+        return {pid: t for pid, t in descendants().items() if self.before.get(pid) != t}
+
+
 class Processes:
     """The OS-level side of one cluster: its local PIDs, deaths, kills and the reaper."""
 

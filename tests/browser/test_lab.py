@@ -32,8 +32,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import nbutil as nbu
 
-CHROMIUM = os.environ.get("DPNB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = nbu.CHROMIUM
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 RUN_ALL_TIMEOUT_S = 240
@@ -41,8 +42,6 @@ NOTEBOOK = "notebooks/00_quickstart.ipynb"
 # errors render as stderr text in JupyterLab (tracebacks and a cell's stderr alike)
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
 
-
-from helpers import nbutil as nbu
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -100,12 +99,10 @@ def lab(tmp_path):
 
 @pytest.fixture
 def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("the playwright Python package is not installed (pip install playwright)")
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    why = nbu.browser_missing()
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:

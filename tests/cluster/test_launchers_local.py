@@ -10,6 +10,7 @@ import pytest
 
 import dpnb
 from helpers.nbutil import alive
+from helpers.releases import raise_before_all_reduce
 
 
 def _parents(c):
@@ -27,10 +28,7 @@ def test_spine_kill_restart_stop(zygote):
         else:  # ipyparallel's launcher started each one from here
             assert parents == [os.getpid()] * 2
         c.run("mine = rank", display=False)
-        with pytest.raises(dpnb.RemoteCellError) as ei:
-            c.run("t = torch.ones(1)\nif rank == 1:\n    raise KeyError('x')\ndist.all_reduce(t)",
-                  display=False)
-        assert ei.value.waiting == [0]
+        assert raise_before_all_reduce(c)[0].waiting == [0]
         os.kill(c.ranks[1].pid, signal.SIGKILL)
         with pytest.raises(dpnb.RemoteCellError) as ei:
             c.run("dist.barrier()", display=False)

@@ -17,6 +17,7 @@ import pytest
 
 import dpnb
 from dpnb.errors import DpnbError, RemoteCellError
+from helpers.releases import raise_before_all_reduce
 
 QUICK_S = 6.0  # far below the group timeout (torch's 30 min)
 NATIVE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d", re.MULTILINE)
@@ -45,8 +46,7 @@ def test_raise_before_all_reduce_releases_the_peer_at_once(c):
     assert c.timeout_s == 1800.0  # torch's default for gloo: only a release makes this quick
     c.run("kept = rank * 10", display=False)
     pids, gen = [r.pid for r in c.ranks], c.generation
-    err, took = _raises(c, "t = torch.ones(1)\nif rank == 1:\n    raise ValueError('typo')\n"
-                           "dist.all_reduce(t)")
+    err, took = raise_before_all_reduce(c)  # rank 1 raises ValueError('typo') at line 3
     assert took < QUICK_S, f"the peer waited {took:.1f} s: not released"
     assert err.summary.startswith("rank 1 raised ValueError; rank 0 waiting on rank 1")
     assert set(err.failures) == {0, 1} and err.failures[1][0] == "ValueError"

@@ -10,6 +10,7 @@ reports those still alive afterwards.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -24,6 +25,19 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO / "notebooks"
 ARTIFACTS = REPO / "test-artifacts"  # git-ignored
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+#: the browser the browser tier drives (Debian's; never one a test downloads)
+CHROMIUM = os.environ.get("DPNB_CHROMIUM", "/usr/bin/chromium")
+
+
+def browser_missing() -> str | None:
+    """Why tests/browser cannot drive JupyterLab here, or None when it can."""
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright Python package is not installed (pip install playwright)"
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    return None
 
 
 def notebooks() -> list[Path]:

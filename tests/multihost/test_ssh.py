@@ -11,6 +11,7 @@ import pytest
 
 import dpnb
 from dpnb.errors import StartError
+from helpers.releases import raise_before_all_reduce
 
 
 def _start(hs, n_per_host=2, **kw):
@@ -61,9 +62,9 @@ def test_two_hosts_addresses_env_restart_and_stop(two_hosts):
         # (unresolvable) hostname gives
         assert [r.ip for r in c.ranks] == [a.ip, a.ip, b.ip, b.ip]
         assert c.master_addr == a.ip
-        res = c.run("import os\nx = torch.ones(1) * (rank + 1); dist.all_reduce(x)\n"
-                    "out = (os.environ['GLOO_SOCKET_IFNAME'], os.environ['DPNB_TEST_FORWARDED'], "
-                    "os.environ['LOCAL_RANK'], x.item())", display=False)
+        assert c.run("import os\nx = torch.ones(1) * (rank + 1); dist.all_reduce(x)\n"
+                     "out = (os.environ['GLOO_SOCKET_IFNAME'], os.environ['DPNB_TEST_FORWARDED'], "
+                     "os.environ['LOCAL_RANK'], x.item())", display=False).ok
         outs = c.pull("out")
         assert outs == [("eth1", "yes", str(lr), 10.0) for lr in (0, 1, 0, 1)], outs
         rows = c.status()
@@ -72,10 +73,7 @@ def test_two_hosts_addresses_env_restart_and_stop(two_hosts):
 
         # a raising rank on the other host releases the rest at once
         c.run("kept = rank * 10", display=False)
-        t0 = time.monotonic()
-        res = c.run("if rank == 3: raise ValueError('boom')\n"
-                    "y = torch.ones(1); dist.all_reduce(y)", display=False, raise_errors=False)
-        assert not res.ok and time.monotonic() - t0 < 10
+        assert raise_before_all_reduce(c, 3)[1] < 10
         assert c.pull("kept") == [0, 10, 20, 30]
 
         # rank 3 (second host) dies; the restart puts its replacement there,
@@ -136,11 +134,14 @@ def test_killed_kernel_leaves_no_remote_engine(two_hosts, tmp_path):
 
 def test_ranks_land_on_the_hosts_in_the_order_given_every_start(two_hosts):
     """Rank 0 -- the store, checkpoints, the exported job's first node -- is on the
-    first host named, whichever host's engines register first."""
+    first host named, whichever host's engines register first.  Three starts:
+    the ordering's cases (registration orders permuted) are unit tests with their
+    breaks (tests/unit/test_cluster_pure.py, "placement:" in break_on_purpose.py);
+    here it holds end to end, twice in one order and once reversed."""
     hs = two_hosts
     a, b = hs.hosts
     seen = []
-    for first, second in [(a, b)] * 5 + [(b, a)]:
+    for first, second in [(a, b)] * 2 + [(b, a)]:
         c = dpnb.start(4, engines="ssh", ssh_config=hs.ssh_config, timeout=20,
                        remote_python=sys.executable,
                        launcher_args=[f"{first.name}=2", f"{second.name}=2"])
@@ -149,8 +150,8 @@ def test_ranks_land_on_the_hosts_in_the_order_given_every_start(two_hosts):
                          c.master_addr))
         finally:
             c.stop()
-    assert seen[:5] == [([a.name] * 2 + [b.name] * 2, [0, 1, 0, 1], a.ip)] * 5, seen
-    assert seen[5] == ([b.name] * 2 + [a.name] * 2, [0, 1, 0, 1], b.ip), seen[5]
+    assert seen[:2] == [([a.name] * 2 + [b.name] * 2, [0, 1, 0, 1], a.ip)] * 2, seen
+    assert seen[2] == ([b.name] * 2 + [a.name] * 2, [0, 1, 0, 1], b.ip), seen[2]
 
 
 def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):

@@ -32,6 +32,11 @@ def dpnb_kernel(tmp_path_factory):
 @pytest.mark.timeout(CELL_TIMEOUT * 2 + 120)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, dpnb_kernel):
+    if path.name == "00_quickstart.ipynb" and not nbu.browser_missing():
+        # one place per scenario: where Chromium is, the quick start runs as a
+        # learner runs it, Run All in JupyterLab (tests/browser/test_lab.py, which
+        # checks the same outputs and the rendered widgets); here only without one
+        pytest.skip("the quick start runs in JupyterLab here (tests/browser/test_lab.py)")
     run = nbu.execute_notebook(path, kernel_name=dpnb_kernel, cell_timeout=CELL_TIMEOUT)
     print(f"{path.name}: {run.seconds:.1f} s, kernel pid {run.kernel_pid}, "
           f"{len(run.children)} processes under it")

@@ -1,0 +1,68 @@
+"""A start that fails at any point stops everything it started.
+
+Each case makes one step of the start fail on purpose -- after the engines
+registered, after the ranks were placed, after rank 0 opened the store, at the
+last step -- and finds no process left below this one that the start spawned
+(controller, its schedulers, engines, the zygote's forks, the reaper) and no
+profile folder.  One case also makes ipyparallel's own stop of the half-started
+controller do nothing, as it sometimes fails to (a two-host start whose remote
+Python lacked ipyparallel left the controller and its seven workers running in
+1 of 4 runs): the start's own record of what it spawned, by PID and start time,
+is then all that stops them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+import pytest
+
+import dpnb
+from dpnb.cluster import engines, group, launch, placement, processes
+from helpers import nbutil as nbu
+
+
+class Injected(RuntimeError):
+    """The failure a case plants in one step of the start."""
+
+
+def _fail(*_a, **_k):
+    raise Injected("a step of the start failed on purpose")
+
+
+#: step of the start -> (object, attribute) made to raise there
+STEPS = {
+    "engines registered, not yet probed": (engines, "probe"),
+    "engines probed, ranks not placed": (placement, "assign_ranks"),
+    "ranks initialised, group not formed": (group.Group, "form"),
+    "group formed, reaper not started": (processes.Processes, "start_reaper"),
+}
+
+
+def _profiles() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "dpnb-profile-*")))
+
+
+def _start_fails_and_leaves_nothing(monkeypatch) -> None:
+    before, folders = nbu.descendants(os.getpid()), _profiles()
+    with pytest.raises(Injected):
+        dpnb.start(1)
+    spawned = {p: t for p, t in nbu.descendants(os.getpid()).items() if before.get(p) != t}
+    # a clean stop takes about a quarter second; 10 s separates "stopped" from "left running"
+    assert nbu.alive(spawned, wait_s=10) == {}
+    assert _profiles() - folders == set()
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+def test_a_start_failing_at_each_step_leaves_no_process(step, monkeypatch):
+    obj, name = STEPS[step]
+    monkeypatch.setattr(obj, name, _fail)
+    _start_fails_and_leaves_nothing(monkeypatch)
+
+
+def test_a_failed_start_whose_ipyparallel_stop_does_nothing_leaves_no_process(monkeypatch):
+    monkeypatch.setattr(engines, "probe", _fail)
+    monkeypatch.setattr(launch, "stop_ipp", lambda icluster: None)  # the controller is not stopped
+    _start_fails_and_leaves_nothing(monkeypatch)
