@@ -28,11 +28,16 @@ from ..session.resume import describe as describe_resume
 log = logging.getLogger(__name__)
 
 
+def _json_default(o):
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return dataclasses.asdict(o)
+    return str(o)
+
+
 def plain(value):
-    """``value`` as JSON values (dataclasses as dicts, tuples as lists, the rest as text)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
-    return json.loads(json.dumps(value, default=str))
+    """``value`` as JSON values (dataclasses as dicts, at any depth; tuples as lists;
+    the rest as text)."""
+    return json.loads(json.dumps(value, default=_json_default))
 
 
 def _none(why: str) -> dict:

@@ -28,6 +28,13 @@ READ_TOOLS = {"status", "where", "last_error", "log", "memory", "profile_summary
 ACTION_TOOLS = {"interrupt", "restart", "reform", "save"}
 
 
+SETUP = """import torch, dpnb.data
+ds = dpnb.data.SyntheticRegression(n=64, in_dim=8, out_dim=2, seed=1)
+net = torch.nn.Linear(8, 2)
+marker = 1234 + rank
+"""
+
+
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory):
     """A kept 2-rank cluster no kernel holds: ``(id, pids, env)``; ``marker`` is set on it."""
@@ -40,7 +47,10 @@ def kept(tmp_path_factory):
     c = dpnb.start(2, keep="10m", timeout=6.0)
     pids = [r.pid for r in c.ranks]
     try:
-        c.run("marker = 1234 + rank", display=False)
+        c.run(SETUP, display=False, setup=True)
+        c.wrap("net", "ddp", lr=0.05)
+        c.set_data("ds")
+        c.train(steps=2, micro_batch=4, progress=False)
         keep.release(c)  # as a kernel that exits: the cluster stays, free to attach
         yield c.cluster_id, pids, env
     finally:
@@ -61,7 +71,8 @@ def _agent(env: dict, flags: list[str], script):
 
     async def main():
         server = StdioServerParameters(command=sys.executable,
-                                       args=["-m", "dpnb.cli", "mcp", *flags], env=env)
+                                       args=["-m", "dpnb.cli", "mcp", *flags], env=env,
+                                       cwd=env["XDG_RUNTIME_DIR"])  # profiles go below it
         async with stdio_client(server) as (read, write):
             async with ClientSession(read, write) as s:
                 await s.initialize()
@@ -119,6 +130,34 @@ def test_read_only_by_default_lists_tools_reports_two_ranks_and_refuses_actions(
     assert mine[2]["args"]["hard"] is True and mine[2]["outcome"] == "refused"
 
 
+def test_the_session_tools_answer_from_the_kept_record_and_the_ranks(kept):
+    """The wrap, the train call and the setup log a kernel left in the record, and the
+    ranks' live memory, come back as JSON; a tool with nothing to report says so."""
+    cid, pids, env = kept
+
+    async def script(s):
+        return await _calls(s, ("memory", {}), ("batch_math", {}), ("train_progress", {}),
+                            ("setup", {}), ("profile_summary", {}), ("log", {"ranks": True}))
+
+    res = _agent(env, [], script)
+    assert not any(r.is_error for r in res), [_text(r) for r in res if r.is_error]
+    mem, batch, train, setup, prof, log = (r.structured_content for r in res)
+    assert mem["available"] and mem["agrees"] and mem["strategy"] == "ddp"
+    assert [r["rank"] for r in mem["ranks"]] == [0, 1]
+    # Linear(8, 2), fp32 DDP: 18 parameters of 4 bytes on every rank
+    assert all(r["measured"]["params"] == 18 * 4 for r in mem["ranks"]), mem["ranks"]
+    assert batch["live"]["dp"] == 2 and batch["live"]["micro_batch"] == 4
+    assert batch["global_samples"] == 4 * 2 * 1  # micro-batch x DP x grad-accum
+    assert train["steps_done"] == 2 and train["last_wrap"]["model"] == "net"
+    assert setup["available"] and any("wrap net (ddp)" in line for line in setup["replay"])
+    assert prof["available"] is False and "no profile yet" in prof["why"]
+    assert set(log["ranks"]) == {"0", "1"}
+
+
+PROFILED = """import torch, torch.distributed as dist
+for _ in range(3):
+    dist.all_reduce(torch.ones(1000))
+"""
 ONE_SIDED = """import torch, torch.distributed as dist
 if rank == 0:
     dist.all_reduce(torch.ones(3))
@@ -131,10 +170,12 @@ def test_with_allow_code_state_is_there_output_is_capped_and_a_hang_is_diagnosed
     async def script(s):
         return await _calls(s, ("run_code", {"code": "marker"}),
                             ("run_code", {"code": "print('x' * 10_000_000)", "ranks": "0"}),
+                            ("run_code", {"code": PROFILED, "profile": True}),
+                            ("profile_summary", {}),
                             ("run_code", {"code": ONE_SIDED, "timeout_s": 10}),
                             ("where", {}), ("last_error", {}), ("reform", {}))
 
-    marker, big, hang, where, err, reform = _agent(env, ["--allow-code"], script)
+    marker, big, profiled, prof, hang, where, err, reform = _agent(env, ["--allow-code"], script)
     # the variable set before the refused calls is still on every rank
     vals = marker.structured_content["ranks"]
     assert (vals["0"]["value"], vals["1"]["value"]) == ("1234", "1235"), vals
@@ -142,6 +183,11 @@ def test_with_allow_code_state_is_there_output_is_capped_and_a_hang_is_diagnosed
     out = big.structured_content["ranks"]["0"]["stdout"]
     assert "characters cut" in out and len(out) < 25_000 and out.rstrip().endswith("x")
     assert len(json.dumps(big.structured_content)) < 110_000
+
+    assert profiled.structured_content["ok"], _text(profiled)
+    p = prof.structured_content
+    assert p["available"] and [r["rank"] for r in p["ranks"]] == [0, 1], p
+    assert p["summary"][0].startswith("Profiled cell on 2 of 2 ranks")
 
     h = hang.structured_content
     assert not hang.is_error and h["ok"] is False and "error" in h
