@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
+from dpnb._reaper import KEEP_FILE
 from dpnb.agent import policy
 from dpnb.agent.policy import Need, Permissions
 
@@ -75,3 +77,32 @@ def test_the_audit_log_refuses_a_planted_link_or_a_shared_file(tmp_path):
     with pytest.raises(PermissionError):
         policy.append_audit(str(shared), {"tool": "status"})
     assert target.read_text() == "" and shared.read_text() == ""
+
+
+def _fake_kept(state, cid: str) -> None:
+    """A kept-cluster record whose reaper file says no kernel holds it."""
+    prof = state / f"profile-{cid}"
+    prof.mkdir()
+    (prof / KEEP_FILE).write_text(json.dumps({"ttl_s": 600, "owner_pid": None,
+                                              "detached_at": time.time()}))
+    (state / f"{cid}.json").write_text(json.dumps({
+        "id": cid, "created": time.time(), "ttl_s": 600, "profile_dir": str(prof),
+        "ranks": [{}, {}], "backend": "gloo"}))
+
+
+def test_dpnb_mcp_says_in_one_line_when_there_is_no_kept_cluster_or_several(
+        tmp_path, monkeypatch, capsys):
+    pytest.importorskip("mcp")  # the agent extra; CI installs it
+    from dpnb.cli import main
+
+    monkeypatch.setenv("DPNB_STATE_DIR", str(tmp_path))
+    assert main(["mcp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dpnb mcp: no kept cluster") and "\n" not in err
+    _fake_kept(tmp_path, "aaa")
+    _fake_kept(tmp_path, "bbb")
+    assert main(["mcp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dpnb mcp: 2 kept clusters: say which") and "\n" not in err
+    assert main(["mcp", "--attach", "ccc"]) == 2
+    assert "no kept cluster 'ccc'" in capsys.readouterr().err
