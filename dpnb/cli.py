@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also serve interrupt, restart, reform and save")
     m.add_argument("--allow-code", action="store_true",
                    help="also serve run_code: code on the ranks, with a timeout")
+    m.add_argument("--http", type=int, default=None, metavar="PORT",
+                   help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio; requests "
+                        "need the bearer token the server writes to its private folder")
 
     a = p.parse_args(argv)
     if a.cmd == "mcp":
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             print('dpnb mcp: the mcp SDK is not installed: pip install "dpnb[agent]"',
                   file=sys.stderr)
             return 2
-        return serve(a.attach, allow_actions=a.allow_actions, allow_code=a.allow_code)
+        return serve(a.attach, allow_actions=a.allow_actions, allow_code=a.allow_code,
+                     http_port=a.http)
     if a.cmd == "kernel":
         path = install_kernel(user=a.user, sys_prefix=a.sys_prefix, prefix=a.prefix,
                               name=a.name)

@@ -420,6 +420,9 @@ MUTATIONS = [
   '        print(f"dpnb mcp: {e}", file=sys.stderr)\n        return 2\n',
   '        raise\n',
   ["tests/unit/test_agent_policy.py::test_dpnb_mcp_says_in_one_line_when_there_is_no_kept_cluster_or_several"]),
+ ("mcp: over HTTP a request without the token is refused", "dpnb/agent/web.py",
+  "            if not hmac.compare_digest(got, self.want):", "            if False:",
+  ["tests/cluster/test_mcp.py::test_streamable_http_answers_only_with_the_token"]),
 ]
 
 

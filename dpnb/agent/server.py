@@ -188,9 +188,10 @@ def build(c: Cluster, perms: Permissions, audit: str) -> MCPServer:
     return server
 
 
-def serve(cluster_id: str | None, *, allow_actions: bool = False,
-          allow_code: bool = False) -> int:
-    """``dpnb mcp``: attach, serve over stdio until the agent closes it, let go."""
+def serve(cluster_id: str | None, *, allow_actions: bool = False, allow_code: bool = False,
+          http_port: int | None = None) -> int:
+    """``dpnb mcp``: attach, serve over stdio until the agent closes it (or over
+    streamable HTTP on loopback, behind a token: :mod:`.web`), let go."""
     try:
         c = Cluster.attach(cluster_id)
     except DpnbError as e:
@@ -205,7 +206,14 @@ def serve(cluster_id: str | None, *, allow_actions: bool = False,
     # exit through Python, so that the cluster is let go, not left held by a dead pid
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        build(c, perms, audit).run("stdio")
+        server = build(c, perms, audit)
+        if http_port is None:
+            server.run("stdio")
+        else:
+            # lazy: uvicorn and starlette load for the HTTP transport only
+            from .web import serve_http
+
+            serve_http(server, c.cluster_id, http_port)
     finally:
         if c.running:
             keep.release(c)  # the cluster stays, free for a kernel or another agent

@@ -12,6 +12,8 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 
 import pytest
@@ -22,6 +24,7 @@ from dpnb.cluster import keep
 mcp = pytest.importorskip("mcp")  # the agent extra (pip install "dpnb[agent]"); CI installs it
 
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
+import httpx2  # noqa: E402  (the SDK's HTTP client)
 
 READ_TOOLS = {"status", "where", "last_error", "log", "memory", "profile_summary", "batch_math",
               "train_progress", "setup"}
@@ -198,6 +201,58 @@ def test_with_allow_code_state_is_there_output_is_capped_and_a_hang_is_diagnosed
     assert e["where"]["0"]["collective"]["op"] == "all_reduce"
     assert e["where"]["0"]["line"].startswith("cell line 3"), e["where"]
     assert reform.is_error and "--allow-actions" in _text(reform)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_streamable_http_answers_only_with_the_token(kept):
+    """``--http``: on loopback, a request without the token is refused before MCP;
+    the SDK's HTTP client with it gets the same tools."""
+    from mcp.client.streamable_http import streamable_http_client
+
+    cid, pids, env = kept
+    port = _free_port()
+    token_file = os.path.join(env["XDG_RUNTIME_DIR"], "dpnb", f"mcp-token-{cid}")
+    p = subprocess.Popen([sys.executable, "-m", "dpnb.cli", "mcp", "--http", str(port)], env=env,
+                         stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        said = ""
+        while "streamable HTTP" not in said:  # the server is up once it has written its token
+            line = p.stderr.readline()
+            assert line, said + "(the server exited)"
+            said += line
+        assert os.stat(token_file).st_mode & 0o777 == 0o600
+        with open(token_file) as f:
+            token = f.read()
+
+        async def main():
+            async with httpx2.AsyncClient(timeout=30) as raw:
+                for _ in range(100):  # uvicorn binds just after the line above
+                    try:
+                        stranger = await raw.post(url, json={"jsonrpc": "2.0", "id": 1,
+                                                             "method": "tools/list"})
+                        break
+                    except httpx2.ConnectError:
+                        await asyncio.sleep(0.1)
+            auth = {"Authorization": f"Bearer {token}"}
+            async with httpx2.AsyncClient(headers=auth, timeout=30) as http:
+                async with streamable_http_client(url, http_client=http) as (read, write):
+                    async with ClientSession(read, write) as s:
+                        await s.initialize()
+                        return stranger, await s.call_tool("status", {})
+
+        stranger, st = asyncio.run(main())
+        assert stranger.status_code == 401
+        assert not st.is_error and [r["pid"] for r in st.structured_content["ranks"]] == pids
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+    assert not os.path.exists(token_file)
 
 
 def test_with_allow_actions_an_action_is_carried_out(kept):
