@@ -81,9 +81,10 @@ class Guard:
                     return policy.cap(fn(**kwargs))
             except ToolError:
                 raise
-            except UserError as e:  # bad input or a state the cluster refuses: its one line
+            except UserError as e:  # bad input, a refusing state, a failed cell: dpnb's words
                 outcome = f"error: {e}"
-                raise ToolError(policy.cap_text(str(e))) from e
+                report = getattr(e, "report", "")  # a RemoteCellError's per-rank report
+                raise ToolError(policy.cap_text(f"{e}\n{report}" if report else str(e))) from e
             except Exception as e:  # the agent gets the cause; the log keeps the trace
                 log.warning("tool %s failed: %s: %s", name, type(e).__name__, e, exc_info=True)
                 outcome = f"error: {type(e).__name__}: {e}"
