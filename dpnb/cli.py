@@ -1,5 +1,6 @@
 """``dpnb`` command line: ``dpnb demo`` (the main job, headless),
-``dpnb course build DIR`` and ``dpnb kernel install``."""
+``dpnb course build DIR``, ``dpnb kernel install`` and ``dpnb mcp`` (an
+agent's server over a kept cluster)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,31 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prefix", default=None, help="into PREFIX/share/jupyter/kernels")
     ki.add_argument("--name", default="dpnb")
 
+    m = sub.add_parser("mcp", help="serve a kept cluster to an agent over the Model Context "
+                                   "Protocol (stdio); needs pip install \"dpnb[agent]\"")
+    m.add_argument("--attach", default=None, metavar="ID",
+                   help="which kept cluster (%%dp list); default: the only one")
+    m.add_argument("--allow-actions", action="store_true",
+                   help="also serve interrupt, restart, reform and save")
+    m.add_argument("--allow-code", action="store_true",
+                   help="also serve run_code: code on the ranks, with a timeout")
+    m.add_argument("--http", type=int, default=None, metavar="PORT",
+                   help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio; requests "
+                        "need the bearer token the server writes to its private folder")
+
     a = p.parse_args(argv)
+    if a.cmd == "mcp":
+        try:
+            # lazy: each subcommand loads only what it runs
+            from .agent.server import serve
+        except ModuleNotFoundError as e:
+            if e.name != "mcp":
+                raise
+            print('dpnb mcp: the mcp SDK is not installed: pip install "dpnb[agent]"',
+                  file=sys.stderr)
+            return 2
+        return serve(a.attach, allow_actions=a.allow_actions, allow_code=a.allow_code,
+                     http_port=a.http)
     if a.cmd == "kernel":
         path = install_kernel(user=a.user, sys_prefix=a.sys_prefix, prefix=a.prefix,
                               name=a.name)
