@@ -179,6 +179,7 @@ def release(c) -> None:
     processes stay."""
     hold(c, c.keep_s, holding=False)
     c.running = False
+    c.published.remove()  # the kept record (kept()) describes it from now on
     try:
         c.client.close()
     except Exception as e:  # the sockets go with the process anyway
