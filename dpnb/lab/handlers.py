@@ -46,9 +46,13 @@ class ActionHandler(_Base):
         try:
             out = await asyncio.to_thread(cl.act, cluster_id, action)
         except KeyError:
-            raise web.HTTPError(404, "no dpnb cluster %s", cluster_id) from None
+            self.set_status(404)
+            out = {"message": f"no dpnb cluster {cluster_id}"}
         except cl.ActionError as e:
-            raise web.HTTPError(409, "%s", str(e)) from None  # the text says %dp
+            # written here, not raised as HTTPError: tornado formats its log line
+            # with the text, and the text says %dp
+            self.set_status(409)
+            out = {"message": str(e)}
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(out, default=str))
 

@@ -102,6 +102,7 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     _wait(page, lambda: "No dpnb cluster" in sidebar.inner_text(), "the empty sidebar", 30)
     assert status.inner_text().strip() == "dpnb: no cluster"
 
+    page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook is the current widget
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell-and-select-next')")
     _wait(page, lambda: _prompts(page)[0].strip() == "[1]:", "%dp start returned", 180)
     returned = time.monotonic()

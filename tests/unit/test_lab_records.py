@@ -145,3 +145,21 @@ def test_actions_say_what_to_do_instead(dirs):
     with pytest.raises(KeyError):
         lab.act("nope", "stop")
     pub.remove()
+
+
+def test_interrupt_sends_sigint_to_the_live_local_ranks(dirs):
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: (print('SIGINT', flush=True), sys.exit(0)))\n"
+        "print('ready', flush=True)\ntime.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        c = _cluster(child.pid)
+        c.ranks = [_rank(0, child.pid), _rank(1, _gone_pid())]  # rank 1's engine is gone
+        pub = publish.Publication(c, period_s=60)
+        assert lab.act(c.cluster_id, "interrupt") == {"interrupted": [0]}
+        assert child.wait(timeout=30) == 0 and child.stdout.read().strip() == "SIGINT"
+        pub.remove()
+    finally:
+        child.kill()
+        child.wait()
