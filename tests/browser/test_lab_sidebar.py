@@ -3,9 +3,9 @@
 One JupyterLab server (:mod:`helpers.labserver`: the built labextension found
 on ``JUPYTER_PATH``, the server extension enabled by dpnb's shipped config
 file), one notebook on the default kernel: ``%dp start -n 2 --keep 10m``,
-then a cell that fails on every rank.  Checked in the page: ``#dpnb-sidebar``
+five training steps, then a cell that fails on every rank.  Checked in the page: ``#dpnb-sidebar``
 lists the cluster's two ranks soon after the start cell returned, the status
-bar says 2/2 ranks, the failure shows as the last error with a red mark,
+bar says 2/2 ranks and follows the training's step, the failure shows as the last error with a red mark,
 Attach inserts ``%dp attach ID`` into the notebook, Stop on a cluster its
 kernel holds says to stop it there.  Playwright's Python package drives
 Debian's Chromium (/usr/bin/chromium; never ``playwright install``).  The
@@ -31,6 +31,11 @@ CHROMIUM = os.environ.get("DPNB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 CELLS = ["%load_ext dpnb\n%dp start -n 2 --keep 10m --timeout 10",
+         "import dpnb\nc = dpnb.get_cluster()\n"
+         "c.run('import torch, dpnb.data\\n'\n"
+         "      'ds = dpnb.data.SyntheticRegression(n=64, in_dim=8, out_dim=2, seed=1)\\n'\n"
+         "      'net = torch.nn.Linear(8, 2)', display=False, setup=True)\n"
+         "c.wrap('net', 'ddp', lr=0.05)\nc.set_data('ds')\nc.train(steps=5, micro_batch=4);",
          "%%dp\nraise ValueError(f'boom on rank {rank}')"]
 #: the issue's bound for the sidebar after ``%dp start`` returns (it polls every second)
 SIDEBAR_S = 20
@@ -112,6 +117,11 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     assert "2 ranks" in text and "2/2 alive" in text and "rank 0" in text, text
     _wait(page, lambda: "dpnb 2/2 ranks" in status.inner_text(), "the status bar", 5)
     assert page.locator("#dpnb-status .dpnb-status-fail").count() == 0
+
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell-and-select-next')")
+    _wait(page, lambda: "dpnb 2/2 ranks · step 4" in status.inner_text(),
+          "the status bar following training", 120)
+    assert "step 4 · loss" in sidebar.inner_text()
 
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell-and-select-next')")
     _wait(page, lambda: "last error: rank 0: ValueError: boom on rank 0 (and 1 more)"
