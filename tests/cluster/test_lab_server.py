@@ -5,10 +5,13 @@ shipped config file), one kernel started through the server's REST API, one
 kept 2-rank cluster started and trained in it.  The token holder sees the
 cluster -- its ranks, the kernel that holds it, the training's last step --
 and nobody without the token sees or stops anything.  Then the kernel is
-shut down through the API: the cluster stays (kept), now free, and the
-server's stop action ends it, every process of it gone.
+shut down through the API: the cluster stays (kept), now free; a rank of it
+is killed and the server's restart action replaces it; its stop action ends
+the cluster, every process of it gone.
 """
 
+import os
+import signal
 import time
 
 import psutil
@@ -108,6 +111,16 @@ def _check(srv) -> None:
     [c] = _wait_for(srv, lambda cs: cs and cs[0]["source"] == "kept"
                     and cs[0]["holder"] is None, "the freed kept cluster")
     assert c["alive"] == 2
+    # rank 1's engine dies while nobody holds the cluster: the list says so, and the
+    # server's restart replaces it (in a process of its own, which lets go again)
+    os.kill(pids[1], signal.SIGKILL)
+    _wait_for(srv, lambda cs: cs[0]["alive"] == 1, "rank 1 dead in the list")
+    status, body = srv.request(f"/api/dpnb/clusters/{c['id']}/restart", method="POST")
+    assert status == 200 and "rank 1 replaced" in body["message"], body
+    [c] = _wait_for(srv, lambda cs: cs[0]["alive"] == 2 and cs[0]["holder"] is None,
+                    "the restarted cluster, free again")
+    assert c["ranks"][0]["pid"] == pids[0] and c["ranks"][1]["pid"] != pids[1]
+    pids.append(c["ranks"][1]["pid"])
     status, body = srv.request(f"/api/dpnb/clusters/{c['id']}/stop", method="POST")
     assert status == 200 and "stopped cluster" in body["message"], body
     assert srv.request("/api/dpnb/clusters")[1] == {"clusters": []}
