@@ -2,7 +2,7 @@
 
 One JupyterLab server (:mod:`helpers.labserver`: the built labextension found
 on ``JUPYTER_PATH``, the server extension enabled by dpnb's shipped config
-file), one notebook on the default kernel: ``%dp start -n 2 --keep 10m``,
+file), one notebook on the default kernel: ``%dp start -n 2 --keep 3m``,
 five training steps, then a cell that fails on every rank.  Checked in the page: ``#dpnb-sidebar``
 lists the cluster's two ranks soon after the start cell returned, the status
 bar says 2/2 ranks and follows the training's step, the failure shows as the last error with a red mark,
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.browser
 CHROMIUM = os.environ.get("DPNB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-CELLS = ["%load_ext dpnb\n%dp start -n 2 --keep 10m --timeout 10",
+CELLS = ["%load_ext dpnb\n%dp start -n 2 --keep 3m --timeout 10",
          "import dpnb\nc = dpnb.get_cluster()\n"
          "c.run('import torch, dpnb.data\\n'\n"
          "      'ds = dpnb.data.SyntheticRegression(n=64, in_dim=8, out_dim=2, seed=1)\\n'\n"

@@ -85,7 +85,7 @@ def _check(srv) -> None:
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=60)
-        _execute(kc, "%load_ext dpnb\n%dp start -n 2 --keep 10m --timeout 10")
+        _execute(kc, "%load_ext dpnb\n%dp start -n 2 --keep 3m --timeout 10")
         assert "LOSS" in _execute(kc, TRAIN)
         [c] = _wait_for(srv, lambda cs: cs and cs[0]["progress"].get("step") == 2,
                         "the trained cluster")
