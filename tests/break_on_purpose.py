@@ -390,6 +390,10 @@ MUTATIONS = [
   '"progress": _kept_progress(rec), "last_error": None}',
   '"progress": _kept_progress(rec), "last_error": None, "token": rec.get("token")}',
   ["tests/unit/test_lab_records.py::test_api_json_lists_kernel_and_kept_clusters_without_their_secrets"]),
+ ("lab: the API gives each live local rank's memory", "dpnb/lab/clusters.py",
+  '    out["rss_mb"] = _rss_mb(int(r["pid"])) if local and r.get("alive") else None\n',
+  '    out["rss_mb"] = None\n',
+  ["tests/unit/test_lab_records.py::test_api_json_lists_kernel_and_kept_clusters_without_their_secrets"]),
  ("lab: a held cluster is not stopped behind its kernel's back", "dpnb/lab/clusters.py",
   '    if c["holder"] is not None:\n', '    if False:\n',
   ["tests/unit/test_lab_records.py::test_actions_say_what_to_do_instead"]),
@@ -422,7 +426,7 @@ MUTATIONS = [
   "    @web.authenticated\n    @authorized\n    async def post(", "    async def post(",
   ["tests/hosted/test_hub.py"]),
  ("lab: the sidebar lists a kernel's ranks", "dpnb/lab/clusters.py",
-  '"ranks": [_rank(r) for r in rec.get("ranks", [])],', '"ranks": [],',
+  '"ranks": [_rank(r, bool(rec.get("local"))) for r in rec.get("ranks", [])],', '"ranks": [],',
   ["tests/browser/test_lab_sidebar.py"]),
 ]
 

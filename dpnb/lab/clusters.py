@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 
+import psutil
+
 from ..cluster import keep as keeping
 from ..cluster.processes import same_process, start_time
 from ..cluster.publish import published
@@ -34,8 +36,19 @@ class ActionError(UserError):
     """An action the cluster cannot take now (the message says what to do instead)."""
 
 
-def _rank(r: dict) -> dict:
-    return {k: r.get(k) for k in ("rank", "host", "pid", "device", "alive")}
+def _rss_mb(pid: int) -> float | None:
+    """A live local engine's resident memory, read by the server (same user, same host)."""
+    try:
+        return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
+    except psutil.Error as e:  # gone between the liveness check and now
+        log.info("memory of pid %s: %s", pid, e)
+        return None
+
+
+def _rank(r: dict, local: bool) -> dict:
+    out = {k: r.get(k) for k in ("rank", "host", "pid", "device", "alive")}
+    out["rss_mb"] = _rss_mb(int(r["pid"])) if local and r.get("alive") else None
+    return out
 
 
 def _from_kernel(rec: dict) -> dict:
@@ -43,7 +56,7 @@ def _from_kernel(rec: dict) -> dict:
             "kernel_id": rec["kernel"].get("kernel_id"), "kept": bool(rec.get("kept")),
             "holder": rec["kernel"]["pid"], "stops_in_s": None, "backend": rec.get("backend"),
             "launcher": rec.get("launcher"), "created": rec.get("created"),
-            "ranks": [_rank(r) for r in rec.get("ranks", [])],
+            "ranks": [_rank(r, bool(rec.get("local"))) for r in rec.get("ranks", [])],
             "progress": rec.get("progress") or {}, "last_error": rec.get("last_error")}
 
 
@@ -55,7 +68,7 @@ def _kept_progress(rec: dict) -> dict:
 
 def _from_keep(rec: dict) -> dict:
     # kept clusters' engines are this host's processes (--keep takes local engines only)
-    ranks = [{**_rank(r), "alive": start_time(int(r["pid"])) is not None}
+    ranks = [_rank({**r, "alive": start_time(int(r["pid"])) is not None}, True)
              for r in rec.get("ranks", [])]
     return {"id": rec["id"], "source": "kept", "kernel_pid": rec.get("holder"),
             "kernel_id": None, "kept": True, "holder": rec.get("holder"),

@@ -28,6 +28,7 @@ interface IRank {
   pid: number;
   device: string;
   alive: boolean;
+  rss_mb: number | null;
 }
 
 interface ICluster {
@@ -126,7 +127,8 @@ class Sidebar extends Widget {
         `${c.backend} · ${c.alive}/${c.world_size} alive · ${c.kept ? 'kept, ' : ''}${who}`)
     );
     for (const r of c.ranks) {
-      const state = r.alive ? 'alive' : 'dead';
+      const mem = typeof r.rss_mb === 'number' ? ` · ${Math.round(r.rss_mb)} MB` : '';
+      const state = (r.alive ? 'alive' : 'dead') + mem;
       const row = el('div', 'dpnb-rank' + (r.alive ? '' : ' dpnb-dead'),
         `rank ${r.rank} · ${r.host} · pid ${r.pid} · ${r.device} · ${state}`);
       box.appendChild(row);

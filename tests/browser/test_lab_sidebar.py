@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -115,6 +116,7 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     print(f"sidebar listed rank 1 {time.monotonic() - returned:.1f} s after %dp start returned")
     text = sidebar.inner_text()
     assert "2 ranks" in text and "2/2 alive" in text and "rank 0" in text, text
+    assert re.search(r"rank 1 · .* · alive · \d+ MB", text), text  # the engine's memory
     _wait(page, lambda: "dpnb 2/2 ranks" in status.inner_text(), "the status bar", 5)
     assert page.locator("#dpnb-status .dpnb-status-fail").count() == 0
 

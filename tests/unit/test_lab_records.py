@@ -127,6 +127,8 @@ def test_api_json_lists_kernel_and_kept_clusters_without_their_secrets(dirs):
     assert out[0]["holder"] is None and 3500 < out[0]["stops_in_s"] <= 3600
     assert out[0]["progress"] == {"step": 3, "loss": 0.5, "samples_per_s": 9.0}
     assert out[1]["holder"] == os.getpid() and out[1]["ranks"][1]["rank"] == 1
+    # each live local rank's resident memory, read by the server (this process stands in)
+    assert all(r["rss_mb"] > 1 for c in out for r in c["ranks"]), out
     text = json.dumps(out)
     assert "SECRET-TOKEN" not in text and "doors" not in text and "pid_start" not in text
     pub.remove()
