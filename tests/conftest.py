@@ -47,7 +47,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 TESTS = pathlib.Path(__file__).resolve().parent
 TIERS = ("unit", "cluster", "ecosystem", "multihost", "shared", "notebook", "browser", "slow",
-         "standin", "gpu")
+         "standin", "gpu", "hosted")
 
 
 def pytest_collection_modifyitems(config, items):

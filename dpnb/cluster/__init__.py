@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from .. import log as _log
 from ..errors import DpnbError, NotRunningError
 from ..ranks import parse_ranks, rank_label
-from . import diagnose, engines, gpuplan, launch, placement
+from . import diagnose, engines, gpuplan, launch, placement, publish
 from . import keep as keeping
 from .debugging import post_mortem
 from .group import Group
@@ -96,9 +96,9 @@ class Engines:
         self.last_failure: CellResult | None = None  # for %dp debug
         self.created = time.time()
         self.keep_s: float | None = None  # --keep: seconds it outlives its last kernel
-        # A kernel that exits normally stops its cluster (and removes the
-        # profile with its keys), or lets go of a kept one; a weak reference
-        # lets an unused Cluster go.
+        # A kernel that exits normally stops its cluster (and removes the profile with its
+        # keys), or lets go of a kept one; a weak reference lets an unused Cluster go.
+        self.published = publish.Publication(self)  # for JupyterLab's sidebar (dpnb.lab)
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None and ref()._at_exit()))
 
@@ -484,6 +484,7 @@ class Engines:
         wait_pids_gone(owned, 10.0)
         self.procs.stop_reaper()
         shutil.rmtree(self.profile_dir, ignore_errors=True)
+        self.published.remove()
         if self.keep_s:
             keeping.forget(self)
         return sorted(owned)

@@ -179,6 +179,7 @@ def release(c) -> None:
     processes stay."""
     hold(c, c.keep_s, holding=False)
     c.running = False
+    c.published.remove()  # the kept record (kept()) describes it from now on
     try:
         c.client.close()
     except Exception as e:  # the sockets go with the process anyway
@@ -205,7 +206,10 @@ def from_record(cls, rec: dict):
         icluster = ipp.Cluster.from_file(cluster_file=rec["cluster_file"], log=_quiet_ipp_log())
         icluster.shutdown_atexit = False
         client = icluster.connect_client_sync()
-        client.wait_for_engines(len(rec["ranks"]), timeout=30)
+        # a rank whose engine died never registers again: wait for the live ones
+        # (local engines), and the restart that follows replaces the dead
+        live = sum(1 for r in rec["ranks"] if start_time(int(r["pid"])) is not None)
+        client.wait_for_engines(live, timeout=30)
     except Exception as e:
         raise DpnbError(f"kept cluster {rec['id']} does not answer ({type(e).__name__}: {e}); "
                         f"its reaper stops it when its TTL ends") from None

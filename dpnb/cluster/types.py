@@ -21,7 +21,8 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 #: every subclass of dpnb.core.errors.UserError (a test holds the two equal;
 #: the engines' classes are not imported here, they bring torch)
 USER_ENAMES = frozenset({"UserError", "ConfigError", "DpnbError", "NotRunningError", "RankSpecError",
-                         "StartError", "RemoteCellError", "TrainError", "ViewError", "AdoptError"})
+                         "StartError", "RemoteCellError", "TrainError", "ViewError", "AdoptError",
+                         "ActionError"})
 #: how many entries ``restart --resume`` may replay (the setup log is bounded)
 SETUP_LOG_MAX = 200
 

@@ -119,16 +119,19 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
 
     def on_poll(ars: dict) -> None:
         sent.update(ars)
-        if view is None:
-            return
         # rank 0's latest datapub payload, kept by the client's I/O thread
         data = result_metadata(ars[min(ars)]).get("data")
         if isinstance(data, dict) and data.get("dpnb_progress"):
-            view.update(data["dpnb_progress"])
+            cluster.published.progress(data["dpnb_progress"])  # JupyterLab's sidebar
+            if view is not None:
+                view.update(data["dpnb_progress"])
 
     res = cluster.call(_T + "train", timeout=timeout, on_poll=on_poll, raise_errors=False,
                        **args.to_record())
     summary = res.values[0] if res.ok else None
+    if summary:
+        cluster.published.progress({"step": summary.get("last_step"), "loss": summary.get("loss"),
+                                    "samples_per_s": summary.get("samples_per_s")})
     note = ""
     if summary and summary.get("interrupted"):
         note = (f"stopped at step {summary.get('last_step')} "

@@ -133,7 +133,7 @@ def test_leaves_import_no_higher_layer():
 
 def test_engine_imports_no_notebook_side():
     upper = ("dpnb.cluster", "dpnb.session", "dpnb.widgets", "dpnb.magics", "dpnb.progress",
-             "dpnb.display", "dpnb.demo", "dpnb.cli", "dpnb.quiz", "dpnb.course")
+             "dpnb.display", "dpnb.demo", "dpnb.cli", "dpnb.quiz", "dpnb.course", "dpnb.lab")
     bad = {m: sorted(t for t in ts if _in(t, *upper))
            for m, ts in _graph().items() if _in(m, "dpnb.engine")}
     assert not {m: t for m, t in bad.items() if t}
@@ -147,7 +147,7 @@ def test_widgets_never_import_cluster_or_train():
 
 #: the layers above the engines runtime
 ABOVE_RUNTIME = ("dpnb.session", "dpnb.progress", "dpnb.display", "dpnb.widgets", "dpnb.quiz",
-                 "dpnb.magics", "dpnb.demo", "dpnb.cli", "dpnb.course")
+                 "dpnb.magics", "dpnb.demo", "dpnb.cli", "dpnb.course", "dpnb.lab")
 
 
 def test_the_runtime_imports_nothing_above_it():

@@ -1,0 +1,149 @@
+"""What ``/api/dpnb/clusters`` answers, and the actions on one cluster (no tornado here).
+
+Two sources, both private files of this user, both written by the clusters'
+holders: each running kernel's publication (:func:`dpnb.cluster.publish.published`:
+ranks, progress, last error, dropped once its kernel is gone) and the kept
+clusters' records (:func:`dpnb.cluster.keep.kept`: who holds them, when the
+reaper stops them).  A kept cluster held by a running kernel is in both; it
+is listed once, with both parts.  Secrets of the records (the side doors'
+token, ports) never leave this module: each cluster becomes a small JSON
+object of what the sidebar shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+
+from ..cluster import keep as keeping
+from ..cluster.processes import same_process, start_time
+from ..cluster.publish import published
+from ..core.errors import UserError
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("stop", "interrupt", "restart", "attach-code")
+#: seconds a stop or restart of a kept cluster may take (its own process)
+ACT_TIMEOUT_S = 120
+
+
+class ActionError(UserError):
+    """An action the cluster cannot take now (the message says what to do instead)."""
+
+
+def _rss_mb(pid: int) -> float | None:
+    """A live local engine's resident memory, read by the server (same user, same host)."""
+    try:
+        return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
+    except psutil.Error as e:  # gone between the liveness check and now
+        log.info("memory of pid %s: %s", pid, e)
+        return None
+
+
+def _rank(r: dict, local: bool) -> dict:
+    out = {k: r.get(k) for k in ("rank", "host", "pid", "device", "alive")}
+    out["rss_mb"] = _rss_mb(int(r["pid"])) if local and r.get("alive") else None
+    return out
+
+
+def _from_kernel(rec: dict) -> dict:
+    return {"id": rec["id"], "source": "kernel", "kernel_pid": rec["kernel"]["pid"],
+            "kernel_id": rec["kernel"].get("kernel_id"), "kept": bool(rec.get("kept")),
+            "holder": rec["kernel"]["pid"], "stops_in_s": None, "backend": rec.get("backend"),
+            "launcher": rec.get("launcher"), "created": rec.get("created"),
+            "ranks": [_rank(r, bool(rec.get("local"))) for r in rec.get("ranks", [])],
+            "progress": rec.get("progress") or {}, "last_error": rec.get("last_error")}
+
+
+def _kept_progress(rec: dict) -> dict:
+    s = (rec.get("last_train") or {}).get("summary") or {}
+    return {"step": s.get("last_step"), "loss": s.get("loss"),
+            "samples_per_s": s.get("samples_per_s")} if s else {}
+
+
+def _from_keep(rec: dict) -> dict:
+    # kept clusters' engines are this host's processes (--keep takes local engines only)
+    ranks = [_rank({**r, "alive": start_time(int(r["pid"])) is not None}, True)
+             for r in rec.get("ranks", [])]
+    return {"id": rec["id"], "source": "kept", "kernel_pid": rec.get("holder"),
+            "kernel_id": None, "kept": True, "holder": rec.get("holder"),
+            "stops_in_s": rec.get("stops_in_s"), "backend": rec.get("backend"),
+            "launcher": "local", "created": rec.get("created"), "ranks": ranks,
+            "progress": _kept_progress(rec), "last_error": None}
+
+
+def clusters() -> list[dict]:
+    """Every dpnb cluster of this user here: the running kernels' and the kept ones."""
+    out = {}
+    for rec in published():
+        out[rec["id"]] = _from_kernel(rec)
+    for rec in keeping.kept():
+        k = _from_keep(rec)
+        if rec["id"] in out:  # held by a running kernel: its publication is fresher
+            out[rec["id"]].update(kept=True, stops_in_s=k["stops_in_s"])
+            continue
+        out[rec["id"]] = k
+    for c in out.values():
+        c["world_size"] = len(c["ranks"])
+        c["alive"] = sum(1 for r in c["ranks"] if r["alive"])
+    return sorted(out.values(), key=lambda c: c.get("created") or 0)
+
+
+def find(cluster_id: str) -> dict:
+    for c in clusters():
+        if c["id"] == cluster_id:
+            return c
+    raise KeyError(cluster_id)
+
+
+def _interrupt(cluster_id: str) -> dict:
+    """SIGINT to each live local engine, as ``%dp interrupt`` / Ctrl-C does; checked by
+    PID and start time where the publication has it, so a reused PID is never hit."""
+    starts = {r["pid"]: r.get("pid_start") for p in published() if p["id"] == cluster_id
+              for r in p.get("ranks", [])}
+    sent = []
+    for r in find(cluster_id)["ranks"]:
+        pid = int(r["pid"])
+        if not r["alive"] or (starts.get(pid) and not same_process(pid, starts[pid])):
+            continue
+        try:
+            os.kill(pid, signal.SIGINT)
+            sent.append(r["rank"])
+        except ProcessLookupError:
+            log.info("rank %s (pid %s) ended before its interrupt", r["rank"], pid)
+    return {"interrupted": sent}
+
+
+def _in_own_process(verb: str, cluster_id: str) -> dict:
+    """Stop or restart a kept cluster that no kernel holds: a short-lived process attaches
+    (it holds the cluster meanwhile), acts, and stops it or lets go (:mod:`dpnb.lab.act`)."""
+    proc = subprocess.run([sys.executable, "-m", "dpnb.lab.act", verb, cluster_id],
+                          capture_output=True, text=True, timeout=ACT_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"]
+        raise ActionError(f"{verb} {cluster_id} failed: {lines[-1]}")
+    return {"message": proc.stdout.strip()}
+
+
+def act(cluster_id: str, action: str) -> dict:
+    """Do ``action`` on cluster ``cluster_id``; raises KeyError (no such cluster) or ActionError."""
+    if action not in ACTIONS:
+        raise ActionError(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
+    c = find(cluster_id)
+    if action == "interrupt":
+        return _interrupt(cluster_id)
+    if action == "attach-code":
+        if not c["kept"]:
+            raise ActionError(f"cluster {cluster_id} ends with its kernel: only kept clusters "
+                              f"(%dp start --keep 2h) can be attached from another notebook")
+        return {"code": f"%dp attach {cluster_id}"}
+    if c["holder"] is not None:
+        raise ActionError(f"cluster {cluster_id} is held by kernel {c['holder']}: run "
+                          f"%dp {action} in its notebook (or shut that kernel down)")
+    return _in_own_process(action, cluster_id)

@@ -1,0 +1,64 @@
+"""The tornado handlers of ``/api/dpnb``: JSON in, JSON out, behind the server's own auth.
+
+Each handler is a jupyter_server ``APIHandler``: ``@web.authenticated`` refuses a
+request without the server's token or login cookie (403 for an API request),
+and ``@authorized`` asks the server's authorizer (JupyterHub's scopes on a
+hosted server) whether this user may act on kernels -- a dpnb cluster is a
+kernel's processes, so whoever may not touch the kernels may not touch it.
+POSTs also need the XSRF token when the browser's cookie is the credential.
+Reading the records and signalling engines is quick, so it runs on the
+server's loop; a kept cluster's stop or restart runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from . import clusters as cl
+
+
+class _Base(APIHandler):
+    auth_resource = "kernels"
+
+
+class ClustersHandler(_Base):
+    """``GET /api/dpnb/clusters``: ``{"clusters": [...]}``, see :func:`dpnb.lab.clusters.clusters`."""
+
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"clusters": cl.clusters()}, default=str))
+
+
+class ActionHandler(_Base):
+    """``POST /api/dpnb/clusters/ID/ACTION`` (stop, interrupt, restart, attach-code)."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, cluster_id: str, action: str) -> None:
+        try:
+            out = await asyncio.to_thread(cl.act, cluster_id, action)
+        except KeyError:
+            self.set_status(404)
+            out = {"message": f"no dpnb cluster {cluster_id}"}
+        except cl.ActionError as e:
+            # written here, not raised as HTTPError: tornado formats its log line
+            # with the text, and the text says %dp
+            self.set_status(409)
+            out = {"message": str(e)}
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(out, default=str))
+
+
+def handlers(base_url: str) -> list[tuple]:
+    api = url_path_join(base_url, "api", "dpnb", "clusters")
+    return [(api, ClustersHandler),
+            (url_path_join(api, r"([\w.-]+)", r"(stop|interrupt|restart|attach-code)"),
+             ActionHandler)]

@@ -1,0 +1,250 @@
+/**
+ * dpnb in JupyterLab: a sidebar listing every dpnb cluster of this user on this
+ * server (ranks, training progress, last error, actions) and a status bar item
+ * (ranks alive / total, step, a red mark on failure).
+ *
+ * Both poll the dpnb server extension (GET /api/dpnb/clusters, about once a
+ * second) through JupyterLab's ServerConnection, which sends the server's
+ * token / XSRF cookie: the browser never talks to a kernel or an engine for
+ * this.  The server reads the clusters' own records (see dpnb/lab/clusters.py).
+ */
+import {
+  ILabShell,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import { URLExt } from '@jupyterlab/coreutils';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { ServerConnection } from '@jupyterlab/services';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+const POLL_MS = 1000;
+
+interface IRank {
+  rank: number;
+  host: string;
+  pid: number;
+  device: string;
+  alive: boolean;
+  rss_mb: number | null;
+}
+
+interface ICluster {
+  id: string;
+  source: string;
+  kept: boolean;
+  holder: number | null;
+  stops_in_s: number | null;
+  backend: string;
+  ranks: IRank[];
+  world_size: number;
+  alive: number;
+  progress: { step?: number; loss?: number; samples_per_s?: number };
+  last_error: string | null;
+}
+
+const icon = new LabIcon({
+  name: 'dpnb:clusters',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
+    '<circle cx="6" cy="6" r="3"/><circle cx="18" cy="6" r="3"/><circle cx="6" cy="18" r="3"/>' +
+    '<circle cx="18" cy="18" r="3"/><rect x="11" y="3" width="2" height="18"/>' +
+    '<rect x="3" y="11" width="18" height="2"/></g></svg>'
+});
+
+async function api(path: string, init: RequestInit = {}): Promise<any> {
+  const settings = ServerConnection.makeSettings();
+  const base = URLExt.join(settings.baseUrl, 'api', 'dpnb', 'clusters');
+  const url = path ? URLExt.join(base, path) : base;
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  const text = await response.text();
+  const data = text ? JSON.parse(text) : {};
+  if (!response.ok) {
+    throw new Error(data.message || `${response.status} ${response.statusText}`);
+  }
+  return data;
+}
+
+function el(tag: string, cls: string, text?: string): HTMLElement {
+  const node = document.createElement(tag);
+  if (cls) {
+    node.className = cls;
+  }
+  if (text !== undefined) {
+    node.textContent = text; // never innerHTML: the records' text is data
+  }
+  return node;
+}
+
+function progressText(c: ICluster): string {
+  const p = c.progress || {};
+  if (p.step === undefined || p.step === null) {
+    return 'no training step yet';
+  }
+  const loss = typeof p.loss === 'number' ? p.loss.toFixed(4) : '-';
+  const sps = typeof p.samples_per_s === 'number' ? p.samples_per_s.toFixed(1) : '-';
+  return `step ${p.step} · loss ${loss} · ${sps} samples/s`;
+}
+
+class Sidebar extends Widget {
+  constructor(private tracker: INotebookTracker | null) {
+    super();
+    this.id = 'dpnb-sidebar';
+    this.title.icon = icon;
+    this.title.caption = 'dpnb clusters';
+    this.addClass('dpnb-sidebar');
+    this.node.appendChild(el('h2', '', 'dpnb clusters'));
+    this.list = el('div', 'dpnb-list', 'loading...');
+    this.message = el('div', 'dpnb-message');
+    this.node.appendChild(this.list);
+    this.node.appendChild(this.message);
+  }
+
+  render(clusters: ICluster[]): void {
+    const key = JSON.stringify(clusters);
+    if (key === this.last) {
+      return; // unchanged: keep the DOM (and a pressed button) as it is
+    }
+    this.last = key;
+    this.list.textContent = '';
+    if (!clusters.length) {
+      this.list.appendChild(el('div', '', 'No dpnb cluster. Start one in a notebook: %dp start -n 2'));
+    }
+    for (const c of clusters) {
+      this.list.appendChild(this.card(c));
+    }
+  }
+
+  private card(c: ICluster): HTMLElement {
+    const box = el('div', 'dpnb-cluster');
+    box.dataset.clusterId = c.id;
+    box.appendChild(el('div', 'dpnb-cluster-head', `${c.id} · ${c.world_size} ranks`));
+    const who = c.holder ? `kernel ${c.holder}` : `free, stops in ${Math.round(c.stops_in_s || 0)} s`;
+    box.appendChild(
+      el('div', 'dpnb-cluster-meta',
+        `${c.backend} · ${c.alive}/${c.world_size} alive · ${c.kept ? 'kept, ' : ''}${who}`)
+    );
+    for (const r of c.ranks) {
+      const mem = typeof r.rss_mb === 'number' ? ` · ${Math.round(r.rss_mb)} MB` : '';
+      const state = (r.alive ? 'alive' : 'dead') + mem;
+      const row = el('div', 'dpnb-rank' + (r.alive ? '' : ' dpnb-dead'),
+        `rank ${r.rank} · ${r.host} · pid ${r.pid} · ${r.device} · ${state}`);
+      box.appendChild(row);
+    }
+    box.appendChild(el('div', 'dpnb-progress', progressText(c)));
+    if (c.last_error) {
+      box.appendChild(el('div', 'dpnb-error', `last error: ${c.last_error}`));
+    }
+    const actions = el('div', 'dpnb-actions');
+    actions.appendChild(this.button('Interrupt', () => this.act(c.id, 'interrupt')));
+    actions.appendChild(this.button('Stop', () => this.act(c.id, 'stop')));
+    actions.appendChild(this.button('Restart', () => this.act(c.id, 'restart')));
+    actions.appendChild(this.button('Attach', () => this.attach(c.id)));
+    box.appendChild(actions);
+    return box;
+  }
+
+  private button(label: string, onClick: () => void): HTMLElement {
+    const b = el('button', 'jp-mod-styled', label) as HTMLButtonElement;
+    b.dataset.action = label.toLowerCase();
+    b.onclick = onClick;
+    return b;
+  }
+
+  private async act(id: string, action: string): Promise<void> {
+    this.message.textContent = `${action} ${id}...`;
+    try {
+      const out = await api(`${id}/${action}`, { method: 'POST' });
+      this.message.textContent = out.message || `${action} ${id}: done`;
+    } catch (e) {
+      this.message.textContent = `${action} ${id}: ${(e as Error).message}`;
+    }
+  }
+
+  private async attach(id: string): Promise<void> {
+    try {
+      const out = await api(`${id}/attach-code`, { method: 'POST' });
+      const panel = this.tracker ? this.tracker.currentWidget : null;
+      if (!panel) {
+        this.message.textContent = `open a notebook, then run: ${out.code}`;
+        return;
+      }
+      NotebookActions.insertBelow(panel.content);
+      const cell = panel.content.activeCell;
+      if (cell) {
+        cell.model.sharedModel.setSource(out.code);
+      }
+      this.message.textContent = `inserted "${out.code}" in ${panel.title.label}`;
+    } catch (e) {
+      this.message.textContent = `attach ${id}: ${(e as Error).message}`;
+    }
+  }
+
+  private list: HTMLElement;
+  private message: HTMLElement;
+  private last = '';
+}
+
+class StatusItem extends Widget {
+  constructor() {
+    super();
+    this.id = 'dpnb-status';
+    this.node.title = 'dpnb: ranks alive / total, training step';
+  }
+
+  render(clusters: ICluster[]): void {
+    this.node.textContent = '';
+    if (!clusters.length) {
+      this.node.textContent = 'dpnb: no cluster';
+      return;
+    }
+    const alive = clusters.reduce((n, c) => n + c.alive, 0);
+    const total = clusters.reduce((n, c) => n + c.world_size, 0);
+    const steps = clusters.map(c => c.progress && c.progress.step).filter(s => typeof s === 'number');
+    const step = steps.length ? ` · step ${Math.max(...(steps as number[]))}` : '';
+    const failed = clusters.some(c => c.last_error || c.alive < c.world_size);
+    if (failed) {
+      this.node.appendChild(el('span', 'dpnb-status-fail', '● '));
+    }
+    this.node.appendChild(el('span', '', `dpnb ${alive}/${total} ranks${step}`));
+    this.node.classList.toggle('dpnb-failed', failed);
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'dpnb:plugin',
+  description: 'A sidebar and a status bar item for every dpnb cluster of this server',
+  autoStart: true,
+  optional: [INotebookTracker, IStatusBar, ILabShell],
+  activate: (
+    app: JupyterFrontEnd,
+    tracker: INotebookTracker | null,
+    statusBar: IStatusBar | null
+  ) => {
+    const sidebar = new Sidebar(tracker);
+    app.shell.add(sidebar, 'left', { rank: 900 });
+    app.commands.addCommand('dpnb:show-clusters', {
+      label: 'Show dpnb clusters',
+      execute: () => app.shell.activateById(sidebar.id)
+    });
+    const status = new StatusItem();
+    if (statusBar) {
+      statusBar.registerStatusItem('dpnb:status', { item: status, align: 'left', rank: 4 });
+    }
+    const poll = async () => {
+      try {
+        const data = await api('');
+        sidebar.render(data.clusters);
+        status.render(data.clusters);
+      } catch (e) {
+        status.node.textContent = 'dpnb: server extension not answering';
+      }
+      window.setTimeout(poll, POLL_MS);
+    };
+    void poll();
+  }
+};
+
+export default plugin;

@@ -1,0 +1,147 @@
+"""The dpnb sidebar and status bar item in JupyterLab, in Chromium.
+
+One JupyterLab server (:mod:`helpers.labserver`: the built labextension found
+on ``JUPYTER_PATH``, the server extension enabled by dpnb's shipped config
+file), one notebook on the default kernel: ``%dp start -n 2 --keep 3m``,
+five training steps, then a cell that fails on every rank.  Checked in the page: ``#dpnb-sidebar``
+lists the cluster's two ranks soon after the start cell returned, the status
+bar says 2/2 ranks and follows the training's step, the failure shows as the last error with a red mark,
+Attach inserts ``%dp attach ID`` into the notebook, Stop on a cluster its
+kernel holds says to stop it there.  Playwright's Python package drives
+Debian's Chromium (/usr/bin/chromium; never ``playwright install``).  The
+screenshot goes to test-artifacts/browser/lab-sidebar.png (docs/lab-sidebar.png
+is a copy of one, looked at).
+
+    python -m pytest -m browser tests/browser/test_lab_sidebar.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import pytest
+from helpers import labserver
+from helpers import nbutil as nbu
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("DPNB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CELLS = ["%load_ext dpnb\n%dp start -n 2 --keep 3m --timeout 10",
+         "import dpnb\nc = dpnb.get_cluster()\n"
+         "c.run('import torch, dpnb.data\\n'\n"
+         "      'ds = dpnb.data.SyntheticRegression(n=64, in_dim=8, out_dim=2, seed=1)\\n'\n"
+         "      'net = torch.nn.Linear(8, 2)', display=False, setup=True)\n"
+         "c.wrap('net', 'ddp', lr=0.05)\nc.set_data('ds')\nc.train(steps=5, micro_batch=4);",
+         "%%dp\nraise ValueError(f'boom on rank {rank}')"]
+#: the issue's bound for the sidebar after ``%dp start`` returns (it polls every second)
+SIDEBAR_S = 20
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright Python package is not installed (pip install playwright)")
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    if not (nbu.REPO / "dpnb" / "labextension" / "package.json").exists():
+        pytest.fail("dpnb/labextension is not built (see README: In JupyterLab)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def lab(browser, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    settings = root / "home" / "lab-settings"
+    for plugin, value in (("docmanager-extension/plugin", {"autosave": False}),
+                          ("notebook-extension/tracker", {"windowingMode": "none"})):
+        p = settings / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(value))
+    page_config = root / "home" / "jupyter-config" / "labconfig" / "page_config.json"
+    page_config.parent.mkdir(parents=True, exist_ok=True)
+    # the test drives Lab's commands through window.jupyterapp
+    page_config.write_text(json.dumps({"exposeAppInBrowser": True, "disabledExtensions": {
+        "@jupyterlab/apputils-extension:announcements": True}}))
+    cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+              "source": s} for s in CELLS]
+    (root / "sidebar.ipynb").write_text(json.dumps({"cells": cells, "nbformat": 4,
+        "nbformat_minor": 5, "metadata": {"kernelspec": {
+            "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}}}))
+    with labserver.running(root, app="jupyterlab", args=[
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]) as srv:
+        try:
+            yield srv
+        finally:
+            labserver.stop_clusters(srv)
+
+
+def _prompts(page) -> list[str]:
+    return page.locator(".jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
+
+
+def _wait(page, pred, what: str, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while not (out := pred()):
+        assert time.monotonic() < deadline, f"{what} (after {timeout_s} s)"
+        page.wait_for_timeout(200)
+    return out
+
+
+def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{lab.base}/lab/tree/sidebar.ipynb?token={lab.token}", timeout=90_000)
+    page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=90_000)
+    page.evaluate("window.jupyterapp.commands.execute('dpnb:show-clusters')")
+    sidebar, status = page.locator("#dpnb-sidebar"), page.locator("#dpnb-status")
+    _wait(page, lambda: "No dpnb cluster" in sidebar.inner_text(), "the empty sidebar", 30)
+    assert status.inner_text().strip() == "dpnb: no cluster"
+
+    page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook is the current widget
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell-and-select-next')")
+    _wait(page, lambda: _prompts(page)[0].strip() == "[1]:", "%dp start returned", 180)
+    returned = time.monotonic()
+    _wait(page, lambda: "rank 1" in sidebar.inner_text(), "the sidebar's 2 ranks", SIDEBAR_S)
+    print(f"sidebar listed rank 1 {time.monotonic() - returned:.1f} s after %dp start returned")
+    text = sidebar.inner_text()
+    assert "2 ranks" in text and "2/2 alive" in text and "rank 0" in text, text
+    assert re.search(r"rank 1 · .* · alive · \d+ MB", text), text  # the engine's memory
+    _wait(page, lambda: "dpnb 2/2 ranks" in status.inner_text(), "the status bar", 5)
+    assert page.locator("#dpnb-status .dpnb-status-fail").count() == 0
+
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell-and-select-next')")
+    _wait(page, lambda: "dpnb 2/2 ranks · step 4" in status.inner_text(),
+          "the status bar following training", 120)
+    assert "step 4 · loss" in sidebar.inner_text()
+
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell-and-select-next')")
+    _wait(page, lambda: "last error: rank 0: ValueError: boom on rank 0 (and 1 more)"
+          in sidebar.inner_text(), "the failed cell in the sidebar", 60)
+    _wait(page, lambda: page.locator("#dpnb-status .dpnb-status-fail").count() == 1,
+          "the status bar's red mark", 5)
+    page.screenshot(path=str(_artifact("lab-sidebar.png")))
+
+    cid = sidebar.locator(".dpnb-cluster").get_attribute("data-cluster-id")
+    sidebar.locator("button[data-action=stop]").click()
+    _wait(page, lambda: "%dp stop in its notebook" in sidebar.inner_text(), "stop refused", 10)
+    sidebar.locator("button[data-action=attach]").click()
+    _wait(page, lambda: f"%dp attach {cid}" in page.locator(".jp-Notebook").inner_text(),
+          "the attach code in the notebook", 10)
+    page.close()
+
+
+def _artifact(name: str):
+    d = nbu.ARTIFACTS / "browser"
+    d.mkdir(parents=True, exist_ok=True)
+    return d / name

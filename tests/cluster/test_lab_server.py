@@ -1,0 +1,129 @@
+"""/api/dpnb/clusters on a real ``jupyter server``: what a kernel started, behind the server's token.
+
+One server (:mod:`helpers.labserver`: dpnb's server extension enabled by its
+shipped config file), one kernel started through the server's REST API, one
+kept 2-rank cluster started and trained in it.  The token holder sees the
+cluster -- its ranks, the kernel that holds it, the training's last step --
+and nobody without the token sees or stops anything.  Then the kernel is
+shut down through the API: the cluster stays (kept), now free; a rank of it
+is killed and the server's restart action replaces it; its stop action ends
+the cluster, every process of it gone.
+"""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from helpers import labserver
+
+pytestmark = pytest.mark.cluster
+
+TRAIN = """
+import dpnb
+c = dpnb.get_cluster()
+c.run('''
+import torch, dpnb.data
+ds = dpnb.data.SyntheticRegression(n=64, in_dim=8, out_dim=2, seed=1)
+net = torch.nn.Linear(8, 2)
+''', display=False, setup=True)
+c.wrap("net", "ddp", lr=0.05)
+c.set_data("ds")
+s = c.train(steps=3, micro_batch=4, progress=False)
+print("LOSS", s["loss"])
+"""
+
+
+def _execute(kc, code: str, timeout: float = 180) -> str:
+    """Run ``code`` in the kernel; its stream and error text (the reply must be ok)."""
+    msg_id = kc.execute(code)
+    out = []
+    deadline = time.monotonic() + timeout
+    while True:
+        m = kc.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        if m["msg_type"] == "stream":
+            out.append(m["content"]["text"])
+        elif m["msg_type"] == "error":
+            out.append("\n".join(m["content"]["traceback"]))
+        elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["content"]["status"] == "ok", "".join(out)
+    return "".join(out)
+
+
+def _wait_for(srv, pred, what: str, timeout: float = 60):
+    """The cluster list once ``pred(list)`` holds (the kernel publishes about once a second)."""
+    deadline = time.monotonic() + timeout  # only "not hung": it usually holds within 2 s
+    while True:
+        status, body = srv.request("/api/dpnb/clusters")
+        assert status == 200, body
+        if pred(body["clusters"]):
+            return body["clusters"]
+        assert time.monotonic() < deadline, f"{what}: {body}\n{srv.log()}"
+        time.sleep(0.3)
+
+
+def test_the_token_holder_sees_and_stops_what_a_kernel_started(tmp_path):
+    with labserver.running(tmp_path) as srv:
+        try:
+            _check(srv)
+        finally:
+            labserver.stop_clusters(srv)  # whatever a failed assertion left running
+
+
+def _check(srv) -> None:
+    from jupyter_client import BlockingKernelClient
+
+    status, k = srv.request("/api/kernels", method="POST", body={"name": "python3"})
+    assert status == 201, k
+    kc = BlockingKernelClient(connection_file=str(srv.runtime_dir / f"kernel-{k['id']}.json"))
+    kc.load_connection_file()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        _execute(kc, "%load_ext dpnb\n%dp start -n 2 --keep 3m --timeout 10")
+        assert "LOSS" in _execute(kc, TRAIN)
+        [c] = _wait_for(srv, lambda cs: cs and cs[0]["progress"].get("step") == 2,
+                        "the trained cluster")
+        pids = [r["pid"] for r in c["ranks"]]
+        assert c["source"] == "kernel" and c["kernel_id"] == k["id"] and c["kept"]
+        assert [(r["rank"], r["alive"]) for r in c["ranks"]] == [(0, True), (1, True)]
+        assert c["alive"] == c["world_size"] == 2 and c["progress"]["loss"] > 0
+        assert c["last_error"] is None
+        # no token, a wrong token: refused, for reading and for acting
+        for token in (None, "0" * 32):
+            assert srv.request("/api/dpnb/clusters", token=token)[0] == 403
+            assert srv.request(f"/api/dpnb/clusters/{c['id']}/stop", method="POST",
+                               token=token)[0] == 403
+        status, body = srv.request(f"/api/dpnb/clusters/{c['id']}/stop", method="POST")
+        assert status == 409 and "%dp stop in its notebook" in body["message"], body
+        status, body = srv.request(f"/api/dpnb/clusters/{c['id']}/attach-code", method="POST")
+        assert (status, body) == (200, {"code": f"%dp attach {c['id']}"})
+        assert srv.request("/api/dpnb/clusters/nope/stop", method="POST")[0] == 404
+    finally:
+        kc.stop_channels()
+    # the kernel ends (its atexit lets go): the kept cluster is free, and still listed
+    assert srv.request(f"/api/kernels/{k['id']}", method="DELETE")[0] == 204
+    [c] = _wait_for(srv, lambda cs: cs and cs[0]["source"] == "kept"
+                    and cs[0]["holder"] is None, "the freed kept cluster")
+    assert c["alive"] == 2
+    # rank 1's engine dies while nobody holds the cluster: the list says so, and the
+    # server's restart replaces it (in a process of its own, which lets go again)
+    os.kill(pids[1], signal.SIGKILL)
+    _wait_for(srv, lambda cs: cs[0]["alive"] == 1, "rank 1 dead in the list")
+    status, body = srv.request(f"/api/dpnb/clusters/{c['id']}/restart", method="POST")
+    assert status == 200 and "rank 1 replaced" in body["message"], body
+    [c] = _wait_for(srv, lambda cs: cs[0]["alive"] == 2 and cs[0]["holder"] is None,
+                    "the restarted cluster, free again")
+    assert c["ranks"][0]["pid"] == pids[0] and c["ranks"][1]["pid"] != pids[1]
+    pids.append(c["ranks"][1]["pid"])
+    status, body = srv.request(f"/api/dpnb/clusters/{c['id']}/stop", method="POST")
+    assert status == 200 and "stopped cluster" in body["message"], body
+    assert srv.request("/api/dpnb/clusters")[1] == {"clusters": []}
+    _, left = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
+                                timeout=15)
+    assert not left, left

@@ -1,0 +1,167 @@
+"""What the JupyterLab sidebar is fed: a kernel's publication of its cluster and /api/dpnb/clusters' JSON.
+
+No cluster here: a stand-in with the attributes :class:`dpnb.cluster.publish.Publication`
+reads (ranks, health, last failure), and kept-cluster records written as
+:func:`dpnb.cluster.keep.hold` writes them, in this test's own folders.
+"""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from dpnb.cluster import publish
+from dpnb.cluster.processes import start_time
+from dpnb.cluster.types import CellResult, RankInfo, RankOutcome, Status
+from dpnb.lab import clusters as lab
+
+
+def _rank(r: int, pid: int) -> RankInfo:
+    return RankInfo(rank=r, engine_id=r, host="h1", ip="127.0.0.1", pid=pid, local_rank=r,
+                    local_world_size=2, node_rank=0, device="cpu")
+
+
+class _Stand(SimpleNamespace):
+    """What a Publication reads of an Engines (held weakly, as the real one)."""
+
+
+def _cluster(pid: int, **kw) -> _Stand:
+    return _Stand(cluster_id="1700000000-abcd", ranks=[_rank(0, pid), _rank(1, pid)],
+                           local=True, dead={}, profile_dir="/p", created=time.time(),
+                           backend="gloo", launcher="local", keep_s=None, generation=1,
+                           group_ok=True, last_failure=None, running=True, **kw)
+
+
+@pytest.fixture
+def dirs(tmp_path, monkeypatch):
+    monkeypatch.setenv(publish.PUBLISH_ENV, str(tmp_path / "pub"))
+    monkeypatch.setenv("DPNB_STATE_DIR", str(tmp_path / "kept"))
+    return tmp_path
+
+
+def _gone_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_cluster_publishes_a_private_record_that_follows_it_and_goes_at_stop(dirs):
+    c = _cluster(os.getpid())
+    pub = publish.Publication(c, period_s=0.05)
+    path = dirs / "pub" / "1700000000-abcd.json"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(dirs / "pub").st_mode) == 0o700
+    rec = json.loads(path.read_text())
+    assert rec["kernel"]["pid"] == os.getpid() and rec["kernel"]["start"] == start_time(os.getpid())
+    assert [(r["rank"], r["host"], r["device"], r["alive"]) for r in rec["ranks"]] == [
+        (0, "h1", "cpu", True), (1, "h1", "cpu", True)]
+    # the layer above's progress and a failed cell reach the file within the period
+    pub.progress({"step": 7, "loss": 0.25, "samples_per_s": 100.0, "history": [[1, 2]]})
+    c.dead[1] = "killed by SIGKILL"
+    c.last_failure = CellResult(ranks=[0, 1], elapsed_s=1.0, outcomes={
+        0: RankOutcome(0, Status.OK),
+        1: RankOutcome(1, Status.ERROR, ename="ValueError", evalue="bad batch\nmore")})
+    deadline = time.monotonic() + 10  # the loop looks every 0.05 s; 10 s only says "not hung"
+    while time.monotonic() < deadline:
+        rec = json.loads(path.read_text())
+        if rec["progress"].get("step") == 7 and rec["last_error"]:
+            break
+        time.sleep(0.05)
+    assert rec["progress"]["loss"] == 0.25 and "history" not in rec["progress"]
+    assert rec["last_error"] == "rank 1: ValueError: bad batch"
+    assert [r["alive"] for r in rec["ranks"]] == [True, False]
+    c.running = False  # stopped: the loop removes the file
+    deadline = time.monotonic() + 10
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not path.exists()
+
+
+def test_records_of_dead_kernels_and_dead_ranks(dirs):
+    d = dirs / "pub"
+    c = _cluster(_gone_pid())
+    pub = publish.Publication(c, period_s=60)
+    [rec] = publish.published()
+    assert [r["alive"] for r in rec["ranks"]] == [False, False]  # the engines' PIDs are gone
+    pub.remove()
+    assert publish.published() == []
+    stale = json.loads(json.dumps({**rec, "id": "stale", "kernel": {"pid": _gone_pid(),
+                                                                      "start": 1.0}}))
+    (d / "stale.json").write_text(json.dumps(stale))
+    assert publish.published() == [] and not (d / "stale.json").exists()
+
+
+def test_error_summary():
+    assert publish.error_summary(None) is None
+    res = CellResult(ranks=[0, 1], elapsed_s=1.0, outcomes={
+        0: RankOutcome(0, Status.DIED, died="engine killed by SIGKILL"),
+        1: RankOutcome(1, Status.ERROR, ename="RuntimeError", evalue="peer gone")})
+    assert publish.error_summary(res) == "rank 0: engine killed by SIGKILL (and 1 more)"
+
+
+def _kept(dirs, cid: str, holder: int | None) -> None:
+    prof = dirs / f"prof-{cid}"
+    prof.mkdir()
+    (prof / "keep.json").write_text(json.dumps(
+        {"ttl_s": 3600, "owner_pid": holder, "owner_start": start_time(holder) if holder else None,
+         "detached_at": None if holder else time.time() - 10}))
+    (dirs / "kept").mkdir(exist_ok=True)
+    (dirs / "kept" / f"{cid}.json").write_text(json.dumps({
+        "id": cid, "created": time.time() - 60, "ttl_s": 3600, "profile_dir": str(prof),
+        "ranks": [dict(_rank(0, os.getpid()).__dict__)], "backend": "gloo",
+        "token": "SECRET-TOKEN", "doors": {"0": ["127.0.0.1", 5]},
+        "last_train": {"summary": {"last_step": 3, "loss": 0.5, "samples_per_s": 9.0}}}))
+
+
+def test_api_json_lists_kernel_and_kept_clusters_without_their_secrets(dirs):
+    pub = publish.Publication(_cluster(os.getpid()), period_s=60)
+    _kept(dirs, "1800000000-kept", None)
+    out = lab.clusters()
+    assert [(c["id"], c["source"], c["world_size"], c["alive"]) for c in out] == [
+        ("1800000000-kept", "kept", 1, 1), ("1700000000-abcd", "kernel", 2, 2)]
+    assert out[0]["holder"] is None and 3500 < out[0]["stops_in_s"] <= 3600
+    assert out[0]["progress"] == {"step": 3, "loss": 0.5, "samples_per_s": 9.0}
+    assert out[1]["holder"] == os.getpid() and out[1]["ranks"][1]["rank"] == 1
+    # each live local rank's resident memory, read by the server (this process stands in)
+    assert all(r["rss_mb"] > 1 for c in out for r in c["ranks"]), out
+    text = json.dumps(out)
+    assert "SECRET-TOKEN" not in text and "doors" not in text and "pid_start" not in text
+    pub.remove()
+
+
+def test_actions_say_what_to_do_instead(dirs):
+    pub = publish.Publication(_cluster(os.getpid()), period_s=60)
+    _kept(dirs, "1800000000-held", os.getpid())  # held by a running kernel (this process)
+    with pytest.raises(lab.ActionError, match="held by kernel .*: run %dp stop in its notebook"):
+        lab.act("1700000000-abcd", "stop")
+    with pytest.raises(lab.ActionError, match="only kept clusters"):
+        lab.act("1700000000-abcd", "attach-code")
+    assert lab.act("1800000000-held", "attach-code") == {"code": "%dp attach 1800000000-held"}
+    with pytest.raises(lab.ActionError, match="unknown action"):
+        lab.act("1800000000-held", "scale")
+    with pytest.raises(KeyError):
+        lab.act("nope", "stop")
+    pub.remove()
+
+
+def test_interrupt_sends_sigint_to_the_live_local_ranks(dirs):
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: (print('SIGINT', flush=True), sys.exit(0)))\n"
+        "print('ready', flush=True)\ntime.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        c = _cluster(child.pid)
+        c.ranks = [_rank(0, child.pid), _rank(1, _gone_pid())]  # rank 1's engine is gone
+        pub = publish.Publication(c, period_s=60)
+        assert lab.act(c.cluster_id, "interrupt") == {"interrupted": [0]}
+        assert child.wait(timeout=30) == 0 and child.stdout.read().strip() == "SIGINT"
+        pub.remove()
+    finally:
+        child.kill()
+        child.wait()
