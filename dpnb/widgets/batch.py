@@ -29,6 +29,7 @@ from dpnb.core import (
     solve_grad_accum,
 )
 
+from ..engine import entrypoints as ep
 from . import _common as C
 
 MAX_DRAWN = 16  # ranks / micro-steps drawn individually in the grid
@@ -206,7 +207,7 @@ def live_settings(cluster) -> dict:
     last = st.last_train.args.to_record() if st is not None and st.last_train else None
     rec = None
     try:
-        summ = C.call_ok(cluster, "dpnb.engine.views.live_summary", ranks=[0])[0]
+        summ = C.call_ok(cluster, ep.LIVE_SUMMARY, ranks=[0])[0]
         rec = summ.get("last")
     except C.ViewError:
         rec = None

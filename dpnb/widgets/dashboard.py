@@ -22,6 +22,7 @@ from typing import Any
 import ipywidgets as w
 
 from ..display import GROUP_ABOVE, byte_span, group_cells, group_status
+from ..engine import entrypoints as ep
 from . import _common as C
 
 log = logging.getLogger(__name__)
@@ -262,7 +263,7 @@ def collect(cluster) -> tuple[list[dict], list[dict]]:
     """``cluster.status()`` and every rank's ``live_summary`` (main thread, cluster idle)."""
     status = cluster.status()
     try:
-        summ = C.call_ok(cluster, "dpnb.engine.views.live_summary")
+        summ = C.call_ok(cluster, ep.LIVE_SUMMARY)
     except C.ViewError:
         summ = []
     return status, summ

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from dpnb.core.units import fmt_bytes
 from dpnb.ranks import rank_label
 
+from ..engine import entrypoints as ep
 from . import _common as C
 
-ENGINE = "dpnb.engine.residency.measure_step"
 ORDER = ("ddp", "zero1", "zero2", "zero3")
 
 
@@ -69,7 +69,7 @@ def measure(cluster, micro_batch: int = 8, grad_accum: int = 1) -> tuple[Residen
     for name, v in (("micro-batch", micro_batch), ("grad-accum", grad_accum)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise C.ViewError(f"--{name} must be a whole number >= 1 (got {v!r})")
-    return from_ranks(C.call_ok(cluster, ENGINE, micro_batch=micro_batch, grad_accum=grad_accum))
+    return from_ranks(C.call_ok(cluster, ep.MEASURE_RESIDENCY, micro_batch=micro_batch, grad_accum=grad_accum))
 
 
 HEADERS = ("strategy", "whole model", "forward: params", "backward: params + grads", "after the step")
