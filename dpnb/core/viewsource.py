@@ -60,7 +60,7 @@ class ViewSource(Protocol):
     def status(self) -> list[dict]:
         """One row per rank: host, pid, device, alive, memory."""
 
-    def busy(self) -> bool:
+    def in_flight(self) -> bool:
         """A cell or call is in flight (a view must not send one now)."""
 
     def published_progress(self, seen: dict) -> dict[int, dict]:

@@ -106,7 +106,7 @@ class Cluster(Engines):
     # ------------------------------------------------------------------
     # What the views read (dpnb.core.viewsource.ViewSource): the session hands
     # them typed data; they never reach the ipyparallel client or its state.
-    def busy(self) -> bool:
+    def in_flight(self) -> bool:
         """A cell or call is in flight: ipyparallel still waits on some reply."""
         return bool(getattr(self.client, "outstanding", ()))
 

@@ -273,7 +273,7 @@ class _Poller:
             log.warning("dashboard refresh failed: %s: %s", type(e).__name__, e, exc_info=True)
 
     def tick(self) -> None:
-        running = self.cluster.busy()
+        running = self.cluster.in_flight()
         prog = self.cluster.published_progress(self.seen)
         # The payloads a finished %dp train kept (dpnb.session.verbs): authoritative
         # for the end of the run even when no tick fell inside it.
@@ -333,7 +333,7 @@ def view(cluster: ViewSource | None = None, *, status: list[dict] | None = None,
     box.poller = None
     if cluster is not None:
         def on_refresh(_b):
-            if cluster.busy():
+            if cluster.in_flight():
                 box.message.value = "<i>training is running: the status refreshes when it is done</i>"
                 return
             status, summaries = collect(cluster)

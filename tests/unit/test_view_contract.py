@@ -18,6 +18,7 @@ import pathlib
 import threading
 import typing
 
+from dpnb.cluster import Engines
 from dpnb.core.viewsource import LastRun, ViewSource
 from dpnb.session import Cluster
 from dpnb.session.state import LastTrain, TrainArgs, TrainingState
@@ -49,7 +50,7 @@ def test_no_view_reaches_into_the_cluster():
 
 def test_views_use_only_the_contract():
     """Every ``cluster.X`` a view reads is a member of ``ViewSource``."""
-    assert {"call", "busy", "published_progress", "last_run", "keep_residency"} <= MEMBERS
+    assert {"call", "in_flight", "published_progress", "last_run", "keep_residency"} <= MEMBERS
     outside = []
     for rel, tree in _views():
         for n in ast.walk(tree):
@@ -69,6 +70,12 @@ def test_the_session_implements_the_contract():
                 inits.add(n.attr)
     missing = sorted(m for m in MEMBERS if not hasattr(Cluster, m) and m not in inits)
     assert not missing, missing
+    # the session's own members of the contract shadow nothing of the runtime
+    # (``Engines.busy`` is the set of busy ranks, which the runtime reads itself)
+    own = {m for m in MEMBERS if m in vars(Cluster)}
+    assert own >= {"in_flight", "published_progress", "last_run", "keep_residency"}, own
+    shadowed = sorted(m for m in own if hasattr(Engines, m) or m in inits - {"last_profile"})
+    assert not shadowed, shadowed
 
 
 def _session(last_train=None) -> Cluster:
@@ -108,7 +115,7 @@ class _Source:
     def status(self):
         return []
 
-    def busy(self):
+    def in_flight(self):
         return True
 
     def published_progress(self, seen):
