@@ -421,6 +421,13 @@ MUTATIONS = [
  ("the runtime imports no training module of the engine", "dpnb/cluster/transport.py",
   "from ..engine import runner, setup\n", "from ..engine import runner, setup, training  # noqa: F401\n",
   ["tests/unit/test_layers.py::test_the_runtime_imports_nothing_of_training"]),
+ ("the ranks refuse train's counts by the notebook's rule", "dpnb/engine/trainplan.py",
+  'problem = count_problem(("micro_batch", "grad_accum"), steps=steps, epochs=epochs,',
+  'problem = count_problem(("micro_batch", "grad_accum"), epochs=epochs,',
+  ["tests/unit/test_train_counts.py::test_notebook_and_ranks_refuse_the_same_counts_with_the_same_line"]),
+ ("train's counts are whole numbers >= 1", "dpnb/core/traincounts.py",
+  "not isinstance(v, int) or v < 1:", "not isinstance(v, int) or v < 0:",
+  ["tests/unit/test_train_counts.py::test_the_rule"]),
 ]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from ..compat import result_metadata
 from ..core.errors import ConfigError
 from ..core.strategies import LR_SCALES, STRATEGIES, is_fsdp, parse_comm_hook
+from ..core.traincounts import count_problem
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..progress import TrainProgress
@@ -93,10 +94,10 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     if steps is None and epochs is None:
         raise DpnbError("say how long to train: --steps S or --epochs E")
     micro_batch, grad_accum, from_plan = batch_layout(cluster, micro_batch, grad_accum)
-    for name, v, lo in (("steps", steps, 1), ("epochs", epochs, 1), ("micro-batch", micro_batch, 1),
-                        ("grad-accum", grad_accum, 1)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
-            raise DpnbError(f"--{name} must be a whole number >= {lo} (got {v!r})")
+    problem = count_problem(steps=steps, epochs=epochs, micro_batch=micro_batch,
+                            grad_accum=grad_accum)  # the engine's own rule (trainplan)
+    if problem:
+        raise DpnbError(problem)
     if lr_scale not in LR_SCALES:
         raise DpnbError(f"--lr-scale must be one of {', '.join(LR_SCALES)} (got {lr_scale!r})")
     if checkpoint_every is not None and (isinstance(checkpoint_every, bool)
