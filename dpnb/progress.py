@@ -10,11 +10,14 @@ at most about once a second so drawing never slows training down.
 from __future__ import annotations
 
 import io
+import logging
 import sys
 import time
 
 from .display import show_widget, widget_bundle
 from .env import RENDER_LOCK, in_kernel
+
+log = logging.getLogger(__name__)
 
 
 def _fmt_rate(x) -> str:
@@ -146,3 +149,35 @@ class TrainProgress:
             if note:
                 sys.stdout.write(note + "\n")
             sys.stdout.flush()
+
+
+def progress_from_client(client, also: dict | None = None) -> dict:
+    """Latest ``dpnb_progress`` payload per rank from in-flight ipyparallel requests (read-only).
+
+    ``also``: message ids seen earlier; their final payload is kept in the
+    client's metadata after they finish, so a run shorter than the polling
+    interval still shows its last step.  Ids that carried progress are added
+    to ``also`` (a dict used as an insertion-ordered set).
+    """
+    out: dict = {}
+    # The client's I/O thread adds and removes ids meanwhile: copy, retrying
+    # the rare "changed size during iteration".
+    for _ in range(3):
+        try:
+            ids = list(client.outstanding) + list(also or ())
+            break
+        except RuntimeError:  # "changed size during iteration": read it again
+            continue
+    else:
+        log.info("outstanding ids kept changing; progress read next time")
+        return out
+    for mid in ids:
+        md = client.metadata.get(mid)
+        data = md.get("data") if md is not None else None
+        p = data.get("dpnb_progress") if isinstance(data, dict) else None
+        if p and "rank" in p:
+            if also is not None:
+                also[mid] = None
+            if p["rank"] not in out or p.get("step", -1) >= out[p["rank"]].get("step", -1):
+                out[p["rank"]] = dict(p)
+    return out

@@ -33,13 +33,13 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from ..engine import entrypoints as ep
 from ..engine.boot import wait_for_connection
 from ..errors import DpnbError, StartError
 from .processes import describe_exit
 
 log = logging.getLogger(__name__)
 
-AGENT_MODULE = "dpnb.engine.hostagent"
 REPLY_TIMEOUT_S = 30.0
 
 
@@ -233,9 +233,9 @@ class Agents:
                 self.agents[h] = taken
                 continue
             if self.local_zygote:
-                cmd = [self.remote_python, "-m", AGENT_MODULE, "--zygote"]
+                cmd = [self.remote_python, "-m", ep.HOSTAGENT_MODULE, "--zygote"]
             else:
-                cmd = [*ssh_command(self.ssh_config), h, self.remote_python, "-m", AGENT_MODULE]
+                cmd = [*ssh_command(self.ssh_config), h, self.remote_python, "-m", ep.HOSTAGENT_MODULE]
             self.agents[h] = HostAgent(h, cmd)
 
     def hello(self, connection: str) -> dict[str, dict]:
@@ -400,7 +400,7 @@ class WarmZygote:
     def __init__(self):
         self.env = _import_time_env()
         self.agent: HostAgent | None = HostAgent(
-            ZYGOTE_HOST, [sys.executable, "-m", AGENT_MODULE, "--zygote"])
+            ZYGOTE_HOST, [sys.executable, "-m", ep.HOSTAGENT_MODULE, "--zygote"])
 
     @property
     def pid(self) -> int | None:

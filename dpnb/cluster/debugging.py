@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..compat import result_metadata
+from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
 from . import sidedoor
@@ -176,7 +177,7 @@ def post_mortem(c: "Cluster", rank: int | None, commands=None) -> str:
         raise DpnbError(f"rank {rank} died ({c.dead[rank]}): nothing to debug there")
     sel = c._select([rank])
     ask = scripted(commands) if commands else None
-    ars = c.transport.call_async("dpnb.engine.rankpdb.post_mortem", (), {}, sel)
+    ars = c.transport.call_async(ep.POST_MORTEM, (), {}, sel)
     res = c.transport.wait(ars, sel, timeout=None, stream=True, kind=WaitKind.APPLY, ask=ask)
     c._finish(res, True)
     return res.outcomes[rank].value or ""

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..compat import result_metadata, shell_ignores_engine_comms
 from ..engine import runner, setup
@@ -93,7 +94,7 @@ class Transport:
         but not check the cell's collectives."""
         if unchecked:
             self._flags = [self.view(r).apply_async(
-                _runner_fn("call"), "dpnb.engine.cellguard.skip_checks_next_cell", (), {})
+                _runner_fn("call"), ep.SKIP_CHECKS_NEXT_CELL, (), {})
                 for r in sel]
         return {r: self.view(r).execute(code, silent=False, block=False) for r in sel}
 

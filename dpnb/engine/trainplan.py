@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.strategies import LR_SCALES
+from ..core.traincounts import count_problem
 from .microbatch import _arity, _resolve_callable
 from .train_state import TrainError, choice
 
@@ -43,11 +44,13 @@ def plan(ns, es, data, *, steps, epochs, micro_batch, grad_accum, lr_scale, ref_
     """Check every argument of ``train`` against the data; raise :class:`TrainError`."""
     if step_fn is not None and loss_fn is not None:
         raise TrainError("pass either step_fn or loss_fn, not both")
-    for nm, v in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
-        if not isinstance(v, int) or v < 1:
-            raise TrainError(f"{nm} must be a positive integer, got {v!r}")
     if (steps is None) == (epochs is None):
         raise TrainError("give exactly one of --steps S or --epochs E")
+    # the notebook's rule too (dpnb.session.verbs): one rule, whoever calls
+    problem = count_problem(("micro_batch", "grad_accum"), steps=steps, epochs=epochs,
+                            micro_batch=micro_batch, grad_accum=grad_accum)
+    if problem:
+        raise TrainError(problem)
     ws, B, K = es.world_size, micro_batch, grad_accum
     G = B * ws * K
     per_rank = data.per_rank_len(ws)
@@ -59,9 +62,6 @@ def plan(ns, es, data, *, steps, epochs, micro_batch, grad_accum, lr_scale, ref_
             "Use a smaller --micro-batch or --grad-accum, or a larger dataset"
         )
     steps_per_epoch = per_rank // (B * K)
-    count, what = (steps, "--steps") if steps is not None else (epochs, "--epochs")
-    if not isinstance(count, int) or count < 0:
-        raise TrainError(f"{what} must be a non-negative integer, got {count!r}")
     n_steps = steps if steps is not None else epochs * steps_per_epoch
     mode = choice(lr_scale, LR_SCALES, "lr scaling")
     ref = ref_batch if ref_batch is not None else B

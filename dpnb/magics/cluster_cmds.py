@@ -14,6 +14,7 @@ from .. import session
 from ..cluster import keep
 from ..cluster.types import BACKENDS, LAUNCHERS, TORCH_DEFAULT_TIMEOUT_S, Status
 from ..display import show_status
+from ..engine import entrypoints as ep
 from .options import subcommand
 
 
@@ -184,7 +185,7 @@ class ClusterCommands:
         print("\n".join(rows) if rows else "dpnb log: empty (nothing was caught)")
         if a.ranks:
             c = self._need()
-            res = c.call("dpnb.engine.runner.log_records", a.last, raise_errors=False)
+            res = c.call(ep.LOG_RECORDS, a.last, raise_errors=False)
             for r in res.ranks:
                 o = res.outcomes[r]
                 got = o.value if o.status == Status.OK else [f"(no answer: {o.status})"]

@@ -14,7 +14,11 @@ runtime's record when the cluster outlives its kernel.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..cluster import Engines
+from ..core.viewsource import LastRun
+from ..progress import progress_from_client
 from . import export as _export
 from . import profile as _profile
 from . import resize as _resize
@@ -98,6 +102,33 @@ class Cluster(Engines):
         if resume is None or resume is False:
             return super().restart(hard=hard)
         return _resume.restart_and_resume(self, hard=hard, resume=resume)
+
+    # ------------------------------------------------------------------
+    # What the views read (dpnb.core.viewsource.ViewSource): the session hands
+    # them typed data; they never reach the ipyparallel client or its state.
+    def in_flight(self) -> bool:
+        """A cell or call is in flight: ipyparallel still waits on some reply."""
+        return bool(getattr(self.client, "outstanding", ()))
+
+    def published_progress(self, seen: dict) -> dict[int, dict]:
+        """Each rank's latest ``dpnb_progress`` payload (datapub, read from the
+        client's metadata while the call runs; ``seen`` keeps finished ids)."""
+        return progress_from_client(self.client, seen)
+
+    def last_run(self) -> LastRun | None:
+        """The last ``%dp train``: its arguments and each rank's final progress."""
+        t = self.training.last_train
+        return LastRun(t.args.to_record(), t.progress) if t else None
+
+    def keep_residency(self, model_bytes: int, strategy: str, found: Any) -> dict[str, Any]:
+        """The residency view's measurements, kept for this session (not in a kept
+        cluster's record): one model size at a time, the latest per strategy."""
+        st = self.training
+        if st.residency_bytes != model_bytes:
+            st.residency = {}
+        st.residency_bytes = model_bytes
+        st.residency[strategy] = found
+        return dict(st.residency)
 
     def session_record(self) -> dict:
         return self.training.to_record()

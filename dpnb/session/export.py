@@ -33,11 +33,11 @@ import stat
 
 from ..cluster.types import EntryKind
 from ..core.cellgraph import cell_summary
+from ..engine import entrypoints as ep
 from ..errors import DpnbError
 
-_T = "dpnb.engine.training."
 #: setup calls the job does not need: they serve notebook views only
-NOTEBOOK_ONLY_CALLS = {"dpnb.engine.views.watch"}
+NOTEBOOK_ONLY_CALLS = {ep.WATCH}
 
 
 def _short(code: str) -> str:
@@ -93,7 +93,7 @@ def skipped_cells(cluster) -> list[tuple[str, str]]:
 
 def _call_source(dotted: str, args: tuple, kwargs: dict) -> str:
     module, _, fn = dotted.rpartition(".")
-    alias = {"dpnb.engine.training": "training", "dpnb.engine.checkpoint": "checkpoint"}.get(module)
+    alias = {ep.TRAINING_MODULE: "training", ep.CHECKPOINT_MODULE: "checkpoint"}.get(module)
     parts = ["globals()"] + [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
     call = f"{alias or module}.{fn}({', '.join(parts)})"
     return call if alias else f"import {module}\n{call}"
@@ -199,7 +199,7 @@ def export(cluster, out_dir: str) -> dict:
     Returns ``{"dir", "files", "checkpoint", "skipped", "command"}``.
     """
     cluster.require_running()
-    if not cluster.setup_log.has_call(_T + "wrap"):
+    if not cluster.setup_log.has_call(ep.WRAP):
         raise DpnbError("nothing to export: no model is wrapped. Build it in %%dp --setup "
                         "cells, %dp wrap it and %dp data, then export")
     if not isinstance(out_dir, str) or not out_dir.strip():
@@ -213,7 +213,7 @@ def export(cluster, out_dir: str) -> dict:
         raise DpnbError(f"cannot create {out} ({e.strerror}): give a folder you can write") from None
     skipped = skipped_cells(cluster)
     ck = os.path.join(out, "checkpoint")
-    saved = cluster.call("dpnb.engine.checkpoint.save", ck).values[0]
+    saved = cluster.call(ep.SAVE, ck).values[0]
     when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     files = {"train.py": script(cluster, checkpoint="checkpoint", skipped=skipped, when=when),
              **launch_files(cluster)}

@@ -25,6 +25,7 @@ import uuid
 
 from ..core.errors import ConfigError
 from ..core.profile import Profiled, RankTrace, analyze, merged_trace
+from ..engine import entrypoints as ep
 from ..errors import DpnbError
 
 log = logging.getLogger(__name__)
@@ -69,10 +70,10 @@ def profiled(cluster, run, *, ranks=None, what: str = "cell", out_dir: str | Non
     except OSError as e:
         raise DpnbError(f"cannot write the profile to {folder}: {e.strerror}; give another "
                         f"folder with --profile-dir") from None
-    began = cluster.call("dpnb.engine.profile.begin", tag, ranks=ranks, raise_errors=False)
+    began = cluster.call(ep.PROFILE_BEGIN, tag, ranks=ranks, raise_errors=False)
     bad = {r: o for r, o in began.outcomes.items() if not o.ok}
     if bad:  # nothing may stay profiling where it did start
-        cluster.call("dpnb.engine.profile.drop", ranks=ranks, raise_errors=False)
+        cluster.call(ep.PROFILE_DROP, ranks=ranks, raise_errors=False)
         r, o = next(iter(bad.items()))
         raise DpnbError(f"torch.profiler did not start on rank {r} ({o.ename}: {o.evalue}); "
                         f"nothing was run")
@@ -82,7 +83,7 @@ def profiled(cluster, run, *, ranks=None, what: str = "cell", out_dir: str | Non
     except BaseException as e:  # Ctrl-C too: raised again below, once the profilers are stopped
         err = e
     try:
-        ended = cluster.call("dpnb.engine.profile.end", ranks=ranks, raise_errors=False)
+        ended = cluster.call(ep.PROFILE_END, ranks=ranks, raise_errors=False)
     except Exception as e:  # the cluster itself went (a stop, a dead controller)
         log.warning("profiles not collected: %s: %s", type(e).__name__, e)
         if err is not None:

@@ -30,17 +30,17 @@ from dataclasses import asdict
 from ..cluster.world import check_target, resize_world
 from ..core.errors import ConfigError
 from ..core.resize import ResizePlan, plan_resize
+from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from . import resume
 from .state import BatchPlan
 
 log = logging.getLogger(__name__)
 
-_WRAP = "dpnb.engine.training.wrap"
 
 
 def _check_model(cluster) -> None:
-    if not cluster.setup_log.has_call(_WRAP):
+    if not cluster.setup_log.has_call(ep.WRAP):
         raise DpnbError("resize moves a training job, and no model was wrapped: %dp wrap one "
                         "first (to change an empty cluster's size, %dp stop and %dp start -n M)")
 
@@ -83,7 +83,7 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     if checkpoint_dir is None:
         checkpoint_dir = tempfile.mkdtemp(prefix="resize-", dir=cluster.profile_dir)
     path = os.path.abspath(os.path.expanduser(checkpoint_dir))
-    saved = cluster.call("dpnb.engine.checkpoint.save", path).values[0]
+    saved = cluster.call(ep.SAVE, path).values[0]
     step = saved.get("step")
     world = resize_world(cluster, target)
     loaded = resume.replay_and_load(cluster, path, rebuild, world.added)
@@ -91,7 +91,7 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     last = cluster.training.last_train
     last_scale = last.args.lr_scale if last else "none"
     if keep == "lr" and last_scale == "none":
-        lr = cluster.call("dpnb.engine.training.scale_lr", p.lr_factor).values[0]["lr"]
+        lr = cluster.call(ep.SCALE_LR, p.lr_factor).values[0]["lr"]
     cluster.training.batch_plan = BatchPlan(p.micro_batch, p.grad_accum, p.global_batch)
     cluster.refresh_keep_record()  # a kept cluster's record follows its ranks and the plan
     # train's own --lr-scale rule, when one is set, goes on choosing the rate

@@ -27,13 +27,13 @@ from ..cluster.diagnose import first_error
 from ..cluster.types import EntryKind
 from ..core.cellgraph import HistoryCell, ResumePlan, cell_summary, plan
 from ..core.strategies import is_fsdp
+from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
 
-_T = "dpnb.engine.training."
 #: names every rank has without any cell (dpnb.engine.setup.init_rank, IPython)
 PROVIDED = frozenset({"rank", "world_size", "local_rank", "device", "torch", "dist",
                       "get_ipython", "exit", "quit", "In", "Out", "_dpnb"})
@@ -48,9 +48,9 @@ def needed(c: "Cluster") -> dict[str, str]:
     train's ``--step-fn`` / ``--loss-fn``."""
     out: dict[str, str] = {}
     for e in c.setup_log.entries:
-        if e.dotted == _T + "wrap" and e.args:
+        if e.dotted == ep.WRAP and e.args:
             out[str(e.args[0])] = f"the wrap ({e.label})"
-        elif e.dotted == _T + "set_data" and e.args:
+        elif e.dotted == ep.SET_DATA and e.args:
             out[str(e.args[0])] = f"the data ({e.label})"
     last = c.training.last_train
     for key in ("step_fn", "loss_fn"):
@@ -126,7 +126,7 @@ def replay_and_load(c: "Cluster", path: str, p: ResumePlan, replaced: list[int])
     calls = [e for e in c.setup_log.entries if e.kind == EntryKind.CALL]
     for e in calls:
         c.call(e.dotted, *e.args, **e.kwargs)
-    info = c.call("dpnb.engine.checkpoint.load", path).values[0]
+    info = c.call(ep.LOAD, path).values[0]
     cells = "; ".join(f"cell: {_summary(r.code)} ({r.why})" for r in ran) or "none"
     who = (f"Rebuilt on {rank_label(ranks)} ({why}) from {len(ran)} cell"
            f"{'s' if len(ran) != 1 else ''}: {cells}." if ranks else
@@ -158,7 +158,7 @@ def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     path = os.path.abspath(path)
     if not os.path.isdir(path):
         raise DpnbError(f"no checkpoint folder at {path}: give a folder %dp save wrote")
-    if not c.setup_log.has_call(_T + "wrap"):
+    if not c.setup_log.has_call(ep.WRAP):
         raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
                         "history; build and %dp wrap it, then %dp load DIR")
     p = make_plan(c)

@@ -141,6 +141,7 @@ class TrainingState:
     train_log: list[TrainCall] = field(default_factory=list)
     autosave_dir: str | None = None  # where %dp train --checkpoint-every writes
     residency: dict[str, Any] = field(default_factory=dict)  # strategy -> measured (not kept)
+    residency_bytes: int | None = None  # the model size those were measured on
 
     @property
     def strategy(self) -> str:

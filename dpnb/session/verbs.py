@@ -16,13 +16,13 @@ from typing import Any
 from ..compat import result_metadata
 from ..core.errors import ConfigError
 from ..core.strategies import LR_SCALES, STRATEGIES, is_fsdp, parse_comm_hook
+from ..core.traincounts import count_problem
+from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..progress import TrainProgress
 from ..ranks import rank_label
 from .state import LastTrain, TrainArgs, TrainCall, WrapRecord
 
-_T = "dpnb.engine.training."
-WATCH = "dpnb.engine.views.watch"
 
 
 def _rank0(res) -> Any:
@@ -52,26 +52,26 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
     if is_fsdp(strategy) and opts.get("mixed_precision") == "fp16" and cluster.backend == "gloo":
         raise DpnbError("fp16 mixed precision with FSDP needs GPUs (NCCL); on a CPU cluster "
                         "use --mixed-precision bf16 or none")
-    missing = cluster.call("dpnb.engine.runner.has_names_ns", [model])
+    missing = cluster.call(ep.HAS_NAMES, [model])
     lacking = [r for r, v in zip(missing.ranks, missing.values) if v]
     if lacking:
         raise DpnbError(f"there is no {model!r} on {rank_label(lacking)}: build the model in a "
                         f"%%dp cell on every rank first (e.g. {model} = torch.nn.Linear(8, 1))")
-    res = cluster.call(_T + "wrap", model, strategy, **opts)
+    res = cluster.call(ep.WRAP, model, strategy, **opts)
     info = _rank0(res)
     cluster.training.wrapped(WrapRecord(model, strategy, dict(opts), info))
-    cluster.record_setup_call(f"wrap {model} ({strategy})", _T + "wrap", model, strategy, **opts)
+    cluster.record_setup_call(f"wrap {model} ({strategy})", ep.WRAP, model, strategy, **opts)
     # Timing hooks for the gradient-sync view (optimizer step, FSDP
     # all-gather / reduce-scatter); local to each rank, no communication.
-    cluster.call(WATCH)
-    cluster.record_setup_call("gradsync timing hooks", WATCH)
+    cluster.call(ep.WATCH)
+    cluster.record_setup_call("gradsync timing hooks", ep.WATCH)
     return info
 
 
 def set_data(cluster, dataset: str, *, seed: int = 0, shuffle: bool = True) -> dict:
     """Use the dataset named ``dataset`` (defined on every rank) for training."""
-    info = _rank0(cluster.call(_T + "set_data", dataset, seed=seed, shuffle=shuffle))
-    cluster.record_setup_call(f"data {dataset}", _T + "set_data", dataset, seed=seed,
+    info = _rank0(cluster.call(ep.SET_DATA, dataset, seed=seed, shuffle=shuffle))
+    cluster.record_setup_call(f"data {dataset}", ep.SET_DATA, dataset, seed=seed,
                               shuffle=shuffle)
     return info
 
@@ -94,10 +94,10 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     if steps is None and epochs is None:
         raise DpnbError("say how long to train: --steps S or --epochs E")
     micro_batch, grad_accum, from_plan = batch_layout(cluster, micro_batch, grad_accum)
-    for name, v, lo in (("steps", steps, 1), ("epochs", epochs, 1), ("micro-batch", micro_batch, 1),
-                        ("grad-accum", grad_accum, 1)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
-            raise DpnbError(f"--{name} must be a whole number >= {lo} (got {v!r})")
+    problem = count_problem(steps=steps, epochs=epochs, micro_batch=micro_batch,
+                            grad_accum=grad_accum)  # the engine's own rule (trainplan)
+    if problem:
+        raise DpnbError(problem)
     if lr_scale not in LR_SCALES:
         raise DpnbError(f"--lr-scale must be one of {', '.join(LR_SCALES)} (got {lr_scale!r})")
     if checkpoint_every is not None and (isinstance(checkpoint_every, bool)
@@ -126,7 +126,7 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
             if view is not None:
                 view.update(data["dpnb_progress"])
 
-    res = cluster.call(_T + "train", timeout=timeout, on_poll=on_poll, raise_errors=False,
+    res = cluster.call(ep.TRAIN, timeout=timeout, on_poll=on_poll, raise_errors=False,
                        **args.to_record())
     summary = res.values[0] if res.ok else None
     if summary:
@@ -184,12 +184,12 @@ def batch_layout(cluster, micro_batch: int | None, grad_accum: int | None) -> tu
 
 def check(cluster, model: str | None = None) -> dict:
     """Are the replicas in sync?  Rank 0's verdict, naming differing tensors."""
-    return _rank0(cluster.call("dpnb.engine.check.check", model_name=model))
+    return _rank0(cluster.call(ep.CHECK, model_name=model))
 
 
 def save(cluster, path: str) -> dict:
     """Save model + optimizer + step with torch.distributed.checkpoint."""
-    return _rank0(cluster.call("dpnb.engine.checkpoint.save", os.path.abspath(path)))
+    return _rank0(cluster.call(ep.SAVE, os.path.abspath(path)))
 
 
 def load(cluster, path: str) -> dict:
@@ -197,14 +197,14 @@ def load(cluster, path: str) -> dict:
     path = os.path.abspath(path)
     if not os.path.isdir(path):
         raise DpnbError(f"no checkpoint folder at {path}: give the folder %dp save wrote")
-    return _rank0(cluster.call("dpnb.engine.checkpoint.load", path))
+    return _rank0(cluster.call(ep.LOAD, path))
 
 
 def pull_model(cluster) -> dict:
     """The full, unwrapped state dict (gathered for FSDP), from rank 0."""
-    return _rank0(cluster.call("dpnb.engine.checkpoint.full_state_dict"))
+    return _rank0(cluster.call(ep.FULL_STATE_DICT))
 
 
 def records(cluster, last: int | None = None) -> list[list[dict]]:
     """Per-rank step records: ``records[rank][i]``."""
-    return cluster.call(_T + "records", last=last).values
+    return cluster.call(ep.RECORDS, last=last).values

@@ -29,6 +29,8 @@ from dpnb.core import (
     solve_grad_accum,
 )
 
+from ..core.viewsource import ViewSource
+from ..engine import entrypoints as ep
 from . import _common as C
 
 MAX_DRAWN = 16  # ranks / micro-steps drawn individually in the grid
@@ -198,15 +200,15 @@ def _drawn(n: int) -> list[int]:
     return list(range(n)) if n <= MAX_DRAWN else list(range(MAX_DRAWN - 1)) + [n - 1]
 
 
-def live_settings(cluster) -> dict:
+def live_settings(cluster: ViewSource) -> dict:
     """DP from the running cluster and the last ``%dp train`` settings (rank 0's last record)."""
     live: dict = {"dp": cluster.world_size}
-    # the session's last train call (dpnb.session.state); a bare runtime has none
-    st = getattr(cluster, "training", None)
-    last = st.last_train.args.to_record() if st is not None and st.last_train else None
+    # the session's last train call, as the session hands it to views
+    run = cluster.last_run()
+    last = run.settings if run is not None else None
     rec = None
     try:
-        summ = C.call_ok(cluster, "dpnb.engine.views.live_summary", ranks=[0])[0]
+        summ = C.call_ok(cluster, ep.LIVE_SUMMARY, ranks=[0])[0]
         rec = summ.get("last")
     except C.ViewError:
         rec = None
@@ -224,7 +226,7 @@ def live_settings(cluster) -> dict:
     return live
 
 
-def view(cluster=None, *, micro_batch: int = 4, dp: int = 8, grad_accum: int = 1, seq_len: int = 4096,
+def view(cluster: ViewSource | None = None, *, micro_batch: int = 4, dp: int = 8, grad_accum: int = 1, seq_len: int = 4096,
          target_tokens: int | None = 4 * 2**20, ref_lr: float = 3e-4, ref_batch: int = 256,
          tp: int = 1, pp: int = 1, gpus: int = 0):
     """The batch widget; with ``cluster`` ("live" mode) DP, micro-batch, grad-accum,
@@ -259,7 +261,7 @@ def view(cluster=None, *, micro_batch: int = 4, dp: int = 8, grad_accum: int = 1
                                   ["ref_batch", "tp", "pp"], ["gpus"]])
 
 
-def show(cluster=None, **kw: Any) -> None:
+def show(cluster: ViewSource | None = None, **kw: Any) -> None:
     """Display the widget and a static copy in a kernel; print the summary in a terminal."""
     if C._in_kernel():
         C.show_view(view(cluster, **kw))
@@ -274,7 +276,7 @@ def _data_args(kw: dict) -> dict:
     return {k: kw[k] for k in keys if k in kw}
 
 
-def save(path: str, cluster=None, **kw: Any) -> str:
+def save(path: str, cluster: ViewSource | None = None, **kw: Any) -> str:
     """Write the figure (PNG or SVG by extension) for the given inputs."""
     live = live_settings(cluster) if cluster is not None else {}
     args = {**kw, **{k: v for k, v in live.items() if k in ("micro_batch", "dp", "grad_accum", "seq_len")}}

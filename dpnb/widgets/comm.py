@@ -23,6 +23,7 @@ import ipywidgets as w
 from dpnb.core import (LINKS, ConfigError, Link, algbw, bus_factor, busbw, collective_bytes,
                        collective_steps, collective_time)
 
+from ..engine import entrypoints as ep
 from . import _common as C
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -94,7 +95,7 @@ def bench(cluster, sizes=None, kind: str = "all_reduce", iters: int = 5, warmup:
     if kind not in KINDS:
         raise C.ViewError(f"unknown collective {kind!r}: choose one of {', '.join(KINDS)}")
     sizes = [int(s) for s in (sizes or BENCH_SIZES)]
-    res = C.call_ok(cluster, "dpnb.engine.views.bench_collective", sizes, kind, iters, warmup)
+    res = C.call_ok(cluster, ep.BENCH_COLLECTIVE, sizes, kind, iters, warmup)
     return bench_from_ranks(res)
 
 

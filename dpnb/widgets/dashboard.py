@@ -21,7 +21,10 @@ from typing import Any
 
 import ipywidgets as w
 
+from ..core.viewsource import ViewSource
 from ..display import GROUP_ABOVE, byte_span, group_cells, group_status
+from ..engine import entrypoints as ep
+from ..progress import progress_from_client  # noqa: F401  (the decoder the session uses)
 from . import _common as C
 
 log = logging.getLogger(__name__)
@@ -75,38 +78,6 @@ def data(status: list[dict] | None = None, summaries: list[dict] | None = None,
             hist[st] = (st, float(p.get("loss", hist.get(st, (0, float("nan")))[1])), p["samples_per_s"])
     return DashboardView(tuple(status or ()), prog, tuple(hist[k] for k in sorted(hist)),
                          tuple(mem[k] for k in sorted(mem)), strategy, bool(running))
-
-
-def progress_from_client(client, also: dict | None = None) -> dict:
-    """Latest ``dpnb_progress`` payload per rank from in-flight ipyparallel requests (read-only).
-
-    ``also``: message ids seen earlier; their final payload is kept in the
-    client's metadata after they finish, so a run shorter than the polling
-    interval still shows its last step.  Ids that carried progress are added
-    to ``also`` (a dict used as an insertion-ordered set).
-    """
-    out: dict = {}
-    # The client's I/O thread adds and removes ids meanwhile: copy, retrying
-    # the rare "changed size during iteration".
-    for _ in range(3):
-        try:
-            ids = list(client.outstanding) + list(also or ())
-            break
-        except RuntimeError:  # "changed size during iteration": read it again
-            continue
-    else:
-        log.info("outstanding ids kept changing; progress read next time")
-        return out
-    for mid in ids:
-        md = client.metadata.get(mid)
-        data = md.get("data") if md is not None else None
-        p = data.get("dpnb_progress") if isinstance(data, dict) else None
-        if p and "rank" in p:
-            if also is not None:
-                also[mid] = None
-            if p["rank"] not in out or p.get("step", -1) >= out[p["rank"]].get("step", -1):
-                out[p["rank"]] = dict(p)
-    return out
 
 
 # ----------------------------------------------------------------- output
@@ -258,11 +229,11 @@ def figure(d: DashboardView):
 
 
 # ----------------------------------------------------------------- widget
-def collect(cluster) -> tuple[list[dict], list[dict]]:
+def collect(cluster: ViewSource) -> tuple[list[dict], list[dict]]:
     """``cluster.status()`` and every rank's ``live_summary`` (main thread, cluster idle)."""
     status = cluster.status()
     try:
-        summ = C.call_ok(cluster, "dpnb.engine.views.live_summary")
+        summ = C.call_ok(cluster, ep.LIVE_SUMMARY)
     except C.ViewError:
         summ = []
     return status, summ
@@ -277,7 +248,7 @@ class _Poller:
     at step 0 is worse than one that skips a frame.
     """
 
-    def __init__(self, box, cluster, state, lock, interval: float):
+    def __init__(self, box, cluster: ViewSource, state, lock, interval: float):
         self.box, self.cluster, self.state, self.lock = box, cluster, state, lock
         self.interval = interval
         self.stop_evt = threading.Event()
@@ -289,7 +260,7 @@ class _Poller:
 
     def run(self) -> None:
         while not self.stop_evt.wait(self.interval):
-            stopped = not getattr(self.cluster, "running", True)
+            stopped = not self.cluster.running
             self.safe_tick()  # once more after a stop: the run's end is still in memory
             if stopped:
                 break
@@ -302,13 +273,12 @@ class _Poller:
             log.warning("dashboard refresh failed: %s: %s", type(e).__name__, e, exc_info=True)
 
     def tick(self) -> None:
-        client = self.cluster.client
-        running = bool(getattr(client, "outstanding", ()))
-        prog = progress_from_client(client, self.seen)
+        running = self.cluster.in_flight()
+        prog = self.cluster.published_progress(self.seen)
         # The payloads a finished %dp train kept (dpnb.session.verbs): authoritative
         # for the end of the run even when no tick fell inside it.
-        st = getattr(self.cluster, "training", None)  # a bare runtime has no session state
-        final = st.last_train.progress if st is not None and st.last_train else None
+        last = self.cluster.last_run()
+        final = last.progress if last is not None else None
         if final and final is not self.final_seen:
             self.final_seen = final
             for r, p in final.items():
@@ -333,7 +303,7 @@ class _Poller:
         self.box.refresh()
 
 
-def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict] | None = None,
+def view(cluster: ViewSource | None = None, *, status: list[dict] | None = None, summaries: list[dict] | None = None,
          progress: dict | None = None, interval: float = 0.5, live: bool = True):
     """The dashboard widget.  With ``cluster``: status and summaries fetched now,
     a refresh button, and (``live=True``) a poller that follows training
@@ -363,7 +333,7 @@ def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict
     box.poller = None
     if cluster is not None:
         def on_refresh(_b):
-            if getattr(cluster.client, "outstanding", None):
+            if cluster.in_flight():
                 box.message.value = "<i>training is running: the status refreshes when it is done</i>"
                 return
             status, summaries = collect(cluster)
@@ -390,7 +360,7 @@ def view(cluster=None, *, status: list[dict] | None = None, summaries: list[dict
     return box
 
 
-def show(cluster=None, **kw: Any):
+def show(cluster: ViewSource | None = None, **kw: Any):
     """Display the dashboard; returns the widget (``.stop()`` ends its poller) in a kernel."""
     if C._in_kernel():
         box = view(cluster, **kw)
@@ -405,7 +375,7 @@ def show(cluster=None, **kw: Any):
         return None
 
 
-def save(path: str, cluster=None, **kw: Any) -> str:
+def save(path: str, cluster: ViewSource | None = None, **kw: Any) -> str:
     if cluster is not None:
         status, summ = collect(cluster)
         kw.setdefault("status", status)

@@ -34,6 +34,7 @@ from dpnb.core import (
 )
 from dpnb.core.strategies import is_ddp, is_fsdp
 
+from ..engine import entrypoints as ep
 from . import _common as C
 from .gradsync_data import (  # noqa: F401  (the view's data layer, re-exported)
     COMM_LANES,
@@ -60,13 +61,13 @@ def watch(cluster) -> list[dict]:
     """Install the timing hooks on every rank (forward, optimizer step, FSDP collectives); no communication.
 
     Call after ``%dp wrap`` and before ``%dp train``; ``%dp gradsync --watch``."""
-    return C.call_ok(cluster, "dpnb.engine.views.watch")
+    return C.call_ok(cluster, ep.WATCH)
 
 
 def fetch(cluster, last: int = 3) -> list[dict]:
     """The last ``last`` recorded steps of every rank (flat list; no communication)."""
     try:
-        per = C.call_ok(cluster, "dpnb.engine.views.gradsync_records", last)
+        per = C.call_ok(cluster, ep.GRADSYNC_RECORDS, last)
     except C.ViewError as e:
         if "no model is wrapped" in str(e):
             raise C.ViewError(NO_RECORDS + " (no model is wrapped yet: %dp wrap MODEL first)") from None

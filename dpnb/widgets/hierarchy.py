@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from dpnb.core import HierarchicalAllReduce, Link, hierarchical_allreduce_time
 
+from ..engine import entrypoints as ep
 from . import _common as C
 from .comm import BenchResult, fit_link
 
@@ -80,7 +81,7 @@ def from_ranks(per_rank: list[dict], pretend: bool = False) -> HierBench:
 def bench(cluster, sizes=None, iters: int = 3, hosts: int | None = None) -> HierBench:
     """Run the two-level benchmark on every rank (collective)."""
     lay, pretend = layout(cluster, hosts)
-    res = C.call_ok(cluster, "dpnb.engine.hierbench.bench_hierarchical",
+    res = C.call_ok(cluster, ep.BENCH_HIERARCHICAL,
                     [int(s) for s in (sizes or HIER_SIZES)], lay, iters, 1)
     return from_ranks(res, pretend)
 

@@ -33,6 +33,7 @@ from dpnb.core import (
 )
 from dpnb.core.memory import OFFLOADS, OPTIMIZERS, PRECISIONS
 
+from ..engine import entrypoints as ep
 from ..ranks import rank_label
 from . import _common as C
 
@@ -177,7 +178,7 @@ def live_data(snapshots: list[dict]) -> LiveMemory:
 
 def fetch(cluster) -> LiveMemory:
     """Ask every rank for its snapshot and compare with the exact model (no collective)."""
-    snaps = C.call_ok(cluster, "dpnb.engine.views.memory_snapshot")
+    snaps = C.call_ok(cluster, ep.MEMORY_SNAPSHOT)
     return live_data(snaps)
 
 

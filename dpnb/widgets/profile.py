@@ -62,7 +62,7 @@ def _default_shown(p: Profiled) -> tuple[int, ...]:
 def data(profiled: Profiled | None = None, cluster=None, ranks=None) -> ProfileView:
     """The view of ``profiled`` (default: ``cluster.last_profile``); ``ranks`` picks the lanes."""
     if profiled is None:
-        profiled = getattr(cluster, "last_profile", None)
+        profiled = cluster.last_profile if cluster is not None else None
     if profiled is None:
         raise C.ViewError("no profile yet: run a cell with %%dp --profile first")
     rep = profiled.report

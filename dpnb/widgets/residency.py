@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpnb.core.units import fmt_bytes
+from dpnb.core.viewsource import ViewSource
 from dpnb.ranks import rank_label
 
+from ..engine import entrypoints as ep
 from . import _common as C
 
-ENGINE = "dpnb.engine.residency.measure_step"
 ORDER = ("ddp", "zero1", "zero2", "zero3")
 
 
@@ -54,22 +55,19 @@ def from_ranks(per_rank: list[dict]) -> tuple[Residency, ...]:
     return tuple(Residency(k[0], k[1], tuple(rs), *k[2:]) for k, rs in groups.items())
 
 
-def remember(cluster, found: tuple[Residency, ...]) -> list[Residency]:
-    """Keep the latest measurement per strategy on ``cluster`` (forgetting any of
-    another model size); return every kept one, in ZeRO-stage order."""
-    full = found[0].full_param_bytes
-    kept = {s: v for s, v in cluster.training.residency.items() if v[0].full_param_bytes == full}
-    kept[found[0].strategy] = found
-    cluster.training.residency = kept
+def remember(cluster: ViewSource, found: tuple[Residency, ...]) -> list[Residency]:
+    """Have the session keep the latest measurement per strategy (forgetting any
+    of another model size); return every kept one, in ZeRO-stage order."""
+    kept = cluster.keep_residency(found[0].full_param_bytes, found[0].strategy, found)
     return [x for s in sorted(kept, key=lambda s: ORDER.index(s) if s in ORDER else 99) for x in kept[s]]
 
 
-def measure(cluster, micro_batch: int = 8, grad_accum: int = 1) -> tuple[Residency, ...]:
+def measure(cluster: ViewSource, micro_batch: int = 8, grad_accum: int = 1) -> tuple[Residency, ...]:
     """Run one training step with the probe on every rank (collective)."""
     for name, v in (("micro-batch", micro_batch), ("grad-accum", grad_accum)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise C.ViewError(f"--{name} must be a whole number >= 1 (got {v!r})")
-    return from_ranks(C.call_ok(cluster, ENGINE, micro_batch=micro_batch, grad_accum=grad_accum))
+    return from_ranks(C.call_ok(cluster, ep.MEASURE_RESIDENCY, micro_batch=micro_batch, grad_accum=grad_accum))
 
 
 HEADERS = ("strategy", "whole model", "forward: params", "backward: params + grads", "after the step")
@@ -118,7 +116,7 @@ def figure(runs: list[Residency]):
     return fig
 
 
-def show(cluster, micro_batch: int = 8, grad_accum: int = 1) -> list[Residency]:
+def show(cluster: ViewSource, micro_batch: int = 8, grad_accum: int = 1) -> list[Residency]:
     """Measure one step of the wrapped strategy and show every strategy measured so far."""
     runs = remember(cluster, measure(cluster, micro_batch, grad_accum))
     C.show_static(runs, figure, html, text)

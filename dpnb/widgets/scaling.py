@@ -19,6 +19,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator
 
 from dpnb.core import ConfigError, Link, ScalingPoint, allreduce_comm, scaling
 
+from ..engine import entrypoints as ep
 from . import _common as C
 from .comm import PRESETS, make_link
 
@@ -126,8 +127,8 @@ def measured_from_records(records: list[dict]) -> list[Measured]:
 def fetch(cluster) -> tuple[list[Measured], dict]:
     """Measured points from rank 0's step records, and the live settings
     (compute time, gradient bytes, samples per rank) to calibrate the model."""
-    recs = C.call_ok(cluster, "dpnb.engine.training.records", ranks=[0])[0]
-    summ = C.call_ok(cluster, "dpnb.engine.views.live_summary", ranks=[0])[0]
+    recs = C.call_ok(cluster, ep.RECORDS, ranks=[0])[0]
+    summ = C.call_ok(cluster, ep.LIVE_SUMMARY, ranks=[0])[0]
     ms = measured_from_records(recs)
     live: dict = {"link": "gloo-loopback" if cluster.backend == "gloo" else "nvlink4-h100"}
     if summ.get("grad_bytes"):

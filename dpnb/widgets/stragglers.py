@@ -31,6 +31,7 @@ from dpnb.core import (
     straggler_probability,
 )
 
+from ..engine import entrypoints as ep
 from . import _common as C
 
 MAX_STEPS_DRAWN = 10
@@ -126,8 +127,8 @@ def data(records: list[dict] | None = None, *, p: float = 0.01, n: int | None = 
 
 def fetch(cluster, last: int = 50) -> tuple[list[dict], list[float]]:
     """Rank 0's last step records and every rank's injected delay (no collective)."""
-    recs = C.call_ok(cluster, "dpnb.engine.training.records", None, last, ranks=[0])[0]
-    delays = [s["delay_s"] for s in C.call_ok(cluster, "dpnb.engine.views.straggle_state")]
+    recs = C.call_ok(cluster, ep.RECORDS, None, last, ranks=[0])[0]
+    delays = [s["delay_s"] for s in C.call_ok(cluster, ep.STRAGGLE_STATE)]
     return recs, delays
 
 
@@ -139,13 +140,13 @@ def inject(cluster, rank: int, delay_ms: float) -> list[float]:
     """
     if not 0 <= int(rank) < cluster.world_size:
         raise C.ViewError(f"--rank {rank} out of range: the cluster has ranks 0-{cluster.world_size - 1}")
-    C.call_ok(cluster, "dpnb.engine.views.set_straggle", float(delay_ms), ranks=[int(rank)])
-    return [s["delay_s"] for s in C.call_ok(cluster, "dpnb.engine.views.straggle_state")]
+    C.call_ok(cluster, ep.SET_STRAGGLE, float(delay_ms), ranks=[int(rank)])
+    return [s["delay_s"] for s in C.call_ok(cluster, ep.STRAGGLE_STATE)]
 
 
 def clear(cluster) -> None:
     """Remove every injected delay (``%dp straggle --clear``)."""
-    C.call_ok(cluster, "dpnb.engine.views.set_straggle", 0.0)
+    C.call_ok(cluster, ep.SET_STRAGGLE, 0.0)
 
 
 # ----------------------------------------------------------------- output

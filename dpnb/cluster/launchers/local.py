@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .. import agents as agents_mod
+from ...engine import entrypoints as ep
 from .base import AgentLauncher, EngineLauncher, cpu_capacity, gpu_capacity
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,7 +63,7 @@ class LocalLauncher(EngineLauncher):
         from ...engine.setup import PRELOAD_ENV  # imports torch: the start's own import
 
         launcher = icluster.config.LocalEngineSetLauncher
-        launcher.engine_cmd = [sys.executable, "-m", "dpnb.engine.boot"]
+        launcher.engine_cmd = [sys.executable, "-m", ep.BOOT_MODULE]
         launcher.environment = {
             **dict(launcher.get("environment", {}) or {}),
             "DPNB_CONNECTION_FILE": agents_mod.engine_connection_file(icluster),

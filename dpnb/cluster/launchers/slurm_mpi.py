@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ...engine import entrypoints as ep
 from ...errors import DpnbError
 from .base import EngineLauncher
 from .ssh import local_address_towards
@@ -38,7 +39,7 @@ class BatchLauncher(EngineLauncher):
 
     def configure(self, icluster, profile_dir: str) -> None:
         icluster.config[self.ipp_class].engine_cmd = [self.spec.remote_python or sys.executable,
-                                                      "-m", "dpnb.engine.boot"]
+                                                      "-m", ep.BOOT_MODULE]
 
 
 def slurm_engine_template(options: Sequence[str]) -> str:

@@ -1,0 +1,70 @@
+"""Every engine function the notebook side calls, named once.
+
+The notebook never pickles a closure to a rank: it sends a dotted name
+(``cluster.call(TRAIN, ...)`` travels as ``"dpnb.engine.training.train"``)
+and each engine imports and calls it (:func:`dpnb.engine.runner.call`).
+The runtime (:mod:`dpnb.cluster`), the session, the views and the magics
+import these names from here instead of spelling the strings, so a rename
+on the engine side is one edit here and tests/unit/test_entry_points.py
+resolves each of them the way an engine does.  The session's setup record
+(``SetupLog``) stores the same strings, so ``has_call(WRAP)`` compares the
+value a call recorded.
+
+Plain ``str`` constants (not a ``str`` subclass): the value crosses
+ipyparallel as a bare string, exactly as before, and a kept cluster's JSON
+record is unchanged.  This module imports nothing, so the notebook side may
+import it without importing torch (``dpnb.engine/__init__`` imports nothing
+either).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ----------------------------------------------------------- modules (by name)
+#: the engine's entry script (``python -m``), launched by every launcher
+BOOT_MODULE: Final = "dpnb.engine.boot"
+#: the per-host agent / zygote (``python -m``) the ssh and local launchers start
+HOSTAGENT_MODULE: Final = "dpnb.engine.hostagent"
+#: modules an exported batch job imports under a short alias (dpnb.session.export)
+TRAINING_MODULE: Final = "dpnb.engine.training"
+CHECKPOINT_MODULE: Final = "dpnb.engine.checkpoint"
+
+# ------------------------------------------------------------- the runtime's
+SKIP_CHECKS_NEXT_CELL: Final = "dpnb.engine.cellguard.skip_checks_next_cell"
+POST_MORTEM: Final = "dpnb.engine.rankpdb.post_mortem"
+HAS_NAMES: Final = "dpnb.engine.runner.has_names_ns"
+LOG_RECORDS: Final = "dpnb.engine.runner.log_records"
+
+# ------------------------------------------------------------ training verbs
+WRAP: Final = "dpnb.engine.training.wrap"
+SET_DATA: Final = "dpnb.engine.training.set_data"
+TRAIN: Final = "dpnb.engine.training.train"
+RECORDS: Final = "dpnb.engine.training.records"
+SCALE_LR: Final = "dpnb.engine.training.scale_lr"
+CHECK: Final = "dpnb.engine.check.check"
+SAVE: Final = "dpnb.engine.checkpoint.save"
+LOAD: Final = "dpnb.engine.checkpoint.load"
+FULL_STATE_DICT: Final = "dpnb.engine.checkpoint.full_state_dict"
+
+# ----------------------------------------------------------------- profiling
+PROFILE_BEGIN: Final = "dpnb.engine.profile.begin"
+PROFILE_END: Final = "dpnb.engine.profile.end"
+PROFILE_DROP: Final = "dpnb.engine.profile.drop"
+
+# --------------------------------------------------------------------- views
+WATCH: Final = "dpnb.engine.views.watch"
+LIVE_SUMMARY: Final = "dpnb.engine.views.live_summary"
+MEMORY_SNAPSHOT: Final = "dpnb.engine.views.memory_snapshot"
+GRADSYNC_RECORDS: Final = "dpnb.engine.views.gradsync_records"
+BENCH_COLLECTIVE: Final = "dpnb.engine.views.bench_collective"
+RING_DEMO: Final = "dpnb.engine.views.ring_demo"
+SET_STRAGGLE: Final = "dpnb.engine.views.set_straggle"
+STRAGGLE_STATE: Final = "dpnb.engine.views.straggle_state"
+BENCH_HIERARCHICAL: Final = "dpnb.engine.hierbench.bench_hierarchical"
+MEASURE_RESIDENCY: Final = "dpnb.engine.residency.measure_step"
+
+
+def all_names() -> dict[str, str]:
+    """Every constant above, by its Python name (the entry-point test resolves each)."""
+    return {k: v for k, v in globals().items() if k.isupper() and isinstance(v, str)}
