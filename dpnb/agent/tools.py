@@ -22,6 +22,7 @@ from .. import log as dlog
 from ..cluster import diagnose
 from ..cluster.types import Status
 from ..core.errors import UserError
+from ..engine import entrypoints as ep
 from ..ranks import parse_ranks
 from ..session.resume import describe as describe_resume
 
@@ -99,7 +100,7 @@ def log_records(c, last: int = 20, ranks: bool = False) -> dict:
     """``%dp log``: what dpnb caught here (this server), and each rank's log if asked."""
     out = {"server": dlog.recent(last)}
     if ranks:
-        res = c.call("dpnb.engine.runner.log_records", last, raise_errors=False)
+        res = c.call(ep.LOG_RECORDS, last, raise_errors=False)
         out["ranks"] = {str(r): (res.outcomes[r].value if res.outcomes[r].status == Status.OK
                                  else [f"(no answer: {res.outcomes[r].status})"])
                         for r in res.ranks}
@@ -155,7 +156,7 @@ def train_progress(c) -> dict:
     out = {"steps_done": st.steps_done, **plain(st.to_record()),
            "progress": plain({str(r): p for r, p in (st.last_train.progress.items()
                                                      if st.last_train else [])})}
-    res = c.call("dpnb.engine.views.live_summary", ranks=[0], raise_errors=False)
+    res = c.call(ep.LIVE_SUMMARY, ranks=[0], raise_errors=False)
     o = res.outcomes[0]
     out["rank0_live"] = plain(o.value) if o.status == Status.OK else f"(no answer: {o.status})"
     return out
@@ -163,7 +164,7 @@ def train_progress(c) -> dict:
 
 def setup(c) -> dict:
     """``%dp setup``: what ``restart --resume`` would replay now, in order."""
-    if not c.setup_log.has_call("dpnb.engine.training.wrap"):
+    if not c.setup_log.has_call(ep.WRAP):
         return {"replay": [], **_none("nothing to replay yet: a model must be wrapped first")}
     return {"available": True, "replay": describe_resume(c)}
 

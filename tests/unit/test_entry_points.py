@@ -100,7 +100,7 @@ def test_no_module_outside_the_engine_spells_an_entry_point():
             for m in SPELLED.finditer(s):
                 name = m.group(0)
                 use = f"ep.{by_value[name]}" if name in by_value else \
-                    f"a new constant in dpnb/engine/entrypoints.py"
+                    "a new constant in dpnb/engine/entrypoints.py"
                 spelled.append(f"{rel}:{line} {name!r} -> {use} "
                                f"(from ..engine import entrypoints as ep)")
     assert not spelled, "move these engine names to dpnb.engine.entrypoints:\n" + "\n".join(spelled)
