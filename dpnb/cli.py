@@ -65,7 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prefix", default=None, help="into PREFIX/share/jupyter/kernels")
     ki.add_argument("--name", default="dpnb")
 
+    gr = sub.add_parser("grade", help="execute a submitted notebook headless and write its "
+                                      "%dp grade results (points per check) to a grade file")
+    gr.add_argument("notebook")
+    gr.add_argument("--out", default=None, help="the grade file (default NOTEBOOK.grade.json)")
+    gr.add_argument("--json", action="store_true", help="print the grade file's JSON too")
+    gr.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
+
     a = p.parse_args(argv)
+    if a.cmd == "grade":
+        # lazy: each subcommand loads only what it runs
+        from .session.grading import grade_notebook
+
+        res = grade_notebook(a.notebook, a.out, timeout_s=a.timeout)
+        print(json.dumps(res, indent=1) if a.json else
+              f"{res['points']}/{res['max_points']} points: {res['grade_file']}")
+        return 0 if res["points"] == res["max_points"] and res["max_points"] else 1
     if a.cmd == "kernel":
         path = install_kernel(user=a.user, sys_prefix=a.sys_prefix, prefix=a.prefix,
                               name=a.name)
