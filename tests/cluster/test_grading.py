@@ -262,3 +262,29 @@ def test_hints_grow_with_each_failed_try_and_reveal_shows_the_answer(c4):
     assert len(first.hints) == 1 and len(second.hints) == 2 and not second.answer
     third = c4.grade("zero1_step", reveal=True)
     assert third.answer == model_answer("zero1_step") and not third.passed
+
+
+def test_a_ring_that_calls_all_reduce_fails_point_to_point_only(c4):
+    code = "def ring_allreduce(t):\n    dist.all_reduce(t)\n"
+    g = _grade(c4, "ring_allreduce", code)
+    bad = _failed(g)
+    assert list(bad) == ["point-to-point only"], g.report  # right values, right bytes
+    assert "all_reduce does the exercise for you" in bad["point-to-point only"].sentence
+
+
+def test_the_magic_grades_the_sessions_cluster(c4):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "dpnb")
+    m = dpnb.magics.get_magics(ip)
+    m.drop_warm()  # no zygote: this test starts nothing
+    m.cluster = c4
+    try:
+        _define(c4, model_answer("allreduce_hook"))
+        g = ip.run_line_magic("dp", "grade allreduce_hook")
+        assert g.passed and g.exercise == "allreduce_hook" and g.world_size == 4, g
+        g = ip.run_line_magic("dp", "grade ring_allreduce allreduce_hook --timeout 5")
+        assert not g.passed  # a hook is not a ring: it fails, and the magic says so
+    finally:
+        m.cluster = None
