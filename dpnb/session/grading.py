@@ -36,6 +36,12 @@ def model_answer(key: str) -> str:
     return resources.files("dpnb").joinpath("answers", f"{key}.py.txt").read_text()
 
 
+def use_model_answer(c, key: str) -> None:
+    """Define the exercise's model answer on every rank (a headless run of
+    chapter 11 with ``-p MODEL_ANSWERS True``; the answer stays out of the notebook)."""
+    c.run(model_answer(core.exercise(key).key), display=False, history=False)
+
+
 def _where_text(a: dict | None) -> str:
     c = (a or {}).get("collective") or {}
     if not c:
