@@ -422,6 +422,9 @@ MUTATIONS = [
   "    raised = []",
   ["tests/unit/test_grading.py::test_a_case_that_did_not_finish_is_named_by_its_cause",
    "tests/cluster/test_grading.py::test_a_crash_on_one_rank_fails_naming_it_and_keeps_the_engines"]),
+ ("grade: dpnb grade writes each %dp grade of the notebook to the grade file",
+  "dpnb/session/grading.py", '            f.write(json.dumps(g.to_record()) + "\\n")', "            pass",
+  ["tests/notebook/test_grade_notebook.py::test_dpnb_grade_writes_full_points_for_chapter_11_with_the_model_answers"]),
 ]
 
 
