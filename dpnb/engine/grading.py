@@ -138,12 +138,12 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict:
             "ratio": ratio, "scaled": scaled}
 
 
-def _ring(fn, case, rank: int, world: int) -> dict:
+def _ring(fn, case, rank: int, world: int, dev) -> dict:
     (numel,) = case
     inputs = [_randn(numel, 1000 + r) for r in range(world)]
-    t = inputs[rank].clone()
+    t = inputs[rank].clone().to(dev)  # a copy: the reference below reads the inputs
     fn(t)
-    return {"values": compare(t, torch.stack(inputs).sum(0)), "tensor_bytes": _nbytes(t)}
+    return {"values": compare(t.cpu(), torch.stack(inputs).sum(0)), "tensor_bytes": _nbytes(t)}
 
 
 def _net(d_in: int, d_hid: int, d_out: int) -> torch.nn.Module:
@@ -160,7 +160,7 @@ def _grads(m: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in m.parameters()])
 
 
-def _hook(fn, case, rank: int, world: int) -> dict:
+def _hook(fn, case, rank: int, world: int, dev) -> dict:
     """A DDP model whose buckets go through the learner's hook; its gradients
     against every rank's gradient averaged, computed here without DDP."""
     d_in, d_hid, d_out, cap_mb = case
@@ -176,16 +176,16 @@ def _hook(fn, case, rank: int, world: int) -> dict:
                             "torch.futures.Future: DDP waits on the future the hook returns")
         return fut
 
-    model = _net(d_in, d_hid, d_out)
+    model = _net(d_in, d_hid, d_out).to(dev)
     ddp = DDP(model, bucket_cap_mb=cap_mb)
     ddp.register_comm_hook(None, spy)
-    ddp(_randn((8, d_in), 2000 + rank)).pow(2).sum().backward()
+    ddp(_randn((8, d_in), 2000 + rank).to(dev)).pow(2).sum().backward()
     refs = []
     for r in range(world):
         m = _net(d_in, d_hid, d_out)
         m(_randn((8, d_in), 2000 + r)).pow(2).sum().backward()
         refs.append(_grads(m))
-    got = _grads(model)
+    got = _grads(model).cpu()
     return {"values": compare(got, torch.stack(refs).mean(0)), "kinds": kinds,
             "tensor_bytes": _nbytes(got)}
 
@@ -207,22 +207,22 @@ def _held_bytes(state) -> int:
     return sum(seen.values())
 
 
-def _zero1(fn, case, rank: int, world: int) -> dict:
+def _zero1(fn, case, rank: int, world: int, dev) -> dict:
     shapes = [tuple(s) for s in case]
-    params = [_randn(s, 3000 + i) for i, s in enumerate(shapes)]
-    ref = [p.clone() for p in params]
+    ref = [_randn(s, 3000 + i) for i, s in enumerate(shapes)]
+    params = [p.clone().to(dev) for p in ref]  # copies: updated in place by the learner
     bufs: list | None = None
     state: dict = {}
     for step in range(ZERO1_STEPS):
         grads = [[_randn(s, 4000 + 100 * step + 10 * i + r) for i, s in enumerate(shapes)]
                  for r in range(world)]
         for p, g in zip(params, grads[rank]):
-            p.grad = g.clone()
+            p.grad = g.clone().to(dev)
         fn(params, state, ZERO1_LR, ZERO1_MOMENTUM)
         avg = [sum(grads[r][i] for r in range(world)) / world for i in range(len(shapes))]
         bufs = avg if bufs is None else [ZERO1_MOMENTUM * b + a for b, a in zip(bufs, avg)]
         ref = [p - ZERO1_LR * b for p, b in zip(ref, bufs)]
-    got = torch.cat([p.detach().flatten() for p in params])
+    got = torch.cat([p.detach().flatten() for p in params]).cpu()
     return {"values": compare(got, torch.cat([p.flatten() for p in ref])),
             "held": _held_bytes(state), "tensor_bytes": _nbytes(got)}
 
@@ -236,8 +236,9 @@ def run_case(ns: dict, key: str, name: str, index: int) -> dict:
     ex = exercise(key)
     fn = ns[name]
     rank, world = dist.get_rank(), dist.get_world_size()
+    dev = get_state(ns).comm_device  # the device the group's collectives take (CPU under gloo)
     with checked(ns), counting() as ops:
-        out = RUNNERS[key](fn, ex.cases[index], rank, world)
+        out = RUNNERS[key](fn, ex.cases[index], rank, world, dev)
     out["ops"] = {k: list(v) for k, v in ops.items()}
     out["rank"] = rank
     return out

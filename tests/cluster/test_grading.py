@@ -5,7 +5,7 @@ then graded; each wrong answer must fail on the check its bug breaks (values,
 bytes sent, memory held) or, for a crash, a deadlock, an endless loop or a
 size mismatch, fail naming the cause -- with every engine alive and the next
 grade working.  One 4-rank cluster for the module (1 torch thread each: 4
-engines on 2 cores); the deadlock cases run at a 3 s case timeout, the group
+engines on 2 cores); the deadlock cases run at a 2 s case timeout, the group
 timeout is torch's 30 min, so only dpnb's release ends them.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import dpnb
 from dpnb.session.grading import model_answer
 
-QUICK = 3.0  # the case timeout for the deadlocks and loops below
+QUICK = 2.0  # the case timeout for the deadlocks and loops below
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_a_crash_on_one_rank_fails_naming_it_and_keeps_the_engines(c4):
 def test_a_deadlock_fails_as_a_deadlock_and_keeps_the_engines(c4):
     g = _grade(c4, "ring_allreduce", RING_DEADLOCK, timeout=QUICK)
     (check,) = _failed(g).values()
-    assert check.sentence.startswith("deadlock: after 3 s every rank waited"), check.sentence
+    assert check.sentence.startswith("deadlock: after 2 s every rank waited"), check.sentence
     assert "recv" in check.sentence
     _alive(c4)
 
@@ -158,7 +158,7 @@ def test_an_endless_loop_is_interrupted(c4):
     code = "def ring_allreduce(t):\n    while True:\n        pass\n"
     g = _grade(c4, "ring_allreduce", code, timeout=QUICK)
     (check,) = _failed(g).values()
-    assert "still ran their own code after 3 s" in check.sentence, check.sentence
+    assert "still ran their own code after 2 s" in check.sentence, check.sentence
     _alive(c4)
 
 
