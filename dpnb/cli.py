@@ -1,5 +1,6 @@
 """``dpnb`` command line: ``dpnb demo`` (the main job, headless),
-``dpnb course build DIR`` and ``dpnb kernel install``."""
+``dpnb course build DIR``, ``dpnb kernel install`` and ``dpnb grade NOTEBOOK``
+(a submitted notebook executed headless, its grades written to a grade file)."""
 
 from __future__ import annotations
 
