@@ -311,6 +311,16 @@ def run_check(cause: str) -> Check:
     return Check("runs on every rank", False, "did not finish", "finishes", cause)
 
 
+def _deadlock_why(ops: set[str]) -> str:
+    if ops == {"send"}:
+        return ("every rank is in a blocking send, and a send waits for its peer's recv: post "
+                "the receive first (irecv) or send with isend.")
+    if ops == {"recv"}:
+        return ("every rank waits in recv and none sends: post the receive with irecv, then "
+                "send, then wait.")
+    return "each waits for a message no rank will send (a blocking send or recv on both sides?)."
+
+
 def failure_cause(outcomes: list[dict], timeout_s: float) -> str:
     """One sentence for a case that failed: ``outcomes`` per rank: ``rank``,
     ``status`` (a :class:`dpnb.cluster.types.Status` word), ``ename``,
@@ -333,9 +343,9 @@ def failure_cause(outcomes: list[dict], timeout_s: float) -> str:
                 f"after {timeout_s:g} s -- an endless loop? They were interrupted.")
     if blocked and not running:
         what = "; ".join(f"rank {o['rank']} in {o['collective']}" for o in blocked[:4])
-        return (f"deadlock: after {timeout_s:g} s every rank waited for a peer ({what}) -- each "
-                "waits for a message no rank will send (a blocking send or recv on both "
-                "sides?). The ranks were released; every engine is kept.")
+        return (f"deadlock: after {timeout_s:g} s every rank waited for a peer ({what}) -- "
+                f"{_deadlock_why({o['collective'].split(' ')[0] for o in blocked})} "
+                "The ranks were released; every engine is kept.")
     if blocked:
         return (f"rank(s) {', '.join(str(o['rank']) for o in running)} still ran their own code "
                 f"after {timeout_s:g} s while the others waited for them in a collective.")

@@ -61,7 +61,11 @@ def test_zero1_memory_is_a_quarter_of_ddps_momentum_at_four_ranks():
       {"rank": 0, "status": "error", "ename": "DistBackendError", "evalue": "x", "released": True}],
      "rank 2 raised ValueError: boom"),
     ([{"rank": r, "status": "timeout", "ename": "", "evalue": "", "collective": "recv with rank 1"}
-      for r in range(2)], "deadlock: after 3 s every rank waited for a peer"),
+      for r in range(2)], "deadlock: after 3 s every rank waited for a peer (rank 0 in recv with "
+                          "rank 1; rank 1 in recv with rank 1) -- every rank waits in recv and none"),
+    ([{"rank": r, "status": "timeout", "ename": "", "evalue": "", "collective": "send with rank 0"}
+      for r in range(2)], "deadlock: after 3 s every rank waited for a peer (rank 0 in send with "
+                          "rank 0; rank 1 in send with rank 0) -- every rank is in a blocking send"),
     ([{"rank": 0, "status": "timeout", "ename": "", "evalue": "", "collective": ""}],
      "rank(s) 0 still ran their own code after 3 s -- an endless loop?"),
 ])
