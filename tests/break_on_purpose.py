@@ -425,6 +425,9 @@ MUTATIONS = [
  ("grade: dpnb grade writes each %dp grade of the notebook to the grade file",
   "dpnb/session/grading.py", '            f.write(json.dumps(g.to_record()) + "\\n")', "            pass",
   ["tests/notebook/test_grade_notebook.py::test_dpnb_grade_writes_full_points_for_chapter_11_with_the_model_answers"]),
+ ("grade: a function missing on the ranks is a one-line error", "dpnb/session/grading.py",
+  "    if missing:\n        raise ConfigError(", "    if False:\n        raise ConfigError(",
+  ["tests/cluster/test_grading.py::test_grading_a_name_no_rank_defines_says_what_to_do"]),
 ]
 
 

@@ -288,3 +288,11 @@ def test_the_magic_grades_the_sessions_cluster(c4):
         assert not g.passed  # a hook is not a ring: it fails, and the magic says so
     finally:
         m.cluster = None
+
+
+def test_grading_a_name_no_rank_defines_says_what_to_do(c4):
+    from dpnb.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"no_such_ring is not defined on rank\(s\) 0, 1, 2, 3: "
+                                          r"define it in a %%dp cell \(ring_allreduce\(t\)\)"):
+        c4.grade("ring_allreduce", "no_such_ring")
