@@ -428,6 +428,10 @@ MUTATIONS = [
  ("grade: a function missing on the ranks is a one-line error", "dpnb/session/grading.py",
   "    if missing:\n        raise ConfigError(", "    if False:\n        raise ConfigError(",
   ["tests/cluster/test_grading.py::test_grading_a_name_no_rank_defines_says_what_to_do"]),
+ ("grade: a ZeRO-1 step is held to a reduce-scatter plus an all-gather", "dpnb/session/grading.py",
+  '        out.append(core.bytes_check(per_step, tensor_bytes, n, "gradients (per step)"))',
+  "        pass",
+  ["tests/cluster/test_grading.py::test_a_zero1_step_that_all_reduces_the_gradients_fails_on_bytes"]),
 ]
 
 

@@ -55,6 +55,8 @@ FULL_BUFFER = {
     "all_gather_into_tensor": lambda a: _nbytes(a.get("output_tensor")),
     "reduce_scatter": lambda a: _list_bytes(a.get("input_list")),
     "reduce_scatter_tensor": lambda a: _nbytes(a.get("input")),
+    "all_gather_single": lambda a: _nbytes(a.get("output_tensor")),  # torch 2.13's names
+    "reduce_scatter_single": lambda a: _nbytes(a.get("input")),
 }
 
 

@@ -227,15 +227,33 @@ def test_a_correct_zero1_step_passes_holding_a_quarter_of_the_momentum(c4):
     g = _grade(c4, "zero1_step", model_answer("zero1_step"))
     assert g.passed, g.report
     mem = next(ch for ch in g.checks if ch.name == "optimizer state held")
-    # the last case: 13 + 18 = 31 float32 momentum elements, 8 per rank (ceil 31/4)
-    assert mem.measured.endswith("keeps 32 B of momentum"), mem.measured
+    # the last case: 70 + 7 + 15 = 92 float32 momentum elements, 23 per rank (92/4)
+    assert mem.measured.endswith("keeps 92 B of momentum"), mem.measured
+    sent = next(ch for ch in g.checks if ch.name == "bytes sent")
+    # reduce-scatter + all-gather of 92 floats: 2 x 3/4 x 368 B = 552 B from each rank
+    assert sent.passed and "sent 552 B (1.50x)" in sent.measured, sent.measured
 
 
 def test_a_zero1_step_keeping_the_whole_momentum_fails_on_memory(c4):
     g = _grade(c4, "zero1_step", ZERO1_FULL_STATE)
     bad = _failed(g)
     assert list(bad) == ["optimizer state held"], g.report
-    assert "keeps the whole momentum (124 B)" in bad["optimizer state held"].sentence
+    assert "keeps the whole momentum (368 B)" in bad["optimizer state held"].sentence
+
+
+ZERO1_ALL_REDUCE = model_answer("zero1_step").replace(
+    "    mine = flat.new_empty(S)  # this rank's slice of the summed gradient\n"
+    "    dist.reduce_scatter(mine, list(grad.chunk(n)))\n    mine /= n\n",
+    "    dist.all_reduce(grad)\n    mine = grad[rank * S:(rank + 1) * S] / n\n")
+
+
+def test_a_zero1_step_that_all_reduces_the_gradients_fails_on_bytes(c4):
+    assert ZERO1_ALL_REDUCE != model_answer("zero1_step")
+    g = _grade(c4, "zero1_step", ZERO1_ALL_REDUCE)
+    bad = _failed(g)
+    assert list(bad) == ["bytes sent"], g.report  # right values, 1/N of the state kept
+    # all-reduce 2 x 3/4 x 368 B + all-gather 3/4 x 368 B = 828 B, 1.5 times the optimum
+    assert "sent 828 B (2.25x)" in bad["bytes sent"].measured, bad["bytes sent"].measured
 
 
 def test_a_zero1_crash_fails_naming_it(c4):
@@ -247,8 +265,9 @@ def test_a_zero1_crash_fails_naming_it(c4):
 
 
 def test_a_zero1_deadlock_is_released(c4):
-    code = model_answer("zero1_step").replace("    dist.all_reduce(grad)",
+    code = model_answer("zero1_step").replace("    dist.reduce_scatter(mine, list(grad.chunk(n)))",
                                               "    dist.recv(torch.empty(1), src=(rank + 1) % n)")
+    assert code != model_answer("zero1_step")
     g = _grade(c4, "zero1_step", code, timeout=QUICK)
     (check,) = _failed(g).values()
     assert check.sentence.startswith("deadlock"), check.sentence
