@@ -432,6 +432,9 @@ MUTATIONS = [
   '        out.append(core.bytes_check(per_step, tensor_bytes, n, "gradients (per step)"))',
   "        pass",
   ["tests/cluster/test_grading.py::test_a_zero1_step_that_all_reduces_the_gradients_fails_on_bytes"]),
+ ("grade: a hook that waits for its all-reduce fails on overlap", "dpnb/engine/grading.py",
+  "        pending.append(not fut.done())", "        pending.append(True)",
+  ["tests/cluster/test_grading.py::test_a_hook_that_waits_for_its_all_reduce_fails_on_overlap"]),
 ]
 
 

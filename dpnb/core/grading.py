@@ -308,6 +308,21 @@ def future_check(kinds: dict[int, list[str]]) -> Check:
                  "" if ok else "DDP waits on the Future the hook returns: return one.")
 
 
+def overlap_check(pending: dict[int, list[bool]]) -> Check:
+    """The hook launched its communication and returned before it finished
+    (for some bucket on some rank): backward can go on while buckets travel.
+    A hook that waits for its all-reduce returns finished futures only."""
+    flags = [f for per in pending.values() for f in per]
+    running = sum(flags)
+    measured = f"{running} of {len(flags)} buckets still in flight when the hook returned"
+    if running:
+        return Check("overlaps backward", True, measured, "some in flight")
+    return Check("overlaps backward", False, measured, "some in flight",
+                 "every bucket's future was already done when the hook returned: the hook waited "
+                 "for its all-reduce, so backward stood still while each bucket was sent -- launch "
+                 "it with async_op=True and return its future.")
+
+
 def run_check(cause: str) -> Check:
     """A case that did not finish on every rank: its cause is the feedback."""
     return Check("runs on every rank", False, "did not finish", "finishes", cause)

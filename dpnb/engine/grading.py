@@ -167,6 +167,7 @@ def _hook(fn, case, rank: int, world: int, dev) -> dict:
     against every rank's gradient averaged, computed here without DDP."""
     d_in, d_hid, d_out, cap_mb = case
     kinds: list[str] = []
+    pending: list[bool] = []  # per bucket: was its communication still running at return?
 
     def spy(state, bucket):
         fut = fn(state, bucket)
@@ -176,6 +177,9 @@ def _hook(fn, case, rank: int, world: int, dev) -> dict:
         if not ok:
             raise TypeError(f"the hook returned {type(fut).__name__}, not a "
                             "torch.futures.Future: DDP waits on the future the hook returns")
+        # a hook that waits for its own all-reduce returns a finished future: backward
+        # stood still while the bucket was sent (no overlap)
+        pending.append(not fut.done())
         return fut
 
     model = _net(d_in, d_hid, d_out).to(dev)
@@ -188,7 +192,7 @@ def _hook(fn, case, rank: int, world: int, dev) -> dict:
         m(_randn((8, d_in), 2000 + r)).pow(2).sum().backward()
         refs.append(_grads(m))
     got = _grads(model).cpu()
-    return {"values": compare(got, torch.stack(refs).mean(0)), "kinds": kinds,
+    return {"values": compare(got, torch.stack(refs).mean(0)), "kinds": kinds, "pending": pending,
             "tensor_bytes": _nbytes(got)}
 
 

@@ -71,6 +71,7 @@ def case_checks(ex: core.Exercise, index: int, per_rank: list[dict], n: int) -> 
     out = []
     if ex.key == "allreduce_hook":
         out.append(core.future_check({r: d["kinds"] for r, d in ranks.items()}))
+        out.append(core.overlap_check({r: d["pending"] for r, d in ranks.items()}))
         what, wrong = "the gradient averaged over ranks", \
             "DDP writes the future's value into .grad: it must be the average of the ranks' gradients"
     elif ex.key == "ring_allreduce":

@@ -180,7 +180,27 @@ HOOK_DEADLOCK = model_answer("allreduce_hook").replace(
 def test_a_correct_hook_passes(c4):
     g = _grade(c4, "allreduce_hook", model_answer("allreduce_hook"))
     assert g.passed, g.report
-    assert {"returns a Future", "values (case 1)", "bytes sent"} <= {ch.name for ch in g.checks}
+    assert {"returns a Future", "overlaps backward", "values (case 1)", "bytes sent"} \
+        <= {ch.name for ch in g.checks}
+
+
+HOOK_BLOCKING = """
+def allreduce_hook(state, bucket):
+    buf = bucket.buffer()
+    dist.all_reduce(buf)  # waits: backward stands still while the bucket travels
+    buf /= dist.get_world_size()
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+"""
+
+
+def test_a_hook_that_waits_for_its_all_reduce_fails_on_overlap(c4):
+    g = _grade(c4, "allreduce_hook", HOOK_BLOCKING)
+    bad = _failed(g)
+    assert list(bad) == ["overlaps backward"], g.report  # right values, right bytes
+    assert bad["overlaps backward"].measured.startswith("0 of ")
+    assert "launch it with async_op=True" in bad["overlaps backward"].sentence
 
 
 def test_a_hook_that_forgets_to_average_fails_on_values(c4):
