@@ -1,6 +1,7 @@
 """``dpnb`` command line: ``dpnb demo`` (the main job, headless),
-``dpnb course build DIR``, ``dpnb kernel install`` and ``dpnb mcp`` (an
-agent's server over a kept cluster)."""
+``dpnb course build DIR``, ``dpnb kernel install``, ``dpnb grade NOTEBOOK`` (a
+submitted notebook executed headless, its grades written to a grade file) and
+``dpnb mcp`` (an agent's server over a kept cluster)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio; requests "
                         "need the bearer token the server writes to its private folder")
 
+    gr = sub.add_parser("grade", help="execute a submitted notebook headless and write its "
+                                      "%dp grade results (points per check) to a grade file")
+    gr.add_argument("notebook")
+    gr.add_argument("--out", default=None, help="the grade file (default NOTEBOOK.grade.json)")
+    gr.add_argument("--json", action="store_true", help="print the grade file's JSON too")
+    gr.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
+
     a = p.parse_args(argv)
     if a.cmd == "mcp":
         try:
@@ -91,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return serve(a.attach, allow_actions=a.allow_actions, allow_code=a.allow_code,
                      http_port=a.http)
+    if a.cmd == "grade":
+        # lazy: each subcommand loads only what it runs
+        from .session.grading import grade_notebook
+
+        res = grade_notebook(a.notebook, a.out, timeout_s=a.timeout)
+        print(json.dumps(res, indent=1) if a.json else
+              f"{res['points']}/{res['max_points']} points: {res['grade_file']}")
+        return 0 if res["points"] == res["max_points"] and res["max_points"] else 1
     if a.cmd == "kernel":
         path = install_kernel(user=a.user, sys_prefix=a.sys_prefix, prefix=a.prefix,
                               name=a.name)

@@ -26,6 +26,7 @@ from ..cluster import agents, launch
 from ..errors import DpnbError, RemoteCellError
 from .cell_cmds import CellCommands
 from .cluster_cmds import ClusterCommands
+from .grade_cmds import GradeCommands
 from .job_cmds import JobCommands
 from .options import handlers, parse
 from .train_cmds import TrainingCommands
@@ -34,7 +35,8 @@ from .view_cmds import ViewCommands
 log = logging.getLogger(__name__)
 
 #: the areas, in the order ``%dp?`` lists their subcommands
-AREAS = (ClusterCommands, CellCommands, TrainingCommands, ViewCommands, JobCommands)
+AREAS = (ClusterCommands, CellCommands, TrainingCommands, ViewCommands, JobCommands,
+         GradeCommands)
 
 
 def subcommands() -> dict[str, object]:

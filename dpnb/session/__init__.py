@@ -20,6 +20,7 @@ from ..cluster import Engines
 from ..core.viewsource import LastRun
 from ..progress import progress_from_client
 from . import export as _export
+from . import grading as _grading
 from . import profile as _profile
 from . import resize as _resize
 from . import resume as _resume
@@ -48,6 +49,7 @@ class Cluster(Engines):
         super().__init__(**kwargs)
         self.training = TrainingState()
         self.last_profile = None  # dpnb.core.profile.Profiled of the last profiled cell
+        self.grade_tries: dict[str, int] = {}  # exercise -> tries so far (hints grow with them)
 
     def profile(self, code: str, ranks=None, *, out_dir: str | None = None, **run_kw):
         """Run a cell with ``torch.profiler`` on every selected rank (``%%dp --profile``);
@@ -58,6 +60,12 @@ class Cluster(Engines):
     def profiled(self, run, *, ranks=None, what: str = "cell", out_dir: str | None = None):
         """``run()`` (a cell, a train, a script) with every selected rank profiled; its result."""
         return _profile.profiled(self, run, ranks=ranks, what=what, out_dir=out_dir)[0]
+
+    def grade(self, exercise: str, name: str | None = None, *, reveal: bool = False, **kw):
+        """Grade the function ``name`` the learner defined on every rank against
+        ``exercise`` (``%dp grade``); a :class:`dpnb.core.grading.Grade`.  See
+        :mod:`dpnb.session.grading`."""
+        return _grading.grade(self, exercise, name, reveal=reveal, **kw)
 
     def wrap(self, model: str = "model", strategy: str = "ddp", **opts) -> dict:
         """Wrap a model that exists on every rank; see :func:`dpnb.session.verbs.wrap`."""

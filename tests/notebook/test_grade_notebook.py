@@ -1,0 +1,40 @@
+"""Chapter 11 headless with its model answers, graded the way a class grades a
+submission: ``dpnb grade NOTEBOOK --json`` executes the notebook and writes
+every ``%dp grade`` in it, points per check, to a grade file.  The papermill
+parameter ``MODEL_ANSWERS`` is what a course run sets; the learner's cells
+(which raise NotImplementedError) are run as they stand -- ``test_execute``
+runs the chapter as a learner opens it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpnb import cli
+from dpnb.core.grading import EXERCISES
+from helpers import nbutil as nbu
+
+
+@pytest.mark.timeout(600)
+def test_dpnb_grade_writes_full_points_for_chapter_11_with_the_model_answers(tmp_path, capsys):
+    pm = pytest.importorskip("papermill")
+    import nbformat
+
+    src = nbu.REPO / "notebooks" / "11_write_and_grade.ipynb"
+    sub = tmp_path / "submission.ipynb"
+    # papermill's reader (it gives every cell a tags list), then its parameter injection
+    nb = pm.parameterize.parameterize_notebook(pm.iorw.load_notebook_node(str(src)),
+                                               {"MODEL_ANSWERS": True}, kernel_name="python3")
+    nbformat.write(nb, sub)
+    rc = cli.main(["grade", str(sub), "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert res["error"] == "", res["error"]
+    graded = {g["exercise"]: g for g in res["exercises"]}
+    assert sorted(graded) == sorted(EXERCISES), res  # every exercise was graded once
+    for g in graded.values():
+        assert g["passed"] and g["points"] == g["max_points"] >= 2, g
+        assert all(c["points"] == c["max_points"] == 1 for c in g["checks"]), g
+    assert res["points"] == res["max_points"] and rc == 0
+    on_disk = json.loads((tmp_path / "submission.grade.json").read_text())
+    assert on_disk["points"] == res["points"] and on_disk["exercises"] == res["exercises"]
