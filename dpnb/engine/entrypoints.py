@@ -64,6 +64,10 @@ STRAGGLE_STATE: Final = "dpnb.engine.views.straggle_state"
 BENCH_HIERARCHICAL: Final = "dpnb.engine.hierbench.bench_hierarchical"
 MEASURE_RESIDENCY: Final = "dpnb.engine.residency.measure_step"
 
+# ------------------------------------------------------------------- grading
+#: one exercise case on every rank (``%dp grade``; dpnb.session.grading)
+GRADE_CASE: Final = "dpnb.engine.grading.run_case"
+
 
 def all_names() -> dict[str, str]:
     """Every constant above, by its Python name (the entry-point test resolves each)."""

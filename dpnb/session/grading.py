@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..core import grading as core
 from ..core.errors import ConfigError
+from ..engine import entrypoints as ep
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +106,14 @@ def grade(c, key: str, name: str | None = None, *, reveal: bool = False,
     every rank of ``c`` against exercise ``key``; see the module's docstring."""
     ex = core.exercise(key)
     name = name or ex.key
-    missing = [r for r, m in enumerate(c.call("dpnb.engine.runner.has_names_ns", [name]).values) if m]
+    missing = [r for r, m in enumerate(c.call(ep.HAS_NAMES, [name]).values) if m]
     if missing:
         raise ConfigError(f"{name} is not defined on rank(s) {', '.join(map(str, missing))}: "
                           f"define it in a %%dp cell ({ex.signature}), then grade again")
     n = c.world_size
     checks: list[core.Check] = []
     for i in range(len(ex.cases)):
-        res = c.call("dpnb.engine.grading.run_case", ex.key, name, i, timeout=timeout,
+        res = c.call(ep.GRADE_CASE, ex.key, name, i, timeout=timeout,
                      raise_errors=False)
         if not res.ok:
             log.info("grade %s: case %d failed: %s", ex.key, i, res.error)
