@@ -434,6 +434,12 @@ MUTATIONS = [
  ("mcp: over HTTP a request without the token is refused", "dpnb/agent/web.py",
   "            if not hmac.compare_digest(got, self.want):", "            if False:",
   ["tests/cluster/test_mcp.py::test_streamable_http_answers_only_with_the_token"]),
+ # issue 45: pull at raw speed (one round trip to the ranks)
+ ("scale: a pull asks the ranks once", "dpnb/cluster/__init__.py",
+  '        res = self._apply(_runner_fn("get_value"), (name,), sel)\n',
+  '        self._apply(_runner_fn("has_names"), ([name],), sel)\n'
+  '        res = self._apply(_runner_fn("get_value"), (name,), sel)\n',
+  ["tests/cluster/test_spine_api.py::test_pull_is_one_round_trip"]),
 ]
 
 
