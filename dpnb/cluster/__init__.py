@@ -387,19 +387,16 @@ class Engines:
         self.history.append(CellRecord(EntryKind.PUSH, names=tuple(values)))
 
     def pull(self, name: str, rank: int | None = None):
-        """``name`` on ``rank``, or one value per rank; tensors arrive on the CPU."""
+        """``name`` on ``rank``, or one value per rank (one round trip); tensors on the CPU."""
         if not isinstance(name, str) or not name.isidentifier():
             raise DpnbError(f"pull needs a variable name, got {name!r}")
         sel = self._select(None if rank is None else [rank])
-        # one round trip, as ipyparallel's own pull: each rank sends its value
-        # already serialized, or None when it has no such name
         res = self._apply(_runner_fn("get_value"), (name,), sel)
-        failed = [o for o in res.outcomes.values()
-                  if o.status == Status.ERROR and "serialize" in o.traceback]
-        if len(failed) < sum(o.status != Status.OK for o in res.outcomes.values()):
+        oc = res.outcomes
+        failed = [o for o in oc.values() if o.status == Status.ERROR and "serialize" in o.traceback]
+        if len(failed) < sum(o.status != Status.OK for o in oc.values()):
             self._finish(res, True)  # a rank failed otherwise (died, ...): its report
-        lacking = [r for r in sel if res.outcomes[r].status == Status.OK
-                   and res.outcomes[r].value is None]
+        lacking = [r for r in sel if oc[r].status == Status.OK and oc[r].value is None]
         if lacking:
             have = [r for r in sel if r not in lacking]
             hint = f"; pull it from {rank_label(have)} with --rank {have[0]}" if have else ""
