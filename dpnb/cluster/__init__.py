@@ -387,19 +387,20 @@ class Engines:
         self.history.append(CellRecord(EntryKind.PUSH, names=tuple(values)))
 
     def pull(self, name: str, rank: int | None = None):
-        """``name`` on ``rank``, or one value per rank; tensors arrive on the CPU."""
+        """``name`` on ``rank``, or one value per rank (one round trip); tensors on the CPU."""
         if not isinstance(name, str) or not name.isidentifier():
             raise DpnbError(f"pull needs a variable name, got {name!r}")
         sel = self._select(None if rank is None else [rank])
-        missing = self._finish(self._apply(_runner_fn("has_names"), ([name],), sel), True)
-        lacking = [r for r in sel if missing.outcomes[r].value]
+        res = self._apply(_runner_fn("get_value"), (name,), sel)
+        oc = res.outcomes
+        failed = [o for o in oc.values() if o.status == Status.ERROR and "serialize" in o.traceback]
+        if len(failed) < sum(o.status != Status.OK for o in oc.values()):
+            self._finish(res, True)  # a rank failed otherwise (died, ...): its report
+        lacking = [r for r in sel if oc[r].status == Status.OK and oc[r].value is None]
         if lacking:
             have = [r for r in sel if r not in lacking]
             hint = f"; pull it from {rank_label(have)} with --rank {have[0]}" if have else ""
             raise DpnbError(f"{name!r} is not defined on {rank_label(lacking)}{hint}")
-        res = self._apply(_runner_fn("get_value"), (name,), sel)
-        failed = [o for o in res.outcomes.values()
-                  if o.status == Status.ERROR and "serialize" in o.traceback]
         if failed:
             raise unsendable(name, f"{failed[0].ename}: {failed[0].evalue}")
         vals = [unpack_value(name, bufs) for bufs in self._finish(res, True).values]

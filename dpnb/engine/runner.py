@@ -68,19 +68,21 @@ def to_host(value):
     return host(value)
 
 
-def get_value(name: str) -> list[bytes]:
+def get_value(name: str) -> list[bytes] | None:
     """``name``'s value, serialized here (ipyparallel's canning) for the
     notebook to unpack itself: a value that pickles on the engine but cannot
     be rebuilt in the notebook (a hook-free DDP asks for a process group
     there) would otherwise fail inside the client's I/O thread, and the pull
-    would wait forever.  Tensors arrive on the CPU (:func:`to_host`)."""
+    would wait forever.  Tensors arrive on the CPU (:func:`to_host`).
+    ``None`` when this rank has no ``name``: a pull is one round trip to the
+    ranks, the notebook says which lack it (a value is never ``None`` here)."""
     # lazy: the notebook imports this module for its functions' names, and
     # `import dpnb.cluster` stays free of ipyparallel
     from ipyparallel.serialize import serialize_object
 
     ns = user_ns()
     if name not in ns:
-        raise NameError(name)
+        return None
     return [bytes(b) for b in serialize_object(to_host(ns[name]))]
 
 
