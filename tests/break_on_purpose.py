@@ -379,6 +379,25 @@ MUTATIONS = [
  ("a CPU tensor moved by .cpu() into an engine collective is caught", "dpnb/engine/setup.py",
   "    t = torch.ones(1, device=st.device)\n", "    t = torch.ones(1, device=st.device).cpu()\n",
   ["tests/unit/test_comm_device.py::test_engine_code_makes_collective_tensors_on_the_comm_device"]),
+ # issue 40: a dead engine's rank rebuilt from the survivors' memory
+ ("replica: restart --resume without a folder rebuilds from a survivor", "dpnb/session/resume.py",
+  "        if src is not None:\n", "        if False:\n",
+  ["tests/cluster/test_resume_memory.py::test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks", "tests/cluster/test_resume_memory.py::test_ddp_rank_0_rebuilt_from_rank_1_on_three_ranks"]),
+ ("replica: the optimizer state comes from the survivor", "dpnb/engine/rebuild.py",
+  "                _bcast(opt.state[p][k], src, cdev)\n", "                pass\n",
+  ["tests/cluster/test_resume_memory.py::test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks"]),
+ ("replica: the survivor's weights go out before DDP broadcasts rank 0's", "dpnb/engine/rebuild.py",
+  "            _bcast(t.data, src, cdev)\n", "            pass\n",
+  ["tests/cluster/test_resume_memory.py::test_ddp_rank_0_rebuilt_from_rank_1_on_three_ranks"]),
+ ("replica: the step counter comes from the survivor", "dpnb/engine/rebuild.py",
+  "    st.step = int(desc[\"step\"])\n", "    st.step = st.step\n",
+  ["tests/cluster/test_resume_memory.py::test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks"]),
+ ("replica: the data position comes from the survivor", "dpnb/engine/rebuild.py",
+  "st.data.offset = dd[\"epoch\"], dd[\"offset\"]", "st.data.offset = dd[\"epoch\"], st.data.offset",
+  ["tests/cluster/test_resume_memory.py::test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks"]),
+ ("replica: a refused resume says why memory could not serve", "dpnb/session/resume.py",
+  " (no replica to rebuild from: {why_not})", "",
+  ["tests/cluster/test_resume_memory.py::test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks"]),
 ]
 
 
