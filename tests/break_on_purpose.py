@@ -398,6 +398,18 @@ MUTATIONS = [
  ("replica: a refused resume says why memory could not serve", "dpnb/session/resume.py",
   " (no replica to rebuild from: {why_not})", "",
   ["tests/cluster/test_resume_memory.py::test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks"]),
+ ("peer: sharded strategies copy to the neighbour every K steps by default", "dpnb/engine/peercopy.py",
+  "    return DEFAULT_EVERY if st.strategy in SHARDED else 0\n", "    return 0\n",
+  ["tests/cluster/test_resume_memory.py::test_zero2_rank_rebuilt_from_its_neighbours_copy_two_ranks"]),
+ ("peer: the replaced rank takes its neighbour's copy of its shard", "dpnb/engine/rebuild.py",
+  "            dist.send(ps.copy.to(cdev), dst=d)\n", "            dist.send(ps.own.to(cdev), dst=d)\n",
+  ["tests/cluster/test_resume_memory.py::test_zero2_rank_rebuilt_from_its_neighbours_copy_two_ranks"]),
+ ("peer: survivors roll back to their own snapshot", "dpnb/engine/rebuild.py",
+  "    peercopy.unpack_into(st, own)\n", "    if fresh:\n        peercopy.unpack_into(st, own)\n",
+  ["tests/cluster/test_resume_memory.py::test_zero1_on_three_ranks_then_two_neighbours_lost_fall_back_to_disk"]),
+ ("peer: a shard and its copy both lost fall back to the disk, saying so", "dpnb/session/replica.py",
+  "        if h not in peer:\n", "        if h not in peer and False:\n",
+  ["tests/cluster/test_resume_memory.py::test_zero1_on_three_ranks_then_two_neighbours_lost_fall_back_to_disk"]),
 ]
 
 

@@ -25,8 +25,11 @@ Who communicates what, in order (every rank calls :func:`from_replica` at once):
 Survivors receive too, not only the replaced rank: a rank killed inside a
 ring all-reduce can leave one survivor a step further than another; the
 session picks the furthest as ``src`` and every rank ends with its state.
-Sharded state (ZeRO-1's optimizer partitions, FSDP shards) has no replica:
-:func:`replica_info` says so and the session falls back to a disk checkpoint.
+Sharded state (ZeRO-1's optimizer partitions, FSDP shards) has no replica;
+:func:`from_peers` rolls every rank back to the last copy in peer memory
+(:mod:`.peercopy`) instead, the replaced rank taking its buffer from its right
+neighbour's copy.  Where neither serves, the session falls back to a disk
+checkpoint.
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ import json
 import torch
 import torch.distributed as dist
 
+from ..core.strategies import is_fsdp
+from . import peercopy
+from .checkpoint import _materialize_state
 from .state import get_state
 from .train_state import TrainError
 from .wrap import _resolve_model, rebind, wrap
 
-__all__ = ["replica_info", "from_replica"]
+__all__ = ["replica_info", "from_replica", "from_peers"]
 
 #: strategies whose whole training state is replicated on every rank
 REPLICATED = ("ddp",)
@@ -54,7 +60,8 @@ def replica_info(ns: dict) -> dict:
     if st is None:
         return {"rank": es.rank, "wrapped": False}
     return {"rank": es.rank, "wrapped": True, "strategy": st.strategy, "step": st.step,
-            "model": st.model_name, "replicated": st.strategy in REPLICATED}
+            "model": st.model_name, "replicated": st.strategy in REPLICATED,
+            "peer": peercopy.info(ns)}
 
 
 def _bcast(t: torch.Tensor, src: int, cdev) -> None:
@@ -185,5 +192,61 @@ def from_replica(ns: dict, src: int, wrap_args: tuple, wrap_kwargs: dict) -> dic
     st = es.train
     desc = _bcast_json(_describe(st) if es.rank == src else None, src, es.rank, cdev)
     _apply(st, desc, src, es.rank, cdev)  # 3.
-    return {"rank": es.rank, "survivor": survivor, "step": st.step, "src": src,
+    return {"rank": es.rank, "fresh": not survivor, "step": st.step, "src": src,
             "data": None if st.data is None else [st.data.epoch, st.data.offset]}
+
+
+def _rewrap(ns: dict, es, wrap_args: tuple, wrap_kwargs: dict) -> bool:
+    """ZeRO-1 survivors re-bind (their DDP and partitions live on); a replaced
+    rank, and under FSDP every rank (its cells rebuilt the module), wraps.
+    The same collectives everywhere: DDP's construction, or FSDP's broadcast,
+    mesh and sharding.  True where the optimizer is new (its state empty)."""
+    st = es.train
+    if st is not None and not is_fsdp(st.strategy):
+        rebind(ns)
+        return False
+    wrap(ns, *wrap_args, **wrap_kwargs)
+    if es.train.data is None and es.pending_data is not None:
+        es.train.data, es.pending_data = es.pending_data, None
+    return True
+
+
+def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> dict:
+    """Roll every rank back to the last committed peer copy (collective).
+
+    ``holders``: replaced rank (as a str: JSON keys) -> the survivor holding
+    its copy (its right neighbour).  Every rank wraps or re-binds
+    (:func:`_rewrap`); each holder sends its copy to the rank it covers
+    (size, then bytes: point-to-point); survivors take their own snapshot.
+    Then each rank copies the buffer into its tensors -- parameter shards,
+    buffers, optimizer state -- and takes its step, data position, learning
+    rates and loss scaler: every rank is at the snapshot's step."""
+    es = get_state(ns)
+    holders = {int(d): int(h) for d, h in holders.items()}
+    ps = peercopy.peer_state(es)
+    own, own_step = ps.own, ps.own_step
+    fresh = _rewrap(ns, es, wrap_args, wrap_kwargs)
+    st = es.train
+    if fresh:
+        _materialize_state(peercopy._inner(st))  # the state the snapshot's tensors go into
+    cdev = es.comm_device
+    for d, h in sorted(holders.items()):  # one pair at a time: every rank walks the same list
+        if es.rank == h:
+            n = torch.tensor([ps.copy.numel()], dtype=torch.int64, device=cdev)
+            dist.send(n, dst=d)
+            dist.send(ps.copy.to(cdev), dst=d)
+        elif es.rank == d:
+            n = torch.empty(1, dtype=torch.int64, device=cdev)
+            dist.recv(n, src=h)
+            buf = torch.empty(int(n.item()), dtype=torch.uint8, device=cdev)
+            dist.recv(buf, src=h)
+            own = buf.cpu()
+            own_step = peercopy.meta_of(own)[0]["step"]
+    if own is None:
+        raise TrainError(f"rank {es.rank} holds no snapshot to roll back to")
+    peercopy.unpack_into(st, own)
+    if es.rank in holders:  # its copy of its left neighbour was lost with it
+        ps.own, ps.own_step, ps.copy, ps.copy_of = own, own_step, None, None
+    st.optimizer.zero_grad(set_to_none=True)
+    dist.barrier()
+    return {"rank": es.rank, "step": st.step, "fresh": fresh}

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from ..cluster.diagnose import first_error
 from ..cluster.types import EntryKind
 from ..core.cellgraph import ResumePlan, cell_summary
+from ..core.strategies import is_fsdp
 from ..errors import DpnbError
 from ..ranks import rank_label
 
@@ -40,9 +41,10 @@ def _summary(code: str) -> str:
     return cell_summary(code) or "(empty)"
 
 
-def source(c: "Cluster", hard: bool) -> tuple[int | None, str, dict]:
-    """``(src, why_not, steps)``: the survivor to copy from (None: no replica,
-    ``why_not`` says why) and each survivor's step."""
+def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
+    """``(src, why_not, steps)``: the survivor to copy from -- a rank (its
+    replica), or under sharded strategies ``{dead: holder of its copy}`` --
+    or None (``why_not`` says why); and each survivor's step."""
     if hard:
         return None, "--hard replaces every engine", {}
     alive = [r for r in range(c.world_size) if r not in c.dead]
@@ -54,12 +56,40 @@ def source(c: "Cluster", hard: bool) -> tuple[int | None, str, dict]:
     infos = [i for i in res.values if i.get("wrapped")]
     if len(infos) != len(alive):
         return None, "a survivor holds no wrapped model", {}
-    if not all(i["replicated"] for i in infos):
-        return None, (f"{infos[0]['strategy']} shards the optimizer state: no survivor holds "
-                      f"the lost rank's part"), {}
     steps = {i["rank"]: i["step"] for i in infos}
+    if not all(i["replicated"] for i in infos):
+        holders, why = peer_holders(c, infos)
+        if holders is None:
+            return None, (f"{infos[0]['strategy']} shards the optimizer state and {why}"), {}
+        return holders, "", steps
     best = max(steps.values())
     return min(r for r, s in steps.items() if s == best), "", steps
+
+
+def peer_holders(c: "Cluster", infos: list) -> tuple[dict | None, str]:
+    """``{replaced rank: survivor holding its copy}``, or None and why not.
+
+    Every survivor must have committed its own snapshot at one step S (a death
+    during a copy leaves them all on the previous pair), and each dead rank's
+    right neighbour must be alive and hold that rank's copy from S."""
+    n = c.world_size
+    peer = {i["rank"]: i["peer"] for i in infos}
+    owns = {p["own_step"] for p in peer.values()}
+    if None in owns:
+        return None, "no peer copy was made yet (every K steps of %dp train)"
+    if len(owns) != 1:
+        return None, f"the survivors' snapshots are from different steps {sorted(owns)}"
+    step = owns.pop()
+    holders = {}
+    for d in sorted(c.dead):
+        h = (d + 1) % n
+        if h not in peer:
+            return None, (f"rank {d} and rank {h}, which held the only copy of its shard, "
+                          f"both died")
+        if peer[h]["copy_of"] != d or peer[h]["copy_step"] != step:
+            return None, f"rank {h} holds no copy of rank {d}'s shard from step {step}"
+        holders[d] = h
+    return holders, ""
 
 
 def _last(c: "Cluster", dotted: str):
@@ -67,30 +97,51 @@ def _last(c: "Cluster", dotted: str):
     return found[-1] if found else None
 
 
-def rebuild(c: "Cluster", src: int, steps: dict, p: ResumePlan, hard: bool) -> str:
-    """Steps 2-5 of the module doc; the report's sentences."""
-    wrap = _last(c, _T + "wrap")
-    done = c.replace_and_reform(hard=hard)
-    replaced = list(done.replaced)
+def _replay(c: "Cluster", p: ResumePlan, ranks: list[int]) -> str:
+    """The setup cells on ``ranks`` (a collective one everywhere), the dataset
+    choice on the replaced ones; what ran, for the report."""
     ran = []
     for r in p.cells:
-        res = c.run(r.code, ranks=None if r.everywhere else replaced, display=False,
+        res = c.run(r.code, ranks=None if r.everywhere else ranks, display=False,
                     raise_errors=False, history=False)
         if not res.ok:
             raise DpnbError(f"resume stopped: replaying cell {r.index} ({_summary(r.code)}) "
                             f"failed ({first_error(res)}); fix it and %dp restart --resume")
         ran.append(r)
+    return "; ".join(f"cell: {_summary(r.code)} ({r.why})" for r in ran) or "none"
+
+
+def rebuild(c: "Cluster", src: int | dict, steps: dict, p: ResumePlan, hard: bool) -> str:
+    """Steps 2-5 of the module doc; the report's sentences.  ``src`` a rank:
+    its replica; a dict: every rank back to the peer copies' step."""
+    wrap = _last(c, _T + "wrap")
+    done = c.replace_and_reform(hard=hard)
+    replaced = list(done.replaced)
+    # fully_shard changed every rank's module in place: every rank rebuilds it (as resume.py)
+    fsdp = not isinstance(src, int) and is_fsdp(c.training.strategy)
+    ranks = list(range(c.world_size)) if fsdp else replaced
+    cells = _replay(c, p, ranks)
     data = _last(c, _T + "set_data")
     if data is not None:
         c.call(data.dotted, *data.args, ranks=replaced, **data.kwargs)
-    out = c.call(_R + "from_replica", src, wrap.args, wrap.kwargs).values
+    if isinstance(src, int):
+        out = c.call(_R + "from_replica", src, wrap.args, wrap.kwargs).values
+    else:
+        out = c.call(_R + "from_peers", {str(d): h for d, h in src.items()}, wrap.args,
+                     wrap.kwargs).values
     watch = _last(c, "dpnb.engine.views.watch")
     if watch is not None:
-        c.call(watch.dotted, ranks=replaced)
+        c.call(watch.dotted, ranks=[o["rank"] for o in out if o.get("fresh", True)])
     step = out[0]["step"]
-    lost = max(steps.values()) - step  # completed steps some survivor had and src not: 0
-    cells = "; ".join(f"cell: {_summary(r.code)} ({r.why})" for r in ran) or "none"
-    return (f"{done.message} {rank_label(replaced)} replaced; rebuilt from rank {src}'s "
-            f"replica at step {step:,} ({lost} steps lost; the step in flight when the rank "
-            f"died runs again). Replayed on {rank_label(replaced)}: {cells}; then the wrap and "
-            f"the weights, optimizer state, step and data position from rank {src}.")
+    lost = max(steps.values()) - step  # completed steps a survivor had and lost here
+    if isinstance(src, int):
+        what = (f"rebuilt from rank {src}'s replica at step {step:,} ({lost} steps lost; the "
+                f"step in flight when the rank died runs again)")
+        how = f"the weights, optimizer state, step and data position from rank {src}"
+    else:
+        what = "; ".join(f"rebuilt from rank {h}'s copy of rank {d}'s shard" for d, h in
+                         sorted(src.items()))
+        what += (f" at step {step:,} ({lost} steps lost; others rolled back to it)")
+        how = "every rank's shards, optimizer state, step and data position from the peer copies"
+    return (f"{done.message} {rank_label(replaced)} replaced; {what}. Replayed on "
+            f"{rank_label(ranks)}: {cells}; then the wrap and {how}.")

@@ -168,7 +168,7 @@ def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     """``%dp restart --resume [DIR]``: everything that can refuse is checked before
     any engine is replaced; then the runtime restarts, and the replaced ranks
     (or every rank, under FSDP) rebuild and load the checkpoint."""
-    latest = resume == "" or resume is True
+    latest, why_not = resume == "" or resume is True, ""
     if latest:  # from a survivor's replica when there is one: fresher than any checkpoint
         src, why_not, steps = replica.source(c, hard)
         if src is not None:
@@ -188,4 +188,5 @@ def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     p = make_plan(c)
     refuse_if_incomplete(c, p)  # before any engine is replaced
     done = c.replace_and_reform(hard=hard)
-    return done.message + " " + replay_and_load(c, path, p, list(done.replaced))
+    disk = f"Not from memory ({why_not}): from the disk checkpoint. " if latest else ""
+    return done.message + " " + disk + replay_and_load(c, path, p, list(done.replaced))

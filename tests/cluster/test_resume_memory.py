@@ -30,8 +30,8 @@ STATE = ("_o = optimizer.optimizer if hasattr(optimizer, 'optim') else optimizer
          "         _st.step, (_st.data.epoch, _st.data.offset), _o.param_groups[0]['lr'])\n")
 
 
-def _kill_mid_training(c, rank: int) -> None:
-    """SIGKILL ``rank`` while ``%dp train`` runs (as the OOM killer would)."""
+def _kill_mid_training(c, rank) -> None:
+    """SIGKILL ``rank`` (or each of a list) while ``%dp train`` runs (as the OOM killer would)."""
     err: list = []
 
     def train():
@@ -43,9 +43,10 @@ def _kill_mid_training(c, rank: int) -> None:
     t = threading.Thread(target=train)
     t.start()
     time.sleep(1.5)
-    c.kill_rank(rank)
+    for r in rank if isinstance(rank, list) else [rank]:
+        c.kill_rank(r)
     t.join(120)
-    assert err and isinstance(err[0], RemoteCellError) and rank in err[0].died, err
+    assert err and isinstance(err[0], RemoteCellError) and err[0].died, err
 
 
 def _states(c, ranks=None) -> list:
@@ -97,14 +98,17 @@ def _scenario(c, dead: int) -> None:
 def test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks():
     with dpnb.start(2) as c:
         _scenario(c, dead=1)
-        # zero1 shards the optimizer state: no replica, and no checkpoint -> refused, saying why
+        # zero1 shards the optimizer state: no replica; peer copies off; no checkpoint ->
+        # refused, saying why
         c.wrap("net", "zero1", optimizer="adamw", lr=0.01)
+        c.call("dpnb.engine.peercopy.set_every", 0)
         c.train(steps=2, micro_batch=8, progress=False)
         _kill_mid_training(c, 1)
         with pytest.raises(DpnbError) as ei:
             c.restart(resume=True)
         assert "no automatic checkpoint yet" in str(ei.value), ei.value
-        assert "no replica to rebuild from: zero1 shards the optimizer state" in str(ei.value)
+        assert ("no replica to rebuild from: zero1 shards the optimizer state and no peer copy "
+                "was made yet") in str(ei.value), ei.value
         assert 1 in c.dead  # nothing was replaced
 
 
@@ -112,3 +116,56 @@ def test_ddp_rank_0_rebuilt_from_rank_1_on_three_ranks():
     # rank 0 dies: a fresh DDP would broadcast the replaced rank 0's random weights
     with dpnb.start(3) as c:
         _scenario(c, dead=0)
+
+
+PACK = "import dpnb.engine.peercopy as _pc\npacked = _pc.pack(_dpnb.train)\n"
+K = 10  # the default interval under the sharded strategies
+
+
+def _sharded(c, strategy: str, dead: int) -> None:
+    """Kill ``dead`` mid-training; every rank rolls back to the last peer copy,
+    ``dead`` from its right neighbour's copy of it: each rank's packed state
+    afterwards is byte-for-byte the snapshot it rolls back to."""
+    c.run(SETUP, display=False)
+    c.wrap("net", strategy, optimizer="adamw", lr=0.01)
+    c.set_data("ds")
+    c.train(steps=3, micro_batch=8, progress=False)
+    _kill_mid_training(c, dead)
+    n, holder = c.world_size, (dead + 1) % c.world_size
+    alive = [r for r in range(n) if r != dead]
+    c.run("_p = _dpnb.peer\npeer = (_p.own, _p.copy, _p.own_step, _p.copy_of, _dpnb.train.step)",
+          ranks=alive, display=False)
+    want = {r: c.pull("peer", rank=r) for r in alive}
+    reached = max(w[4] for w in want.values())
+    expect = {r: want[r][0] for r in alive}
+    expect[dead] = want[holder][1]
+    step = want[holder][2]
+    # at most K steps back (+1: a copy commits at the step after it was taken)
+    assert want[holder][3] == dead and 0 <= reached - step <= K + 1
+    msg = c.restart(resume=True)
+    assert (f"rank {dead} replaced; rebuilt from rank {holder}'s copy of rank {dead}'s shard at "
+            f"step {step:,} ({reached - step} steps lost; others rolled back to it)") in msg, msg
+    c.run(PACK, display=False)
+    for r in range(n):
+        assert torch.equal(c.pull("packed", rank=r), expect[r]), r
+    again = c.train(steps=2, micro_batch=8, progress=False)
+    assert again["first_step"] == step and again["steps"] == 2
+    assert c.check()["ok"]
+
+
+def test_zero2_rank_rebuilt_from_its_neighbours_copy_two_ranks():
+    with dpnb.start(2) as c:
+        _sharded(c, "zero2", dead=1)
+
+
+def test_zero1_on_three_ranks_then_two_neighbours_lost_fall_back_to_disk(tmp_path):
+    with dpnb.start(3) as c:
+        _sharded(c, "zero1", dead=0)
+        ck = tmp_path / "auto"
+        c.train(steps=2, micro_batch=8, progress=False, checkpoint_every=2, checkpoint_dir=str(ck))
+        _kill_mid_training(c, [1, 2])  # rank 1's shard and its only copy, on rank 2
+        msg = c.restart(resume=True)
+        assert ("Not from memory (zero1 shards the optimizer state and rank 1 and rank 2, which "
+                "held the only copy of its shard, both died): from the disk checkpoint. "
+                "Resumed from") in msg, msg
+        assert c.train(steps=1, micro_batch=8, progress=False)["steps"] == 1
