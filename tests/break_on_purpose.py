@@ -402,7 +402,7 @@ MUTATIONS = [
   "    return DEFAULT_EVERY if st.strategy in SHARDED else 0\n", "    return 0\n",
   ["tests/cluster/test_resume_memory.py::test_zero2_rank_rebuilt_from_its_neighbours_copy_two_ranks"]),
  ("peer: the replaced rank takes its neighbour's copy of its shard", "dpnb/engine/rebuild.py",
-  "            dist.send(ps.copy.to(cdev), dst=d)\n", "            dist.send(ps.own.to(cdev), dst=d)\n",
+  "send = ps.copy.to(cdev) if es.rank == h", "send = ps.own.to(cdev) if es.rank == h",
   ["tests/cluster/test_resume_memory.py::test_zero2_rank_rebuilt_from_its_neighbours_copy_two_ranks"]),
  ("peer: survivors roll back to their own snapshot", "dpnb/engine/rebuild.py",
   "    peercopy.unpack_into(st, own)\n", "    if fresh:\n        peercopy.unpack_into(st, own)\n",

@@ -13,12 +13,12 @@ need no copy):
    its own *snapshot* (a host copy, on the step's path: the next step changes
    the tensors in place);
 2. the snapshot goes round the ring: rank ``r`` sends it to ``r+1`` and
-   receives ``r-1``'s (``batch_isend_irecv`` on the default group; gloo sends
-   from its own threads while the next step computes -- off the step's path);
-3. at the next step boundary each rank waits for its receive, then one
-   one-element ``all_reduce(MIN)`` agrees every rank has both halves before
-   any commits the pair (own snapshot, copy of ``r-1``): a death during the
-   copy leaves every rank on the previous pair.
+   receives ``r-1``'s (``batch_isend_irecv`` on the default group), waited
+   for at once: on the step's path, between two steps (an exchange left in
+   flight into the next step aborted a survivor when its peers died);
+3. one one-element ``all_reduce(MIN)`` agrees every rank has both halves
+   before any commits the pair (own snapshot, copy of ``r-1``): a death
+   during the copy leaves every rank on the previous pair.
 
 On a death (:func:`dpnb.engine.rebuild.from_peers`) every rank rolls back to
 its own snapshot and the replaced rank takes its buffer from ``r+1``'s copy;
@@ -56,10 +56,17 @@ class PeerState:
     own_step: int | None = None
     copy: torch.Tensor | None = None  # the left neighbour's snapshot
     copy_of: int | None = None
-    pending: tuple | None = None  # (works, own buffer, receive buffer, step, left)
+    pending: tuple | None = None  # (own buffer, receive buffer, step, left) until agreed
+    owner: int | None = None  # id() of the TrainState the pair was taken from
+    sizes: tuple | None = None  # ((generation, owner), meta room, left's bytes): fixed per wrap
 
     def nbytes(self) -> int:
         return sum(t.numel() for t in (self.own, self.copy) if t is not None)
+
+    def drop(self) -> None:
+        """Forget the pair: copies off, or taken from another wrap (a rollback to
+        them would go back to another model, or behind a fresher checkpoint)."""
+        self.own = self.own_step = self.copy = self.copy_of = self.owner = None
 
 
 def peer_state(es) -> PeerState:
@@ -80,7 +87,10 @@ def set_every(ns: dict, every: int) -> dict:
     """Copy every ``every`` steps (0: never).  Local; call it on every rank alike."""
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         raise TrainError(f"the peer-copy interval must be a whole number of steps >= 0 (got {every!r})")
-    peer_state(get_state(ns)).every = every
+    ps = peer_state(get_state(ns))
+    ps.every = every
+    if not every:
+        ps.drop()
     return {"every": every}
 
 
@@ -105,8 +115,10 @@ def _plain(v):
     return list(v) if isinstance(v, tuple) else v
 
 
-def pack(st) -> torch.Tensor:
-    """``[meta length][meta JSON][every local tensor's bytes]`` in one CPU uint8 buffer."""
+def pack(st, cap: int | None = None) -> torch.Tensor:
+    """``[meta length][meta JSON][every local tensor's bytes]`` in one CPU uint8 buffer;
+    with ``cap`` the JSON is padded to ``cap`` bytes, so the buffer's size stays
+    fixed from copy to copy (the step and the data position grow digits)."""
     ts = local_tensors(st)
     d = st.data
     meta = json.dumps({
@@ -118,6 +130,10 @@ def pack(st) -> torch.Tensor:
         "data": None if d is None else [d.seed, d.shuffle, d.epoch, d.offset, len(d.dataset)],
         "layout": [[list(t.shape), str(t.dtype).split(".")[-1]] for t in ts],
     }).encode()
+    if cap is not None:
+        if len(meta) > cap:
+            raise TrainError(f"the peer copy's description grew past {cap} bytes: re-wrap")
+        meta += b" " * (cap - len(meta))  # JSON ignores trailing blanks
     parts = [torch.tensor([len(meta)], dtype=torch.int64).view(torch.uint8),
              torch.tensor(list(meta), dtype=torch.uint8)]
     parts += [t.detach().reshape(-1).view(torch.uint8).cpu() for t in ts]
@@ -156,16 +172,20 @@ def unpack_into(st, buf: torch.Tensor) -> dict:
     return meta
 
 
-def _ring(es, send: torch.Tensor, recv: torch.Tensor) -> list:
-    right, left = (es.rank + 1) % es.world_size, (es.rank - 1) % es.world_size
-    return dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right),
-                                   dist.P2POp(dist.irecv, recv, left)])
+def ring(es, send: torch.Tensor, recv: torch.Tensor, to: int, frm: int) -> None:
+    """``send`` to rank ``to``, ``recv`` filled from rank ``frm``, as one
+    ``all_to_all_single`` whose other splits are empty.  A collective, not
+    gloo's send/recv: point-to-point receives left posted when a peer died
+    aborted the survivor (SIGABRT), where a collective fails with an error."""
+    ins, outs = [0] * es.world_size, [0] * es.world_size
+    ins[to], outs[frm] = send.numel(), recv.numel()
+    dist.all_to_all_single(recv, send, output_split_sizes=outs, input_split_sizes=ins)
 
 
 class Copier:
     """The train loop's peer copies: ``after(issued)`` once per step (it hands
-    ``issued`` back, so the loop calls it in the same line), the exchange in
-    flight completed when the call ends."""
+    ``issued`` back, so the loop calls it in the same line); a copy a failed
+    step left unfinished is dropped when the call ends."""
 
     def __init__(self, ns: dict):
         self.es = get_state(ns)
@@ -173,6 +193,8 @@ class Copier:
         self.ps = peer_state(self.es)
         self.every = every_for(self.es, self.st) if self.es.world_size > 1 else 0
         self.cdev = self.es.comm_device
+        if not self.every or self.ps.owner != id(self.st):
+            self.ps.drop()
 
     def __enter__(self) -> "Copier":
         return self
@@ -186,32 +208,42 @@ class Copier:
             self.ps.pending = None
 
     def after(self, issued):
-        if self.every:
-            if self.ps.pending is not None:
-                self._complete()
-            if self.st.step % self.every == 0:
-                self._issue()
+        if self.every and self.st.step % self.every == 0:
+            # Issued and completed here, not at the next step: an exchange left
+            # in flight when a peer died aborted the survivor's process (gloo,
+            # SIGABRT, seen in tests/cluster/test_resume_memory.py's two-death case)
+            self._issue()
+            self._complete()
         return issued
 
     def _issue(self) -> None:
-        own = pack(self.st)
-        n = torch.tensor([own.numel()], dtype=torch.int64, device=self.cdev)
-        m = torch.empty(1, dtype=torch.int64, device=self.cdev)
-        for w in _ring(self.es, n, m):  # sizes first (tiny): the receiver allocates
-            w.wait()
+        ps = self.ps
+        key = (self.es.generation, id(self.st))
+        if ps.sizes is None or ps.sizes[0] != key:
+            # once a wrap and group, on every rank alike (a new wrap or a
+            # re-formed group changes the key everywhere; a replaced rank's
+            # fresh state alone would not): the sizes go round first (the
+            # receiver allocates), the description's room fixed with slack
+            cap = 2 * meta_of(pack(self.st))[1] + 4096
+            own = pack(self.st, cap)
+            n = torch.tensor([own.numel()], dtype=torch.int64, device=self.cdev)
+            m = torch.empty(self.es.world_size, dtype=torch.int64, device=self.cdev)
+            dist.all_gather_into_tensor(m, n)
+            ps.sizes = (key, cap, int(m[(self.es.rank - 1) % self.es.world_size]))
+        else:
+            own = pack(self.st, ps.sizes[1])
         send = own.to(self.cdev)  # a copy only where the group sends device memory (NCCL)
-        recv = torch.empty(int(m.item()), dtype=torch.uint8, device=self.cdev)
+        recv = torch.empty(ps.sizes[2], dtype=torch.uint8, device=self.cdev)
         left = (self.es.rank - 1) % self.es.world_size
-        self.ps.pending = (_ring(self.es, send, recv), own, recv, self.st.step, left)
+        ring(self.es, send, recv, (self.es.rank + 1) % self.es.world_size, left)
+        self.ps.pending = (own, recv, self.st.step, left)
 
     def _complete(self) -> None:
-        works, own, recv, step, left = self.ps.pending
+        own, recv, step, left = self.ps.pending
         self.ps.pending = None
-        for w in works:
-            w.wait()
         ok = torch.ones(1, device=self.cdev)
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank has both halves: commit
-        self.ps.own, self.ps.own_step = own, step
+        self.ps.own, self.ps.own_step, self.ps.owner = own, step, id(self.st)
         self.ps.copy, self.ps.copy_of = recv.cpu(), left
 
 

@@ -231,22 +231,20 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
         _materialize_state(peercopy._inner(st))  # the state the snapshot's tensors go into
     cdev = es.comm_device
     for d, h in sorted(holders.items()):  # one pair at a time: every rank walks the same list
-        if es.rank == h:
-            n = torch.tensor([ps.copy.numel()], dtype=torch.int64, device=cdev)
-            dist.send(n, dst=d)
-            dist.send(ps.copy.to(cdev), dst=d)
-        elif es.rank == d:
-            n = torch.empty(1, dtype=torch.int64, device=cdev)
-            dist.recv(n, src=h)
-            buf = torch.empty(int(n.item()), dtype=torch.uint8, device=cdev)
-            dist.recv(buf, src=h)
+        n = torch.tensor([ps.copy.numel() if es.rank == h else 0], dtype=torch.int64,
+                         device=cdev)
+        dist.broadcast(n, src=h)  # the size, then the bytes, holder to replaced rank only
+        send = ps.copy.to(cdev) if es.rank == h else torch.empty(0, dtype=torch.uint8, device=cdev)
+        buf = torch.empty(int(n.item()) if es.rank == d else 0, dtype=torch.uint8, device=cdev)
+        peercopy.ring(es, send, buf, d, h)
+        if es.rank == d:
             own = buf.cpu()
             own_step = peercopy.meta_of(own)[0]["step"]
     if own is None:
         raise TrainError(f"rank {es.rank} holds no snapshot to roll back to")
     peercopy.unpack_into(st, own)
     if es.rank in holders:  # its copy of its left neighbour was lost with it
-        ps.own, ps.own_step, ps.copy, ps.copy_of = own, own_step, None, None
+        ps.own, ps.own_step, ps.copy, ps.copy_of, ps.owner = own, own_step, None, None, id(st)
     st.optimizer.zero_grad(set_to_none=True)
     dist.barrier()
     return {"rank": es.rank, "step": st.step, "fresh": fresh}

@@ -21,6 +21,8 @@ the latest disk checkpoint.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import TYPE_CHECKING
 
 from ..cluster.diagnose import first_error
@@ -33,6 +35,7 @@ from ..ranks import rank_label
 if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
 
+log = logging.getLogger(__name__)
 _T = "dpnb.engine.training."
 _R = "dpnb.engine.rebuild."
 
@@ -47,6 +50,7 @@ def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
     or None (``why_not`` says why); and each survivor's step."""
     if hard:
         return None, "--hard replaces every engine", {}
+    c.status()  # finds deaths not yet seen (a second rank killed with the first)
     alive = [r for r in range(c.world_size) if r not in c.dead]
     if not alive or not c.dead:
         return None, "no rank died" if alive else "no rank survived", {}
@@ -58,7 +62,11 @@ def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
         return None, "a survivor holds no wrapped model", {}
     steps = {i["rank"]: i["step"] for i in infos}
     if not all(i["replicated"] for i in infos):
-        holders, why = peer_holders(c, infos)
+        holders, why, at = peer_holders(c, infos)
+        disk = _disk_step(c)
+        if holders is not None and disk is not None and disk > at:
+            holders, why = None, (f"the disk checkpoint of step {disk:,} is fresher than the "
+                                  f"peer copies of step {at:,}")
         if holders is None:
             return None, (f"{infos[0]['strategy']} shards the optimizer state and {why}"), {}
         return holders, "", steps
@@ -66,8 +74,20 @@ def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
     return min(r for r, s in steps.items() if s == best), "", steps
 
 
-def peer_holders(c: "Cluster", infos: list) -> tuple[dict | None, str]:
-    """``{replaced rank: survivor holding its copy}``, or None and why not.
+def _disk_step(c: "Cluster") -> int | None:
+    """The step of the latest automatic checkpoint (``DIR/latest`` names
+    ``step-NNNNNNNN``), or None."""
+    d = c.training.autosave_dir
+    try:
+        with open(os.path.join(d, "latest")) as f:
+            return int(f.read().strip().split("-")[-1])
+    except (TypeError, OSError, ValueError) as e:
+        log.debug("no automatic checkpoint to compare with the peer copies: %s", e)
+        return None
+
+
+def peer_holders(c: "Cluster", infos: list) -> tuple[dict | None, str, int | None]:
+    """``({replaced rank: survivor holding its copy}, "", step)``, or None and why not.
 
     Every survivor must have committed its own snapshot at one step S (a death
     during a copy leaves them all on the previous pair), and each dead rank's
@@ -76,20 +96,20 @@ def peer_holders(c: "Cluster", infos: list) -> tuple[dict | None, str]:
     peer = {i["rank"]: i["peer"] for i in infos}
     owns = {p["own_step"] for p in peer.values()}
     if None in owns:
-        return None, "no peer copy was made yet (every K steps of %dp train)"
+        return None, "no peer copy was made yet (every K steps of %dp train)", None
     if len(owns) != 1:
-        return None, f"the survivors' snapshots are from different steps {sorted(owns)}"
+        return None, f"the survivors' snapshots are from different steps {sorted(owns)}", None
     step = owns.pop()
     holders = {}
     for d in sorted(c.dead):
         h = (d + 1) % n
         if h not in peer:
             return None, (f"rank {d} and rank {h}, which held the only copy of its shard, "
-                          f"both died")
+                          f"both died"), None
         if peer[h]["copy_of"] != d or peer[h]["copy_step"] != step:
-            return None, f"rank {h} holds no copy of rank {d}'s shard from step {step}"
+            return None, f"rank {h} holds no copy of rank {d}'s shard from step {step}", None
         holders[d] = h
-    return holders, ""
+    return holders, "", step
 
 
 def _last(c: "Cluster", dotted: str):
@@ -143,5 +163,8 @@ def rebuild(c: "Cluster", src: int | dict, steps: dict, p: ResumePlan, hard: boo
                          sorted(src.items()))
         what += (f" at step {step:,} ({lost} steps lost; others rolled back to it)")
         how = "every rank's shards, optimizer state, step and data position from the peer copies"
-    return (f"{done.message} {rank_label(replaced)} replaced; {what}. Replayed on "
+    # the runtime says the replaced ranks lost everything: here they got it back
+    head = done.message.replace(f" {rank_label(replaced)} replaced: everything defined there "
+                                f"was lost.", "")
+    return (f"{head} {rank_label(replaced)} replaced; {what}. Replayed on "
             f"{rank_label(ranks)}: {cells}; then the wrap and {how}.")
