@@ -148,8 +148,7 @@ def _sharded(c, strategy: str, dead: int) -> None:
     expect = {r: want[r][0] for r in alive}
     expect[dead] = want[holder][1]
     step = want[holder][2]
-    # at most K steps back (+1: a copy commits at the step after it was taken)
-    assert want[holder][3] == dead and 0 <= reached - step <= K + 1
+    assert want[holder][3] == dead and 0 <= reached - step <= K  # at most K steps back
     msg = c.restart(resume=True)
     assert (f"rank {dead} replaced; rebuilt from rank {holder}'s copy of rank {dead}'s shard at "
             f"step {step:,} ({reached - step} steps lost; others rolled back to it)") in msg, msg
