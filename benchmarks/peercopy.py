@@ -72,7 +72,7 @@ def _kill_and_resume(c, mb: int, **train_kw) -> dict:
     msg = c.restart(resume=True)
     s = c.train(steps=1, micro_batch=mb, progress=False)
     return {"death_to_training_s": round(time.perf_counter() - t_kill, 2),
-            "steps_lost": reached - s["first_step"], "from": "memory" if "copy" in msg else "disk",
+            "steps_lost": reached - s["first_step"], "from": "disk" if "Not from memory" in msg else "memory",
             "message": msg[msg.find("rank 1 replaced"):][:160] if "copy" in msg else msg[-160:]}
 
 
