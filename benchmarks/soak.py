@@ -2,7 +2,7 @@
 
 Each cycle trains a few steps, injects one fault chosen at random, recovers
 the way a user would (the automatic group re-formation, or ``restart`` with
-``resume`` from a checkpoint when an engine died), then proves the cluster
+``resume`` when an engine died: from a survivor's replica, ddp's memory), then proves the cluster
 is healthy: the replicas are in sync and an all_reduce gives the right sum.
 
 Recorded: cycles, faults by kind, recovered count, time from injecting a
@@ -81,8 +81,13 @@ def _kill_during_checkpoint(c, victim: int, auto: str) -> str:
         assert victim in e.died, e.report
     finally:
         killer.join()
-    c.restart(resume="" if c.training.autosave_dir else None)
-    return "restart --resume (automatic checkpoint)"
+    return _resume(c)
+
+
+def _resume(c) -> str:
+    """``restart --resume`` with no folder: a survivor's replica (ddp), else the disk."""
+    msg = c.restart(resume=True)
+    return "restart --resume (" + ("from memory" if "replica" in msg else "from disk") + ")"
 
 
 def _inject(c, kind: str, rng: random.Random, ckpt: str, auto: str = "") -> str:
@@ -110,8 +115,7 @@ def _inject(c, kind: str, rng: random.Random, ckpt: str, auto: str = "") -> str:
             assert victim in e.died, e.report
         else:
             raise AssertionError("death was not reported")
-        c.restart(resume=ckpt)
-        return "restart --resume"
+        return _resume(c)
     if kind == "hang_cell_timeout":
         try:
             c.run(f"import time\nt = torch.ones(1)\nif rank == {victim}:\n    time.sleep(60)\n"

@@ -42,6 +42,7 @@ class EngineState:
     # -- slots of the higher layers (kept across a re-init of this rank) --
     train: Any = None  # dpnb.engine.train_state.TrainState once a model is wrapped
     pending_data: Any = None  # a DataState chosen before the first wrap
+    peer: Any = None  # dpnb.engine.peercopy.PeerState: own snapshot, neighbour's copy
     watch: Any = None  # dpnb.engine.views timing hooks for the gradsync view
     straggle_delay_s: float = 0.0  # injected per-step delay (%dp straggle)
     stop_requested: bool = False  # the Stop button: end training at a step boundary
@@ -89,7 +90,7 @@ class EngineState:
         """Keep what higher layers registered when this rank is re-initialised."""
         self.on_reform = old.on_reform
         self.generation = old.generation
-        for name in ("train", "pending_data", "watch", "straggle_delay_s", "stop_requested",
+        for name in ("train", "pending_data", "peer", "watch", "straggle_delay_s", "stop_requested",
                      "stop_file", "store_sock", "store_server", "store", "releases", "side_door",
                      "cell_guard", "lifecycle", "pdb_hooks", "group"):
             setattr(self, name, getattr(old, name))

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from .. import compat
 from ..core.strategies import is_fsdp
-from . import device
+from . import device, peercopy
 from .microbatch import _split, _to_device, default_loss
 from .process import GC_EVERY, scheduled_gc
 from .dataset import current_data
@@ -450,9 +450,9 @@ def train(
     t_call = time.perf_counter()
     pending = None
     saved = []
-    with StopRequest(es) as stop, _recorder_off_after(st.recorder), scheduled_gc():
+    with StopRequest(es) as stop, _recorder_off_after(st.recorder), scheduled_gc(), peercopy.Copier(ns) as peer:
         for i in range(P.n_steps):
-            issued = loop.one_step(i, stop)
+            issued = peer.after(loop.one_step(i, stop))  # every K steps: the peer copy
             if pending is not None and loop.finish(pending, stop):
                 pending = issued
                 break

@@ -16,6 +16,11 @@ before anything is replaced when a name cannot be rebuilt, and replays:
 
 then the wrap and data calls on every rank, then the checkpoint is loaded
 (DCP: every rank reads its part).
+
+With no folder, a survivor's replica comes first (:mod:`.replica`: DDP, every
+survivor holds the whole state, fresher than any checkpoint); the latest
+automatic checkpoint is the fallback, and its refusal says why memory could
+not serve.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ..core.strategies import is_fsdp
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
+from . import replica
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
@@ -150,11 +156,29 @@ def latest_autosave(c: "Cluster") -> str:
     return path
 
 
+def _latest_or_why(c: "Cluster", why_not: str) -> str:
+    """The latest automatic checkpoint; refused, it says why memory could not serve."""
+    try:
+        return latest_autosave(c)
+    except DpnbError as e:
+        raise DpnbError(f"{e} (no replica to rebuild from: {why_not})") from None
+
+
 def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     """``%dp restart --resume [DIR]``: everything that can refuse is checked before
     any engine is replaced; then the runtime restarts, and the replaced ranks
     (or every rank, under FSDP) rebuild and load the checkpoint."""
-    path = latest_autosave(c) if resume == "" or resume is True else str(resume)
+    latest, why_not = resume == "" or resume is True, ""
+    if latest:  # from a survivor's replica when there is one: fresher than any checkpoint
+        src, why_not, steps = replica.source(c, hard)
+        if src is not None:
+            if not c.setup_log.has_call(_T + "wrap"):
+                raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
+                                "history")
+            p = make_plan(c)
+            refuse_if_incomplete(c, p)  # before any engine is replaced
+            return replica.rebuild(c, src, steps, p, hard)
+    path = _latest_or_why(c, why_not) if latest else str(resume)
     path = os.path.abspath(path)
     if not os.path.isdir(path):
         raise DpnbError(f"no checkpoint folder at {path}: give a folder %dp save wrote")
@@ -164,4 +188,5 @@ def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     p = make_plan(c)
     refuse_if_incomplete(c, p)  # before any engine is replaced
     done = c.replace_and_reform(hard=hard)
-    return done.message + " " + replay_and_load(c, path, p, list(done.replaced))
+    disk = f"Not from memory ({why_not}): from the disk checkpoint. " if latest else ""
+    return done.message + " " + disk + replay_and_load(c, path, p, list(done.replaced))

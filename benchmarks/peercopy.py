@@ -1,0 +1,121 @@
+"""What recovery from memory costs and saves: peer copies every K steps, and a death resumed.
+
+    python benchmarks/peercopy.py [--rounds 3] [--steps 30] [--json out.json]
+
+On one 2-rank cluster per model (mlp, tinylm of benchmarks/models.py), zero2:
+
+* step time with the peer copy off and at K = 1, 10, 50, alternated in each
+  round (the order rotates), as the wall time of a ``train`` call over its
+  steps (the copy runs between steps, outside a step record's own time);
+  reported as ratios to "off" (median over rounds);
+* the copy's CPU memory per rank (own snapshot + the neighbour's copy);
+* a death: rank 1 SIGKILLed mid-training, then ``restart(resume=True)`` from
+  the peer copies at the default K against the same from the disk checkpoint
+  (``--checkpoint-every`` at the same K, copies off): seconds from the kill to
+  the first step trained again, and steps lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+KS = (0, 1, 10, 50)
+SET = "dpnb.engine.peercopy.set_every"
+
+
+def step_cost(c, mb: int, rounds: int, steps: int) -> dict:
+    """Seconds per step at each K (0: off), alternated, rotating the order."""
+    got: dict[int, list] = {k: [] for k in KS}
+    ratios: dict[int, list] = {k: [] for k in KS if k}
+    for r in range(rounds):
+        order = KS[r % len(KS):] + KS[:r % len(KS)]
+        now = {}
+        for k in order:
+            c.call(SET, k)
+            t0 = time.perf_counter()
+            c.train(steps=steps, micro_batch=mb, progress=False)
+            now[k] = (time.perf_counter() - t0) / steps
+            got[k].append(now[k])
+        for k in ratios:
+            ratios[k].append(now[k] / now[0])
+    return {"ms_per_step": {str(k): round(statistics.median(v) * 1e3, 2) for k, v in got.items()},
+            "ratio_to_off": {str(k): round(statistics.median(v), 3) for k, v in ratios.items()}}
+
+
+def _kill_and_resume(c, mb: int, **train_kw) -> dict:
+    """Kill rank 1 mid-training; resume without a folder; train one step."""
+    err: list = []
+
+    def train():
+        try:
+            c.train(steps=10**6, micro_batch=mb, progress=False, **train_kw)
+        except Exception as e:  # the death: expected
+            err.append(e)
+
+    t = threading.Thread(target=train)
+    t.start()
+    time.sleep(3.0)
+    c.kill_rank(1)
+    t_kill = time.perf_counter()
+    t.join(300)
+    reached = c.call("dpnb.engine.rebuild.replica_info", ranks=[0]).values[0]["step"]
+    msg = c.restart(resume=True)
+    s = c.train(steps=1, micro_batch=mb, progress=False)
+    return {"death_to_training_s": round(time.perf_counter() - t_kill, 2),
+            "steps_lost": reached - s["first_step"], "from": "disk" if "Not from memory" in msg else "memory",
+            "message": msg[msg.find("rank 1 replaced"):][:160] if "copy" in msg else msg[-160:]}
+
+
+def one_model(name: str, rounds: int, steps: int) -> dict:
+    # lazy: the benchmark starts the cluster only when run
+    import dpnb
+    from suite import SETUP_CELL
+
+    out: dict = {"model": name}
+    with dpnb.start(2) as c:
+        c.run(SETUP_CELL.format(here=HERE, name=name, tiny=False), display=False, setup=True)
+        c.wrap("net", "zero2")
+        c.set_data("ds")
+        mb = int(c.pull("mb", rank=0))
+        c.train(steps=3, micro_batch=mb, progress=False)  # warm-up
+        out.update(step_cost(c, mb, rounds, steps))
+        c.call(SET, 10)
+        c.train(steps=12, micro_batch=mb, progress=False)
+        info = c.call("dpnb.engine.peercopy.info").values
+        out["copy_mb_per_rank"] = [round(i["bytes"] / 2**20, 2) for i in info]
+        out["memory_resume"] = _kill_and_resume(c, mb)
+        c.call(SET, 0)
+        d = tempfile.mkdtemp(prefix="dpnb-peer-")
+        kw = {"checkpoint_every": 10, "checkpoint_dir": os.path.join(d, "auto")}
+        c.train(steps=12, micro_batch=mb, progress=False, **kw)
+        out["disk_resume"] = _kill_and_resume(c, mb, **kw)
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--models", default="mlp,tinylm")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    res = [one_model(m, a.rounds, a.steps) for m in a.models.split(",")]
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

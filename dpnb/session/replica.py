@@ -1,0 +1,170 @@
+"""``restart --resume`` with no folder, from memory: the replaced rank takes a survivor's replica.
+
+Under DDP every surviving rank holds the whole training state, fresher than any
+checkpoint on disk.  This module decides whether that path applies -- before
+any engine is replaced -- and drives it:
+
+1. ask the survivors what they hold (:func:`dpnb.engine.rebuild.replica_info`);
+   the source is the survivor furthest along (lowest rank among equals);
+2. replace the dead engines and re-form the group (the runtime's restart);
+3. replay, on the replaced ranks only, the setup cells that built the model and
+   the dataset (:mod:`.resume` finds them) and the dataset choice;
+4. on every rank, :func:`dpnb.engine.rebuild.from_replica`: the source
+   broadcasts weights, optimizer state, step and data position over the new
+   group; the replaced rank wraps, survivors re-bind;
+5. the timing hooks of ``%dp gradsync`` on the replaced ranks.
+
+When it does not apply (a strategy with sharded state, no survivor holding the
+model, ``--hard``), :func:`source` says why and :mod:`.resume` falls back to
+the latest disk checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from ..cluster.diagnose import first_error
+from ..cluster.types import EntryKind
+from ..core.cellgraph import ResumePlan, cell_summary
+from ..core.strategies import is_fsdp
+from ..errors import DpnbError
+from ..ranks import rank_label
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import Cluster
+
+log = logging.getLogger(__name__)
+_T = "dpnb.engine.training."
+_R = "dpnb.engine.rebuild."
+
+
+def _summary(code: str) -> str:
+    return cell_summary(code) or "(empty)"
+
+
+def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
+    """``(src, why_not, steps)``: the survivor to copy from -- a rank (its
+    replica), or under sharded strategies ``{dead: holder of its copy}`` --
+    or None (``why_not`` says why); and each survivor's step."""
+    if hard:
+        return None, "--hard replaces every engine", {}
+    c.status()  # finds deaths not yet seen (a second rank killed with the first)
+    alive = [r for r in range(c.world_size) if r not in c.dead]
+    if not alive or not c.dead:
+        return None, "no rank died" if alive else "no rank survived", {}
+    res = c.call(_R + "replica_info", ranks=alive, raise_errors=False)
+    if not res.ok:
+        return None, f"the survivors did not answer ({first_error(res)})", {}
+    infos = [i for i in res.values if i.get("wrapped")]
+    if len(infos) != len(alive):
+        return None, "a survivor holds no wrapped model", {}
+    steps = {i["rank"]: i["step"] for i in infos}
+    if not all(i["replicated"] for i in infos):
+        holders, why, at = peer_holders(c, infos)
+        disk = _disk_step(c)
+        if holders is not None and disk is not None and disk > at:
+            holders, why = None, (f"the disk checkpoint of step {disk:,} is fresher than the "
+                                  f"peer copies of step {at:,}")
+        if holders is None:
+            return None, (f"{infos[0]['strategy']} shards the optimizer state and {why}"), {}
+        return holders, "", steps
+    best = max(steps.values())
+    return min(r for r, s in steps.items() if s == best), "", steps
+
+
+def _disk_step(c: "Cluster") -> int | None:
+    """The step of the latest automatic checkpoint (``DIR/latest`` names
+    ``step-NNNNNNNN``), or None."""
+    d = c.training.autosave_dir
+    try:
+        with open(os.path.join(d, "latest")) as f:
+            return int(f.read().strip().split("-")[-1])
+    except (TypeError, OSError, ValueError) as e:
+        log.debug("no automatic checkpoint to compare with the peer copies: %s", e)
+        return None
+
+
+def peer_holders(c: "Cluster", infos: list) -> tuple[dict | None, str, int | None]:
+    """``({replaced rank: survivor holding its copy}, "", step)``, or None and why not.
+
+    Every survivor must have committed its own snapshot at one step S (a death
+    during a copy leaves them all on the previous pair), and each dead rank's
+    right neighbour must be alive and hold that rank's copy from S."""
+    n = c.world_size
+    peer = {i["rank"]: i["peer"] for i in infos}
+    owns = {p["own_step"] for p in peer.values()}
+    if None in owns:
+        return None, "no peer copy was made yet (every K steps of %dp train)", None
+    if len(owns) != 1:
+        return None, f"the survivors' snapshots are from different steps {sorted(owns)}", None
+    step = owns.pop()
+    holders = {}
+    for d in sorted(c.dead):
+        h = (d + 1) % n
+        if h not in peer:
+            return None, (f"rank {d} and rank {h}, which held the only copy of its shard, "
+                          f"both died"), None
+        if peer[h]["copy_of"] != d or peer[h]["copy_step"] != step:
+            return None, f"rank {h} holds no copy of rank {d}'s shard from step {step}", None
+        holders[d] = h
+    return holders, "", step
+
+
+def _last(c: "Cluster", dotted: str):
+    found = [e for e in c.setup_log.entries if e.kind == EntryKind.CALL and e.dotted == dotted]
+    return found[-1] if found else None
+
+
+def _replay(c: "Cluster", p: ResumePlan, ranks: list[int]) -> str:
+    """The setup cells on ``ranks`` (a collective one everywhere), the dataset
+    choice on the replaced ones; what ran, for the report."""
+    ran = []
+    for r in p.cells:
+        res = c.run(r.code, ranks=None if r.everywhere else ranks, display=False,
+                    raise_errors=False, history=False)
+        if not res.ok:
+            raise DpnbError(f"resume stopped: replaying cell {r.index} ({_summary(r.code)}) "
+                            f"failed ({first_error(res)}); fix it and %dp restart --resume")
+        ran.append(r)
+    return "; ".join(f"cell: {_summary(r.code)} ({r.why})" for r in ran) or "none"
+
+
+def rebuild(c: "Cluster", src: int | dict, steps: dict, p: ResumePlan, hard: bool) -> str:
+    """Steps 2-5 of the module doc; the report's sentences.  ``src`` a rank:
+    its replica; a dict: every rank back to the peer copies' step."""
+    wrap = _last(c, _T + "wrap")
+    done = c.replace_and_reform(hard=hard)
+    replaced = list(done.replaced)
+    # fully_shard changed every rank's module in place: every rank rebuilds it (as resume.py)
+    fsdp = not isinstance(src, int) and is_fsdp(c.training.strategy)
+    ranks = list(range(c.world_size)) if fsdp else replaced
+    cells = _replay(c, p, ranks)
+    data = _last(c, _T + "set_data")
+    if data is not None:
+        c.call(data.dotted, *data.args, ranks=replaced, **data.kwargs)
+    if isinstance(src, int):
+        out = c.call(_R + "from_replica", src, wrap.args, wrap.kwargs).values
+    else:
+        out = c.call(_R + "from_peers", {str(d): h for d, h in src.items()}, wrap.args,
+                     wrap.kwargs).values
+    watch = _last(c, "dpnb.engine.views.watch")
+    if watch is not None:
+        c.call(watch.dotted, ranks=[o["rank"] for o in out if o.get("fresh", True)])
+    step = out[0]["step"]
+    lost = max(steps.values()) - step  # completed steps a survivor had and lost here
+    if isinstance(src, int):
+        what = (f"rebuilt from rank {src}'s replica at step {step:,} ({lost} steps lost; the "
+                f"step in flight when the rank died runs again)")
+        how = f"the weights, optimizer state, step and data position from rank {src}"
+    else:
+        what = "; ".join(f"rebuilt from rank {h}'s copy of rank {d}'s shard" for d, h in
+                         sorted(src.items()))
+        what += (f" at step {step:,} ({lost} steps lost; others rolled back to it)")
+        how = "every rank's shards, optimizer state, step and data position from the peer copies"
+    # the runtime says the replaced ranks lost everything: here they got it back
+    head = done.message.replace(f" {rank_label(replaced)} replaced: everything defined there "
+                                f"was lost.", "")
+    return (f"{head} {rank_label(replaced)} replaced; {what}. Replayed on "
+            f"{rank_label(ranks)}: {cells}; then the wrap and {how}.")

@@ -1,0 +1,179 @@
+"""``restart --resume`` with no checkpoint ever written: the replaced rank is
+rebuilt from a survivor's replica (DDP), exactly -- every parameter and
+optimizer tensor equal to the survivor's -- and training goes on from the step
+the survivors had reached, the replicas in sync.  A sharded strategy has no
+replica: the same command falls back to the disk checkpoint and, with none,
+says why memory could not serve."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import dpnb
+from dpnb.engine import peercopy
+from dpnb.errors import DpnbError, RemoteCellError
+
+SETUP = ("import dpnb.data\n"
+         "torch.manual_seed(0)\n"
+         "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))\n"
+         "ds = dpnb.data.SyntheticRegression(n=4096, in_dim=8, out_dim=1, seed=0)\n")
+
+# every parameter, every optimizer-state tensor (by parameter order), step, data position
+STATE = ("_o = optimizer.optimizer if hasattr(optimizer, 'optim') else optimizer\n"
+         "_ps = [p for g in _o.param_groups for p in g['params']]\n"
+         "_st = _dpnb.train\n"
+         "state = ([p.detach().clone() for p in net.parameters()],\n"
+         "         [{k: v.detach().clone() for k, v in sorted(_o.state[p].items())} for p in _ps],\n"
+         "         _st.step, (_st.data.epoch, _st.data.offset), _o.param_groups[0]['lr'])\n")
+
+
+def _kill_mid_training(c, rank) -> None:
+    """SIGKILL ``rank`` (or each of a list) while ``%dp train`` runs (as the OOM killer would)."""
+    err: list = []
+
+    def train():
+        try:  # far more steps than run before the kill: it ends them
+            c.train(steps=10**6, micro_batch=8, progress=False)
+        except Exception as e:  # the assertion below says what it was
+            err.append(e)
+
+    t = threading.Thread(target=train)
+    t.start()
+    time.sleep(1.5)
+    for r in rank if isinstance(rank, list) else [rank]:
+        c.kill_rank(r)
+    t.join(120)
+    assert err and isinstance(err[0], RemoteCellError) and err[0].died, err
+
+
+def _states(c, ranks=None) -> list:
+    ranks = list(range(c.world_size)) if ranks is None else ranks
+    c.run(STATE, ranks=ranks, display=False)
+    return [c.pull("state", rank=r) for r in ranks]
+
+
+def _equal(a, b) -> bool:
+    params_a, opt_a, *rest_a = a
+    params_b, opt_b, *rest_b = b
+    return (rest_a == rest_b and len(params_a) == len(params_b) and len(opt_a) == len(opt_b)
+            and all(torch.equal(x, y) for x, y in zip(params_a, params_b))
+            and all(sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+                    for sa, sb in zip(opt_a, opt_b)))
+
+
+def _kill_and_rebuild(c, dead: int) -> int:
+    """Train, kill ``dead`` mid-training, resume from memory; the resumed step."""
+    _kill_mid_training(c, dead)
+    alive = [r for r in range(c.world_size) if r != dead]
+    before = _states(c, alive)  # what the survivors hold: the replica
+    step = before[0][2]
+    assert step > 3 and all(_equal(s, before[0]) for s in before)
+    src = alive[0]
+    msg = c.restart(resume=True)
+    assert (f"rank {dead} replaced; rebuilt from rank {src}'s replica at step {step:,} "
+            f"(0 steps lost") in msg, msg
+    after = _states(c)
+    assert len(after[0][1][0]) > 0  # AdamW's state came over, not just the weights
+    assert all(_equal(s, before[0]) for s in after)  # exactly the survivor's
+    return step
+
+
+def _scenario(c, dead: int) -> None:
+    c.run(SETUP, display=False)
+    c.wrap("net", "ddp", optimizer="adamw", lr=0.01)
+    c.set_data("ds")
+    c.train(steps=3, micro_batch=8, progress=False)
+    step = _kill_and_rebuild(c, dead)
+    again = c.train(steps=2, micro_batch=8, progress=False)
+    assert again["first_step"] == step and again["steps"] == 2  # the curve goes on from there
+    assert [r["step"] for r in c.call("dpnb.engine.training.records", last=2).values[dead]] == [step, step + 1]
+    after = _states(c)
+    assert all(_equal(s, after[0]) for s in after)  # replicas and optimizers in sync
+    assert c.check()["ok"]
+
+
+def test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks():
+    with dpnb.start(2) as c:
+        _scenario(c, dead=1)
+        # zero1 shards the optimizer state: no replica; peer copies off; no checkpoint ->
+        # refused, saying why
+        c.wrap("net", "zero1", optimizer="adamw", lr=0.01)
+        c.call("dpnb.engine.peercopy.set_every", 0)
+        c.train(steps=2, micro_batch=8, progress=False)
+        _kill_mid_training(c, 1)
+        with pytest.raises(DpnbError) as ei:
+            c.restart(resume=True)
+        assert "no automatic checkpoint yet" in str(ei.value), ei.value
+        assert ("no replica to rebuild from: zero1 shards the optimizer state and no peer copy "
+                "was made yet") in str(ei.value), ei.value
+        assert 1 in c.dead  # nothing was replaced
+
+
+def test_ddp_rank_0_rebuilt_from_rank_1_on_three_ranks():
+    # rank 0 dies: a fresh DDP would broadcast the replaced rank 0's random weights
+    with dpnb.start(3) as c:
+        _scenario(c, dead=0)
+
+
+PACK = "import dpnb.engine.peercopy as _pc\npacked = _pc.pack(_dpnb.train)\n"
+
+
+def _split(buf):
+    """A packed buffer as (its description, its tensors' bytes): the description
+    is padded to a room that differs by rank."""
+    meta, off = peercopy.meta_of(buf)
+    return meta, buf[off:]
+K = 10  # the default interval under the sharded strategies
+
+
+def _sharded(c, strategy: str, dead: int) -> None:
+    """Kill ``dead`` mid-training; every rank rolls back to the last peer copy,
+    ``dead`` from its right neighbour's copy of it: each rank's packed state
+    afterwards is byte-for-byte the snapshot it rolls back to."""
+    c.run(SETUP, display=False)
+    c.wrap("net", strategy, optimizer="adamw", lr=0.01)
+    c.set_data("ds")
+    c.train(steps=3, micro_batch=8, progress=False)
+    _kill_mid_training(c, dead)
+    n, holder = c.world_size, (dead + 1) % c.world_size
+    alive = [r for r in range(n) if r != dead]
+    c.run("_p = _dpnb.peer\npeer = (_p.own, _p.copy, _p.own_step, _p.copy_of, _dpnb.train.step)",
+          ranks=alive, display=False)
+    want = {r: c.pull("peer", rank=r) for r in alive}
+    reached = max(w[4] for w in want.values())
+    expect = {r: want[r][0] for r in alive}
+    expect[dead] = want[holder][1]
+    step = want[holder][2]
+    assert want[holder][3] == dead and 0 <= reached - step <= K  # at most K steps back
+    msg = c.restart(resume=True)
+    assert (f"rank {dead} replaced; rebuilt from rank {holder}'s copy of rank {dead}'s shard at "
+            f"step {step:,} ({reached - step} steps lost; others rolled back to it)") in msg, msg
+    c.run(PACK, display=False)
+    for r in range(n):
+        (meta, data), (meta0, data0) = _split(c.pull("packed", rank=r)), _split(expect[r])
+        assert meta == meta0 and meta["step"] == step and torch.equal(data, data0), r
+    again = c.train(steps=2, micro_batch=8, progress=False)
+    assert again["first_step"] == step and again["steps"] == 2
+    assert c.check()["ok"]
+
+
+def test_zero2_rank_rebuilt_from_its_neighbours_copy_two_ranks():
+    with dpnb.start(2) as c:
+        _sharded(c, "zero2", dead=1)
+
+
+def test_zero1_on_three_ranks_then_two_neighbours_lost_fall_back_to_disk(tmp_path):
+    with dpnb.start(3) as c:
+        _sharded(c, "zero1", dead=0)
+        ck = tmp_path / "auto"
+        c.train(steps=2, micro_batch=8, progress=False, checkpoint_every=2, checkpoint_dir=str(ck))
+        _kill_mid_training(c, [1, 2])  # rank 1's shard and its only copy, on rank 2
+        msg = c.restart(resume=True)
+        assert ("Not from memory (zero1 shards the optimizer state and rank 1 and rank 2, which "
+                "held the only copy of its shard, both died): from the disk checkpoint. "
+                "Resumed from") in msg, msg
+        assert c.train(steps=1, micro_batch=8, progress=False)["steps"] == 1
