@@ -45,8 +45,7 @@ from .processes import Processes, stop_ipp, wait_pids_gone
 from .render import show_result
 from .scripts import run_script as _run_script
 from .status import status_rows
-from .restart import Restarted, SetupLog
-from .restart import restart as _restart
+from .restart import Restarted, SetupLog, restart as _restart
 from .transport import Transport, _runner_fn, unpack_value, unsendable
 from .types import (BACKENDS, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult, EntryKind, Health,
                     LaunchSpec, RankInfo, RankOutcome, Status, WaitKind, default_timeout)

@@ -64,6 +64,14 @@ STRAGGLE_STATE: Final = "dpnb.engine.views.straggle_state"
 BENCH_HIERARCHICAL: Final = "dpnb.engine.hierbench.bench_hierarchical"
 MEASURE_RESIDENCY: Final = "dpnb.engine.residency.measure_step"
 
+# ------------------------------------------------------ recovery from memory
+#: what each survivor holds (a replica, peer copies), asked before anything is replaced
+REPLICA_INFO: Final = "dpnb.engine.rebuild.replica_info"
+#: every rank: the replaced one takes a survivor's replica over the re-formed group
+FROM_REPLICA: Final = "dpnb.engine.rebuild.from_replica"
+#: every rank rolls back to its snapshot; the replaced one takes its neighbour's copy
+FROM_PEERS: Final = "dpnb.engine.rebuild.from_peers"
+
 # ------------------------------------------------------------------- grading
 #: one exercise case on every rank (``%dp grade``; dpnb.session.grading)
 GRADE_CASE: Final = "dpnb.engine.grading.run_case"

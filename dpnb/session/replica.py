@@ -29,6 +29,7 @@ from ..cluster.diagnose import first_error
 from ..cluster.types import EntryKind
 from ..core.cellgraph import ResumePlan, cell_summary
 from ..core.strategies import is_fsdp
+from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
 
@@ -36,8 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
 
 log = logging.getLogger(__name__)
-_T = "dpnb.engine.training."
-_R = "dpnb.engine.rebuild."
 
 
 def _summary(code: str) -> str:
@@ -54,7 +53,7 @@ def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
     alive = [r for r in range(c.world_size) if r not in c.dead]
     if not alive or not c.dead:
         return None, "no rank died" if alive else "no rank survived", {}
-    res = c.call(_R + "replica_info", ranks=alive, raise_errors=False)
+    res = c.call(ep.REPLICA_INFO, ranks=alive, raise_errors=False)
     if not res.ok:
         return None, f"the survivors did not answer ({first_error(res)})", {}
     infos = [i for i in res.values if i.get("wrapped")]
@@ -134,22 +133,22 @@ def _replay(c: "Cluster", p: ResumePlan, ranks: list[int]) -> str:
 def rebuild(c: "Cluster", src: int | dict, steps: dict, p: ResumePlan, hard: bool) -> str:
     """Steps 2-5 of the module doc; the report's sentences.  ``src`` a rank:
     its replica; a dict: every rank back to the peer copies' step."""
-    wrap = _last(c, _T + "wrap")
+    wrap = _last(c, ep.WRAP)
     done = c.replace_and_reform(hard=hard)
     replaced = list(done.replaced)
     # fully_shard changed every rank's module in place: every rank rebuilds it (as resume.py)
     fsdp = not isinstance(src, int) and is_fsdp(c.training.strategy)
     ranks = list(range(c.world_size)) if fsdp else replaced
     cells = _replay(c, p, ranks)
-    data = _last(c, _T + "set_data")
+    data = _last(c, ep.SET_DATA)
     if data is not None:
         c.call(data.dotted, *data.args, ranks=replaced, **data.kwargs)
     if isinstance(src, int):
-        out = c.call(_R + "from_replica", src, wrap.args, wrap.kwargs).values
+        out = c.call(ep.FROM_REPLICA, src, wrap.args, wrap.kwargs).values
     else:
-        out = c.call(_R + "from_peers", {str(d): h for d, h in src.items()}, wrap.args,
+        out = c.call(ep.FROM_PEERS, {str(d): h for d, h in src.items()}, wrap.args,
                      wrap.kwargs).values
-    watch = _last(c, "dpnb.engine.views.watch")
+    watch = _last(c, ep.WATCH)
     if watch is not None:
         c.call(watch.dotted, ranks=[o["rank"] for o in out if o.get("fresh", True)])
     step = out[0]["step"]

@@ -172,7 +172,7 @@ def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     if latest:  # from a survivor's replica when there is one: fresher than any checkpoint
         src, why_not, steps = replica.source(c, hard)
         if src is not None:
-            if not c.setup_log.has_call(_T + "wrap"):
+            if not c.setup_log.has_call(ep.WRAP):
                 raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
                                 "history")
             p = make_plan(c)
