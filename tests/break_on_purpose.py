@@ -614,6 +614,14 @@ MUTATIONS = [
  ("peer: a shard and its copy both lost fall back to the disk, saying so", "dpnb/session/replica.py",
   "        if h not in peer:\n", "        if h not in peer and False:\n",
   ["tests/cluster/test_resume_memory.py::test_zero1_on_three_ranks_then_two_neighbours_lost_fall_back_to_disk"]),
+ # issue 43: a ZeRO-2 exercise (gradients sharded too)
+ ("grade: ZeRO-2 counts the gradients left on the params", "dpnb/engine/grading.py",
+  "    left = [p.grad for p in params if p.grad is not None] if zero2 else []",
+  "    left = []",
+  ["tests/cluster/test_grading.py::test_a_zero1_step_graded_as_zero2_fails_keeping_the_full_gradients"]),
+ ("grade: ZeRO-2's memory is 1/N of gradients and momentum", "dpnb/core/grading.py",
+  "    if grads:\n        return _zero2_memory(", "    if False:\n        return _zero2_memory(",
+  ["tests/unit/test_grading.py::test_zero2_memory_is_a_quarter_of_ddps_gradients_and_momentum_at_four_ranks"]),
 ]
 
 

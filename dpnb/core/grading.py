@@ -91,6 +91,22 @@ EXERCISES: dict[str, Exercise] = {e.key: e for e in (
          "(pad the flat vector to N*S), then copy the first P elements back into the "
          "params; keep buf in state['buf'], S elements only."),
         (((13,), (6, 3)), ((10, 7), (7,), (3, 5)))),
+    Exercise(
+        "zero2_step", "zero2_step(params, state, lr, momentum)",
+        "One ZeRO-2 step: zero1_step's update (the same flat shards, S = ceil(P / N)), and "
+        "the gradients sharded too. Once this rank's slice of the averaged gradient is "
+        "reduce-scattered, nothing needs the full gradients any more: release them "
+        "(p.grad = None on every param) and keep, between steps, only this rank's slice of "
+        "the averaged gradient (state['grad'], S elements) and of the momentum "
+        "(state['buf']). Return nothing.",
+        ("ZeRO-2 holds 1/N of the gradients as well as 1/N of the optimizer state: a full "
+         ".grad left on a param after the step is DDP's gradient memory.",
+         "Start from a ZeRO-1 step that reduce-scatters the flat gradient; as soon as your "
+         "slice is in hand, set p.grad = None for every param (the reduce-scatter has "
+         "already read them).",
+         "Keep state['grad'] = your averaged slice (S elements) and state['buf'] = the "
+         "momentum slice; all-gather the updated parameter slices as in ZeRO-1."),
+        (((13,), (6, 3)), ((10, 7), (7,), (3, 5)))),
 )}
 
 #: the zero1 exercise's optimizer settings and steps per case
@@ -276,11 +292,18 @@ def sent_bytes(ops: dict[str, list], n: int) -> int:
     return int(total)
 
 
-def memory_check(held: dict[int, int], shapes: list[tuple[int, ...]], n: int) -> Check:
+def memory_check(held: dict[int, int], shapes: list[tuple[int, ...]], n: int,
+                 *, grads: bool = False) -> Check:
     """ZeRO-1: each rank's momentum bytes beside 1/N of what DDP's SGD keeps
-    (:func:`dpnb.core.exact_memory.exact_rank_bytes`, ``sgd-momentum``)."""
+    (:func:`dpnb.core.exact_memory.exact_rank_bytes`, ``sgd-momentum``).
+    ``grads``: ZeRO-2, whose rank also keeps only 1/N of the gradients -- the
+    bytes held (state and any ``.grad`` left) beside 1/N of DDP's gradients
+    plus momentum."""
     specs = [ParamSpec(f"p{i}", tuple(s)) for i, s in enumerate(shapes)]
-    full = exact_rank_bytes(specs, n, "ddp", "sgd-momentum")[0].optimizer_moments
+    ddp = exact_rank_bytes(specs, n, "ddp", "sgd-momentum")[0]
+    if grads:
+        return _zero2_memory(held, ddp.grads, ddp.optimizer_moments, n)
+    full = ddp.optimizer_moments
     share = full / n
     worst = max(held, key=lambda r: held[r])
     measured = f"rank {worst} keeps {fmt_bytes(held[worst])} of momentum"
@@ -295,6 +318,28 @@ def memory_check(held: dict[int, int], shapes: list[tuple[int, ...]], n: int) ->
     else:
         why = f"rank {worst} keeps {held[worst] / full:.2f} of the momentum; ZeRO-1 keeps 1/{n}"
     return Check("optimizer state held", False, measured, expected, why + ".")
+
+
+def _zero2_memory(held: dict[int, int], grad_bytes: int, moment_bytes: int, n: int) -> Check:
+    """ZeRO-2's bytes after a step: 1/N of the gradients and 1/N of the momentum."""
+    share = (grad_bytes + moment_bytes) / n
+    worst = max(held, key=lambda r: held[r])
+    name = "gradients and optimizer state held"
+    measured = f"rank {worst} keeps {fmt_bytes(held[worst])} of gradients and momentum"
+    expected = (f"~{fmt_bytes(share)} = 1/{n} of {fmt_bytes(grad_bytes)} of gradients "
+                f"+ {fmt_bytes(moment_bytes)} of momentum")
+    if 0 < held[worst] <= share * MEMORY_SLACK + 16:
+        return Check(name, True, measured, expected)
+    if held[worst] == 0:
+        why = "no tensor was kept in state: the momentum must survive to the next step"
+    elif held[worst] >= grad_bytes:
+        why = (f"rank {worst} still holds {fmt_bytes(held[worst])}, as much as the full gradients "
+               f"({fmt_bytes(grad_bytes)}): release them (p.grad = None) once reduce-scattered; "
+               f"ZeRO-2 keeps 1/{n} of the gradients")
+    else:
+        why = (f"rank {worst} keeps {held[worst] / (grad_bytes + moment_bytes):.2f} of the gradients "
+               f"and momentum; ZeRO-2 keeps 1/{n}")
+    return Check(name, False, measured, expected, why + ".")
 
 
 def future_check(kinds: dict[int, list[str]]) -> Check:

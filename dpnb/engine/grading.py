@@ -213,7 +213,7 @@ def _held_bytes(state) -> int:
     return sum(seen.values())
 
 
-def _zero1(fn, case, rank: int, world: int, dev) -> dict:
+def _zero1(fn, case, rank: int, world: int, dev, *, zero2: bool = False) -> dict:
     shapes = [tuple(s) for s in case]
     ref = [_randn(s, 3000 + i) for i, s in enumerate(shapes)]
     params = [p.clone().to(dev) for p in ref]  # copies: updated in place by the learner
@@ -229,11 +229,19 @@ def _zero1(fn, case, rank: int, world: int, dev) -> dict:
         bufs = avg if bufs is None else [ZERO1_MOMENTUM * b + a for b, a in zip(bufs, avg)]
         ref = [p - ZERO1_LR * b for p, b in zip(ref, bufs)]
     got = torch.cat([p.detach().flatten() for p in params]).cpu()
+    # ZeRO-2 also counts the gradients the learner left on the params: a full
+    # .grad after the step is DDP's gradient memory, not 1/N of it
+    left = [p.grad for p in params if p.grad is not None] if zero2 else []
     return {"values": compare(got, torch.cat([p.flatten() for p in ref])),
-            "held": _held_bytes(state), "tensor_bytes": _nbytes(got)}
+            "held": _held_bytes([state, left]), "tensor_bytes": _nbytes(got)}
 
 
-RUNNERS = {"ring_allreduce": _ring, "allreduce_hook": _hook, "zero1_step": _zero1}
+def _zero2(fn, case, rank: int, world: int, dev) -> dict:
+    return _zero1(fn, case, rank, world, dev, zero2=True)
+
+
+RUNNERS = {"ring_allreduce": _ring, "allreduce_hook": _hook, "zero1_step": _zero1,
+           "zero2_step": _zero2}
 
 
 def run_case(ns: dict, key: str, name: str, index: int) -> dict:

@@ -92,11 +92,11 @@ def case_checks(ex: core.Exercise, index: int, per_rank: list[dict], n: int) -> 
         out.append(core.bytes_check(sent, tensor_bytes, n, "tensor"))
     elif ex.key == "allreduce_hook":
         out.append(core.bytes_check(sent, tensor_bytes, n, "gradients"))
-    else:  # ZeRO-1's optimum: a reduce-scatter of the gradients, an all-gather of the params
+    else:  # ZeRO-1/2's optimum: a reduce-scatter of the gradients, an all-gather of the params
         per_step = {r: b // core.ZERO1_STEPS for r, b in sent.items()}
         out.append(core.bytes_check(per_step, tensor_bytes, n, "gradients (per step)"))
         out.append(core.memory_check({r: d["held"] for r, d in ranks.items()},
-                                     [tuple(s) for s in case], n))
+                                     [tuple(s) for s in case], n, grads=ex.key == "zero2_step"))
     return out
 
 

@@ -294,6 +294,38 @@ def test_a_zero1_deadlock_is_released(c4):
     _alive(c4)
 
 
+# ----------------------------------------------------------------- ZeRO-2
+def test_a_correct_zero2_step_passes_holding_a_quarter_of_gradients_and_momentum(c4):
+    g = _grade(c4, "zero2_step", model_answer("zero2_step"))
+    assert g.passed, g.report
+    mem = next(ch for ch in g.checks if ch.name == "gradients and optimizer state held")
+    # the last case: 92 float32 elements, 23 per rank: a gradient slice and a momentum slice
+    assert mem.measured.endswith("keeps 184 B of gradients and momentum"), mem.measured
+
+
+def test_a_zero1_step_graded_as_zero2_fails_keeping_the_full_gradients(c4):
+    code = model_answer("zero1_step").replace("def zero1_step(", "def zero2_step(")
+    g = _grade(c4, "zero2_step", code)
+    bad = _failed(g)
+    assert list(bad) == ["gradients and optimizer state held"], g.report  # right values, bytes
+    assert "release them (p.grad = None)" in bad["gradients and optimizer state held"].sentence
+
+
+def test_a_zero2_crash_and_deadlock_fail_naming_them(c4):
+    crash = model_answer("zero2_step").replace(
+        "    flat = torch.cat(", "    if rank == 2:\n        state['oops'] = 1 / 0\n    flat = torch.cat(")
+    assert crash != model_answer("zero2_step")
+    (check,) = _failed(_grade(c4, "zero2_step", crash)).values()
+    assert "rank 2 raised ZeroDivisionError" in check.sentence, check.sentence
+    stuck = model_answer("zero2_step").replace(
+        "    dist.reduce_scatter(mine, list(grad.chunk(n)))",
+        "    dist.recv(torch.empty(1), src=(rank + 1) % n)")
+    assert stuck != model_answer("zero2_step")
+    (check,) = _failed(_grade(c4, "zero2_step", stuck, timeout=QUICK)).values()
+    assert check.sentence.startswith("deadlock"), check.sentence
+    _alive(c4)
+
+
 def test_hints_grow_with_each_failed_try_and_reveal_shows_the_answer(c4):
     c4.grade_tries.clear()
     first = _grade(c4, "zero1_step", ZERO1_FULL_STATE)

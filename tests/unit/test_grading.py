@@ -53,6 +53,19 @@ def test_zero1_memory_is_a_quarter_of_ddps_momentum_at_four_ranks():
     assert "must survive" in g.memory_check({0: 0}, shapes, 4).sentence
 
 
+def test_zero2_memory_is_a_quarter_of_ddps_gradients_and_momentum_at_four_ranks():
+    shapes = [(13,), (6, 3)]  # 31 float32 elements: 124 B of gradients + 124 B of momentum
+    # a slice of the averaged gradient and one of the momentum: 2 x 8 elements per rank
+    ok = g.memory_check({0: 64, 1: 64, 2: 64, 3: 56}, shapes, 4, grads=True)
+    assert ok.passed and ok.name == "gradients and optimizer state held", ok
+    assert "1/4 of 124 B of gradients + 124 B of momentum" in ok.expected
+    # ZeRO-1's step: the momentum sharded, the full .grad left on the params
+    kept = g.memory_check({0: 124 + 32, 1: 124 + 32}, shapes, 4, grads=True)
+    assert not kept.passed and "release them (p.grad = None)" in kept.sentence, kept
+    # the same bytes pass as ZeRO-1's momentum check would not be asked: names differ
+    assert g.memory_check({0: 32}, shapes, 4).name == "optimizer state held"
+
+
 @pytest.mark.parametrize("outcomes,start", [
     ([{"rank": 0, "status": "error", "ename": "PointToPointMismatchError",
        "evalue": "rank 0's recv expects 3 from rank 1: sizes differ", "released": False}],
