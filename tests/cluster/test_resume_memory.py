@@ -69,16 +69,19 @@ def _kill_and_rebuild(c, dead: int) -> int:
     """Train, kill ``dead`` mid-training, resume from memory; the resumed step."""
     _kill_mid_training(c, dead)
     alive = [r for r in range(c.world_size) if r != dead]
-    before = _states(c, alive)  # what the survivors hold: the replica
-    step = before[0][2]
-    assert step > 3 and all(_equal(s, before[0]) for s in before)
-    src = alive[0]
+    before = dict(zip(alive, _states(c, alive)))  # what the survivors hold: the replicas
+    # a rank killed mid-step can leave the survivors a step apart (one finished the
+    # all-reduce and stepped, one did not): the source is the one furthest along,
+    # the lowest rank among equals
+    src = min(alive, key=lambda r: (-before[r][2], r))
+    step = before[src][2]
+    assert step > 3
     msg = c.restart(resume=True)
     assert (f"rank {dead} replaced; rebuilt from rank {src}'s replica at step {step:,} "
             f"(0 steps lost") in msg, msg
     after = _states(c)
     assert len(after[0][1][0]) > 0  # AdamW's state came over, not just the weights
-    assert all(_equal(s, before[0]) for s in after)  # exactly the survivor's
+    assert all(_equal(s, before[src]) for s in after)  # exactly the source's
     return step
 
 

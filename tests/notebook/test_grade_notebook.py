@@ -31,7 +31,9 @@ def test_dpnb_grade_writes_full_points_for_chapter_11_with_the_model_answers(tmp
     res = json.loads(capsys.readouterr().out)
     assert res["error"] == "", res["error"]
     graded = {g["exercise"]: g for g in res["exercises"]}
-    assert sorted(graded) == sorted(EXERCISES), res  # every exercise was graded once
+    # every exercise the chapter has the learner write was graded once (zero2_step, the
+    # ZeRO-2 variant, is not in the chapter: tests/cluster/test_grading.py grades it)
+    assert sorted(graded) == sorted(set(EXERCISES) - {"zero2_step"}), res
     for g in graded.values():
         assert g["passed"] and g["points"] == g["max_points"] >= 2, g
         assert all(c["points"] == c["max_points"] == 1 for c in g["checks"]), g
