@@ -18,7 +18,6 @@ is a copy of one, looked at).
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 
@@ -28,7 +27,7 @@ from helpers import nbutil as nbu
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("DPNB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = nbu.CHROMIUM
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 CELLS = ["%load_ext dpnb\n%dp start -n 2 --keep 3m --timeout 10",
@@ -44,12 +43,10 @@ SIDEBAR_S = 20
 
 @pytest.fixture(scope="module")
 def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("the playwright Python package is not installed (pip install playwright)")
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    why = nbu.browser_missing()  # the same test as tests/browser/test_lab.py's
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
     if not (nbu.REPO / "dpnb" / "labextension" / "package.json").exists():
         pytest.fail("dpnb/labextension is not built (see README: In JupyterLab)")
     with sync_playwright() as p:
