@@ -23,17 +23,30 @@ IPython/Jupyter state is kept out of the user's home.
 
 import os
 import pathlib
+import shutil
 import signal
 import tempfile
 
 import pytest
 
+# Under pytest-xdist (`-n 2`) each worker gets its own temporary folder, with
+# /tmp's mode (sticky, world-writable: tests/shared plants files there as a
+# second user would in /tmp): the tests that check a start left no
+# "dpnb-profile-*" folder behind, and dpnb's private folder, look in their
+# own worker's, not at the other worker's clusters.
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+if _worker:
+    tempfile.tempdir = tempfile.mkdtemp(prefix=f"dpnb-tests-{_worker}-")
+    os.chmod(tempfile.tempdir, 0o1777)
+    os.environ["TMPDIR"] = tempfile.tempdir
 _home = tempfile.mkdtemp(prefix="dpnb-test-home-")
 for var, sub in (("IPYTHONDIR", "ipython"), ("JUPYTER_CONFIG_DIR", "jupyter-config"),
                  ("JUPYTER_DATA_DIR", "jupyter-data"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
                  ("MPLCONFIGDIR", "mpl")):
     os.environ[var] = os.path.join(_home, sub)
     os.makedirs(os.environ[var], exist_ok=True)
+# kept clusters' records, not in the user's ~/.local/state
+os.environ["DPNB_STATE_DIR"] = os.path.join(_home, "kept")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Tests press Ctrl-C by sending SIGINT to this process, as Jupyter does to a
@@ -45,9 +58,34 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# Under `pytest -n 2` (pytest-xdist) a test module is the unit of work -- its
+# module-scoped cluster and its tests' order stay on one worker -- except the
+# tiers that make network namespaces and unix users (names and subnets per
+# process): those run one after another on one worker, never beside each other.
+_TOGETHER = {"multihost": "namespaces", "shared": "namespaces"}
 TESTS = pathlib.Path(__file__).resolve().parent
 TIERS = ("unit", "cluster", "ecosystem", "multihost", "shared", "notebook", "browser", "slow",
          "standin", "gpu", "hosted")
+
+
+def pytest_unconfigure(config):
+    # The folder is this run's alone (mkdtemp); left behind, every run --
+    # break_on_purpose.py runs pytest once per entry -- added one to /tmp
+    # (1,237 of them here before this).
+    shutil.rmtree(tempfile.tempdir if _worker else _home, ignore_errors=True)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    # xdist's own --dist loadgroup marks a group by suffixing the node id,
+    # which pytest 9 no longer reads: the scopes are chosen here instead.
+    from xdist.scheduler import LoadScopeScheduling  # lazy: only under -n
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _TOGETHER.get(_tier_of(nodeid), nodeid.split("::", 1)[0])
+
+    config.option.loadscopereorder = False  # keep the order set below
+    return ByModule(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -58,3 +96,23 @@ def pytest_collection_modifyitems(config, items):
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+    if _worker:
+        # Long modules first, the unit tier's short ones last to fill the
+        # gaps: the two workers then end together instead of one waiting on a
+        # last fresh-venv install.  Both workers sort alike (xdist checks).
+        items.sort(key=lambda it: _rank_of(it.nodeid))
+
+
+#: tiers by how long a module of theirs runs, longest first (for -n only)
+_LONG_FIRST = ("slow", "multihost", "shared", "hosted", "browser", "notebook", "cluster",
+               "ecosystem", "standin", "gpu", "unit")
+
+
+def _tier_of(nodeid: str) -> str:
+    parts = nodeid.split("::", 1)[0].split("/")  # "tests/<tier>/test_x.py"
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+
+
+def _rank_of(nodeid: str) -> int:
+    tier = _tier_of(nodeid)
+    return _LONG_FIRST.index(tier) if tier in _LONG_FIRST else len(_LONG_FIRST)
