@@ -88,9 +88,9 @@ MUTATIONS = [
   "    c.ranks[:] = ranks\n    c.adopt_ranks(ranks, fresh=added, new_world=True)\n",
   ["tests/unit/test_layers.py::test_the_rank_table_changes_in_one_place"]),
  ("launchers are asked, not named", "dpnb/cluster/__init__.py",
-  "        self.engine_launcher.kill(self, self.ranks[r])\n",
-  "        if self.launcher == \"local\":\n            self.procs.kill_local(self.ranks[r])\n"
-  "        else:\n            self.engine_launcher.kill(self, self.ranks[r])\n",
+  "        self.engine_launcher.kill(self.ranks[r])\n",
+  "        if self.launcher == \"local\":\n            os.kill(self.ranks[r].pid, 9)\n"
+  "        else:\n            self.engine_launcher.kill(self.ranks[r])\n",
   ["tests/unit/test_layers.py::test_only_the_launchers_ask_a_launcher_s_name"]),
  ("the runtime knows nothing of training", "dpnb/cluster/keep.py",
   "from ..errors import DpnbError\n", "from ..errors import DpnbError\nfrom ..session import state  # noqa: F401\n",

@@ -10,13 +10,11 @@ order the user gave them.
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from .. import agents as agents_mod
+from ..types import RankInfo
 from .base import AgentLauncher, gpu_capacity
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .. import Engines
 
 
 def local_address_towards(addr: str) -> str:
@@ -48,8 +46,9 @@ class SshLauncher(AgentLauncher):
     def rank_order(self, n: int) -> dict:
         return {"host_order": list(agents_mod.parse_hosts(n, self.spec.launcher_args))}
 
-    def capacity(self, c: Engines) -> tuple[int, str]:
-        if c.backend == "nccl":
-            return gpu_capacity(c, len(c.gpus) if c.gpus else
-                                max(r.local_world_size for r in c.ranks))
+    def capacity(self, ranks: Sequence[RankInfo], backend: str,
+                 gpus: list[int] | None) -> tuple[int, str]:
+        if backend == "nccl":
+            return gpu_capacity(ranks, len(gpus) if gpus else
+                                max(r.local_world_size for r in ranks))
         return sum(self.agents.counts.values()), "the HOST=N slots given to --launcher-arg"
