@@ -623,6 +623,15 @@ MUTATIONS = [
  ("grade: ZeRO-2's memory is 1/N of gradients and momentum", "dpnb/core/grading.py",
   "    if grads:\n        return _zero2_memory(", "    if False:\n        return _zero2_memory(",
   ["tests/unit/test_grading.py::test_zero2_memory_is_a_quarter_of_ddps_gradients_and_momentum_at_four_ranks"]),
+ # issue 41 (this session): the runtime's parts own their state -- one immutable world,
+ # the kept record assembled from each part's own record
+ ("world41: a replaced rank loses its side door", "dpnb/cluster/state.py",
+  "        doors = {r: a for r, a in self.doors.items() if r not in fresh and r < len(ranks)}\n",
+  "        doors = dict(self.doors)\n",
+  ["tests/unit/test_world_state.py::test_a_world_is_replaced_whole_and_fresh_ranks_lose_their_doors"]),
+ ("world41: two parts writing one key of the kept record are refused", "dpnb/cluster/keep.py",
+  "        if own.keys() & rec.keys():", "        if False:",
+  ["tests/unit/test_world_state.py::test_the_kept_record_is_each_part_s_own_record"]),
 ]
 
 
