@@ -623,6 +623,16 @@ MUTATIONS = [
  ("grade: ZeRO-2's memory is 1/N of gradients and momentum", "dpnb/core/grading.py",
   "    if grads:\n        return _zero2_memory(", "    if False:\n        return _zero2_memory(",
   ["tests/unit/test_grading.py::test_zero2_memory_is_a_quarter_of_ddps_gradients_and_momentum_at_four_ranks"]),
+ # issue 42 (this session): real Unix users behind the Hub, kernel culling, hosted constraints
+ ("hosted: no ssh client on PATH is one line before anything starts", "dpnb/cluster/launchers/ssh.py",
+  '        if shutil.which("ssh") is None:', "        if False:",
+  ["tests/unit/test_launchers.py::test_no_ssh_client_is_one_line_before_anything_starts"]),
+ ("hosted: --keep without a writable state folder is one line before anything starts",
+  "dpnb/cluster/__init__.py", "ttl = keeping.checked_ttl(keep) if keep", "ttl = keeping.parse_ttl(keep) if keep",
+  ["tests/unit/test_keep_records.py::test_no_writable_state_folder_is_one_line_before_anything_starts"]),
+ ("hosted: no writable state folder lists no kept clusters (not an error)", "dpnb/cluster/keep.py",
+  "    except DpnbError as e:  # nowhere to keep one", "    except OSError as e:  # nowhere to keep one",
+  ["tests/unit/test_keep_records.py::test_no_writable_state_folder_is_one_line_before_anything_starts"]),
 ]
 
 

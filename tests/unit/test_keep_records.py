@@ -61,6 +61,8 @@ def test_no_writable_state_folder_is_one_line_before_anything_starts(monkeypatch
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv(keep.STATE_ENV, raising=False)
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setattr("dpnb.cluster.launch.bring_up",
+                        lambda *a, **k: pytest.fail("engines started before the refusal"))
     with pytest.raises(DpnbError, match="set DPNB_STATE_DIR to a writable folder") as e:
         dpnb.start(2, keep="1h", timeout=5)
     assert "\n" not in str(e.value) and str(home) in str(e.value)
