@@ -633,6 +633,12 @@ MUTATIONS = [
  ("hosted: no writable state folder lists no kept clusters (not an error)", "dpnb/cluster/keep.py",
   "    except DpnbError as e:  # nowhere to keep one", "    except OSError as e:  # nowhere to keep one",
   ["tests/unit/test_keep_records.py::test_no_writable_state_folder_is_one_line_before_anything_starts"]),
+ ("lab: the sidebar's Restart --resume resumes", "dpnb/lab/act.py",
+  'print(c.restart(resume=True) if verb == "restart-resume" else c.restart())', "print(c.restart())",
+  ["tests/unit/test_lab_records.py::test_restart_resume_asks_what_the_magic_asks"]),
+ ("lab: a held cluster's Restart --resume names the magic", "dpnb/lab/clusters.py",
+  "%dp {MAGIC.get(action, action)} in its notebook", "%dp {action} in its notebook",
+  ["tests/unit/test_lab_records.py::test_restart_resume_asks_what_the_magic_asks"]),
 ]
 
 

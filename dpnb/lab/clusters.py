@@ -27,7 +27,9 @@ from ..core.errors import UserError
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("stop", "interrupt", "restart", "attach-code")
+ACTIONS = ("stop", "interrupt", "restart", "restart-resume", "attach-code")
+#: the magic each action is, for a cluster that only its notebook may drive
+MAGIC = {"restart-resume": "restart --resume"}
 #: seconds a stop or restart of a kept cluster may take (its own process)
 ACT_TIMEOUT_S = 120
 
@@ -145,5 +147,6 @@ def act(cluster_id: str, action: str) -> dict:
         return {"code": f"%dp attach {cluster_id}"}
     if c["holder"] is not None:
         raise ActionError(f"cluster {cluster_id} is held by kernel {c['holder']}: run "
-                          f"%dp {action} in its notebook (or shut that kernel down)")
+                          f"%dp {MAGIC.get(action, action)} in its notebook (or shut that "
+                          f"kernel down)")
     return _in_own_process(action, cluster_id)

@@ -18,6 +18,7 @@ import pytest
 from dpnb.cluster import publish
 from dpnb.cluster.processes import start_time
 from dpnb.cluster.types import CellResult, RankInfo, RankOutcome, Status
+from dpnb.lab import act as lab_act
 from dpnb.lab import clusters as lab
 
 
@@ -147,6 +148,26 @@ def test_actions_say_what_to_do_instead(dirs):
     with pytest.raises(KeyError):
         lab.act("nope", "stop")
     pub.remove()
+
+
+def test_restart_resume_asks_what_the_magic_asks(dirs, monkeypatch):
+    """Plumbing: the sidebar's "Restart --resume" on a free kept cluster attaches and asks
+    ``restart(resume=True)``, as ``%dp restart --resume`` does, then lets go; a held one
+    says which magic to run.  (The rebuild itself: tests/cluster/test_resume*.py.)"""
+    _kept(dirs, "1800000000-held", os.getpid())
+    with pytest.raises(lab.ActionError, match="run %dp restart --resume in its notebook"):
+        lab.act("1800000000-held", "restart-resume")
+    asked = []
+
+    class Attached:
+        def restart(self, **kw):
+            asked.append(kw)
+            return "rank 1 replaced; resumed at step 3"
+
+    monkeypatch.setattr(lab_act.Cluster, "attach", staticmethod(lambda cid: Attached()))
+    monkeypatch.setattr(lab_act.keeping, "release", lambda c: asked.append("let go"))
+    assert lab_act.main(["restart-resume", "1800000000-held"]) == 0
+    assert asked == [{"resume": True}, "let go"]
 
 
 def test_interrupt_sends_sigint_to_the_live_local_ranks(dirs):
