@@ -639,6 +639,20 @@ MUTATIONS = [
  ("lab: a held cluster's Restart --resume names the magic", "dpnb/lab/clusters.py",
   "%dp {MAGIC.get(action, action)} in its notebook", "%dp {action} in its notebook",
   ["tests/unit/test_lab_records.py::test_restart_resume_asks_what_the_magic_asks"]),
+ ("hosted: a user's publication is theirs alone (0600) under the Hub", "dpnb/cluster/publish.py",
+  "os.O_TRUNC, 0o600)", "os.O_TRUNC, 0o644)",
+  ["tests/hosted/test_hub.py::test_each_user_sees_only_their_clusters_and_no_other_token_gets_in"]),
+ ("hosted: a read-only home lists no kept clusters, the API answers", "dpnb/cluster/keep.py",
+  "    except DpnbError as e:  # nowhere to keep one", "    except OSError as e:  # nowhere to keep one",
+  ["tests/hosted/test_hub.py::test_each_user_sees_only_their_clusters_and_no_other_token_gets_in"]),
+ ("hosted: a culled kernel's cluster stops", "dpnb/cluster/__init__.py",
+  "            keeping.release(self)\n        else:\n            self.stop()\n",
+  "            keeping.release(self)\n        else:\n            pass\n",
+  ["tests/hosted/test_hub.py::test_kernel_culling_stops_its_cluster_and_a_kept_one_survives_to_attach"]),
+ ("hosted: a kept cluster survives its kernel's cull", "dpnb/cluster/__init__.py",
+  "        if self.keep_s and self.running:\n            keeping.release(self)\n",
+  "        if False:\n            keeping.release(self)\n",
+  ["tests/hosted/test_hub.py::test_kernel_culling_stops_its_cluster_and_a_kept_one_survives_to_attach"]),
 ]
 
 
