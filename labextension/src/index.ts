@@ -141,6 +141,7 @@ class Sidebar extends Widget {
     actions.appendChild(this.button('Interrupt', () => this.act(c.id, 'interrupt')));
     actions.appendChild(this.button('Stop', () => this.act(c.id, 'stop')));
     actions.appendChild(this.button('Restart', () => this.act(c.id, 'restart')));
+    actions.appendChild(this.button('Restart --resume', () => this.act(c.id, 'restart-resume')));
     actions.appendChild(this.button('Attach', () => this.attach(c.id)));
     box.appendChild(actions);
     return box;
@@ -148,7 +149,7 @@ class Sidebar extends Widget {
 
   private button(label: string, onClick: () => void): HTMLElement {
     const b = el('button', 'jp-mod-styled', label) as HTMLButtonElement;
-    b.dataset.action = label.toLowerCase();
+    b.dataset.action = label.toLowerCase().replace(' --', '-');
     b.onclick = onClick;
     return b;
   }
