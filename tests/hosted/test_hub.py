@@ -305,7 +305,8 @@ def _run(h: dict, role: str, kernel_id: str, code: str) -> str:
 INFO = ("import json, os, shutil, dpnb\nc = dpnb.get_cluster()\ns = os.statvfs('/dev/shm')\n"
         "print(json.dumps({'id': c.cluster_id, 'pids': [r.pid for r in c.ranks], "
         "'port': c.master_port, 'doors': [a for a, _ in c.transport.doors.values()], "
-        "'shm': s.f_blocks * s.f_frsize, 'ssh': shutil.which('ssh')}))")
+        "'shm': s.f_blocks * s.f_frsize, 'ssh': shutil.which('ssh'), "
+        "'profile': c.profile_dir, 'record': c.published.path}))")
 KEEP_REFUSED = ("%load_ext dpnb\nfrom IPython.core.error import UsageError\ntry:\n"
                 "    get_ipython().run_line_magic('dp', 'start -n 2 --keep 1h')\n"
                 "except UsageError as e:\n    print('REFUSED', e)")
@@ -406,6 +407,12 @@ def test_kernel_culling_stops_its_cluster_and_a_kept_one_survives_to_attach(hub)
         assert time.monotonic() < deadline, "bob's idle kernels were never culled"
         time.sleep(0.5)
     assert not _gone(plain["pids"]), "the culled kernel's cluster left processes"
+    # ... and no files: its profile (the controller's keys) and its publication, which
+    # only dpnb's own stop removes (ipyparallel's exit hook stops the engines too)
+    deadline = time.monotonic() + 20  # the kernel's exit: seconds; only "not hung"
+    while left := [f for f in (plain["profile"], plain["record"]) if os.path.exists(f)]:
+        assert time.monotonic() < deadline, f"the culled kernel's cluster left {left}"
+        time.sleep(0.3)
     assert all(psutil.pid_exists(p) for p in kept["pids"]), "the kept cluster died with its kernel"
     # the panel lists it, free; a new kernel attaches, finds the engines' state, stops it
     [c] = _req(f"{api}/dpnb/clusters", tok["bob"])[1]["clusters"]
