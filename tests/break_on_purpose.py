@@ -653,6 +653,9 @@ MUTATIONS = [
   "        if self.keep_s and self.running:\n            keeping.release(self)\n",
   "        if False:\n            keeping.release(self)\n",
   ["tests/hosted/test_hub.py::test_kernel_culling_stops_its_cluster_and_a_kept_one_survives_to_attach"]),
+ ("lab: a live local CUDA rank's GPU memory, by PID", "dpnb/lab/clusters.py",
+  'out["gpu_mb"] = gpu_memory().get(int(r["pid"])) if cuda else None', 'out["gpu_mb"] = None',
+  ["tests/unit/test_lab_records.py::test_gpu_memory_per_rank_by_pid_from_nvidia_smi_plumbing"]),
 ]
 
 

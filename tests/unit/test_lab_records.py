@@ -5,6 +5,7 @@ reads (ranks, health, last failure), and kept-cluster records written as
 :func:`dpnb.cluster.keep.hold` writes them, in this test's own folders.
 """
 
+import dataclasses
 import json
 import os
 import stat
@@ -132,6 +133,30 @@ def test_api_json_lists_kernel_and_kept_clusters_without_their_secrets(dirs):
     assert all(r["rss_mb"] > 1 for c in out for r in c["ranks"]), out
     text = json.dumps(out)
     assert "SECRET-TOKEN" not in text and "doors" not in text and "pid_start" not in text
+    pub.remove()
+
+
+def test_gpu_memory_per_rank_by_pid_from_nvidia_smi_plumbing(dirs, monkeypatch):
+    """Plumbing (no GPU here): a stand-in ``nvidia-smi`` prints fixed per-process numbers;
+    the API gives each live local CUDA rank its PID's (two contexts summed), CPU ranks
+    none, and a CPU-only cluster never runs nvidia-smi.  On a GPU: tests/gpu."""
+    bin_, calls = dirs / "bin", dirs / "calls"
+    bin_.mkdir()
+    (bin_ / "nvidia-smi").write_text(
+        f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+        f"printf '{os.getpid()}, 300\\n{os.getpid()}, 12\\n7, 999\\n'\n")
+    (bin_ / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(lab, "gpu_memory", lab._GpuMemory())
+    pub = publish.Publication(_cluster(os.getpid()), period_s=60)
+    assert [r["gpu_mb"] for r in lab.clusters()[0]["ranks"]] == [None, None]
+    assert not calls.exists()  # CPU ranks: nvidia-smi never runs
+    pub.remove()
+    c = _cluster(os.getpid())  # another id: the first record's thread may still remove its own
+    c.cluster_id, c.ranks[0] = "1700000001-cuda", dataclasses.replace(c.ranks[0], device="cuda:0")
+    pub = publish.Publication(c, period_s=60)
+    assert [r["gpu_mb"] for r in lab.clusters()[0]["ranks"]] == [312.0, None]
+    assert "--query-compute-apps=pid,used_memory" in calls.read_text()
     pub.remove()
 
 
