@@ -366,9 +366,9 @@ def test_each_user_sees_only_their_clusters_and_no_other_token_gets_in(hub):
         # publication and private folder are hers alone; bob cannot reach her side
         # doors, and her store greets him with a nonce and drops him
         assert {psutil.Process(p).uids().real for p in info["pids"]} == {alice.pw_uid}
-        pub = os.path.join(tempfile.gettempdir(), f"dpnb-{alice.pw_uid}")
-        _private(pub, alice.pw_uid, 0o700)
-        _private(os.path.join(pub, "clusters", f"{c['id']}.json"), alice.pw_uid, 0o600)
+        assert os.path.basename(info["record"]) == f"{c['id']}.json", info
+        _private(info["record"], alice.pw_uid, 0o600)
+        _private(os.path.dirname(info["record"]), alice.pw_uid, 0o700)
         assert info["doors"], info
         for door in info["doors"]:
             assert stat.S_ISSOCK(os.stat(door).st_mode)
