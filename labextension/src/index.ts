@@ -29,6 +29,7 @@ interface IRank {
   device: string;
   alive: boolean;
   rss_mb: number | null;
+  gpu_mb: number | null;
 }
 
 interface ICluster {
@@ -127,7 +128,8 @@ class Sidebar extends Widget {
         `${c.backend} · ${c.alive}/${c.world_size} alive · ${c.kept ? 'kept, ' : ''}${who}`)
     );
     for (const r of c.ranks) {
-      const mem = typeof r.rss_mb === 'number' ? ` · ${Math.round(r.rss_mb)} MB` : '';
+      const gpu = typeof r.gpu_mb === 'number' ? ` · GPU ${Math.round(r.gpu_mb)} MB` : '';
+      const mem = (typeof r.rss_mb === 'number' ? ` · ${Math.round(r.rss_mb)} MB` : '') + gpu;
       const state = (r.alive ? 'alive' : 'dead') + mem;
       const row = el('div', 'dpnb-rank' + (r.alive ? '' : ' dpnb-dead'),
         `rank ${r.rank} · ${r.host} · pid ${r.pid} · ${r.device} · ${state}`);
