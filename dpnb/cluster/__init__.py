@@ -134,7 +134,7 @@ class Engines:
         ``seed``: rank r seeds its generators with ``seed + r`` (default: fresh
         entropy, as torchrun's processes; :mod:`dpnb.engine.seeding`).
         """
-        ttl = keeping.parse_ttl(keep) if keep is not None else None
+        ttl = keeping.checked_ttl(keep) if keep is not None else None
         spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
                           controller_ip=controller_ip, env=launch.parse_env(env),
                           remote_python=remote_python, ssh_config=ssh_config,

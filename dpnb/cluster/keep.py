@@ -64,11 +64,26 @@ def fmt_duration(s: float) -> str:
 
 
 def state_dir() -> str:
-    """Where kept clusters are recorded: ``$DPNB_STATE_DIR``, else the XDG state folder."""
+    """Where kept clusters are recorded: ``$DPNB_STATE_DIR``, else the XDG state folder.
+    One line saying what to set where it cannot be written (a hosted server's read-only home)."""
     d = os.environ.get(STATE_ENV) or os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "dpnb", "kept")
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        writable = os.access(d, os.W_OK | os.X_OK)
+    except OSError as e:
+        writable, d = False, f"{d} ({e.strerror})"
+    if not writable:
+        raise DpnbError(f"a kept cluster's record goes in {d}, which this user cannot write "
+                        f"(a read-only home?): set {STATE_ENV} to a writable folder")
     return d
+
+
+def checked_ttl(text) -> float:
+    """:func:`parse_ttl`, and the record's folder is writable: both before anything starts."""
+    ttl = parse_ttl(text)
+    state_dir()
+    return ttl
 
 
 def record_of(c, ttl_s: float) -> dict:
@@ -113,7 +128,11 @@ def kept() -> list[dict]:
     records whose cluster is gone are removed."""
 
     out = []
-    d = state_dir()
+    try:
+        d = state_dir()
+    except DpnbError as e:  # nowhere to keep one: none kept (the server's listing goes on)
+        log.info("no kept clusters: %s", e)
+        return out
     for name in sorted(os.listdir(d)):
         if not name.endswith(".json"):
             continue

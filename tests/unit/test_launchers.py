@@ -55,12 +55,22 @@ def test_local_engines_listen_on_loopback_unless_told():
     assert launcher_for(told).controller_ip() == "10.1.2.3"
 
 
-def test_launcher_settings_are_checked_before_anything_starts():
+def test_launcher_settings_are_checked_before_anything_starts(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # a host with ssh
     with pytest.raises(DpnbError, match="the local launcher takes no --launcher-arg"):
         launcher_for(LaunchSpec(engines="local", launcher_args=("x=1",))).check(2)
     with pytest.raises(DpnbError):
         launcher_for(LaunchSpec(engines="ssh", launcher_args=("a=1",))).check(2)  # 1 slot, 2 ranks
     launcher_for(LaunchSpec(engines="ssh", launcher_args=("a=1", "b=1"))).check(2)
+
+
+def test_no_ssh_client_is_one_line_before_anything_starts(monkeypatch, tmp_path):
+    """A hosted server's PATH often has no ssh: the ssh launcher says so, the local one needs none."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(DpnbError, match="needs an ssh client on PATH") as e:
+        launcher_for(LaunchSpec(engines="ssh", launcher_args=("a=1", "b=1"))).check(2)
+    assert "\n" not in str(e.value)
+    launcher_for(LaunchSpec(engines="local")).check(2)
 
 
 def test_ranks_follow_the_launcher_s_own_order():

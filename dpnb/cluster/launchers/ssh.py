@@ -9,9 +9,11 @@ order the user gave them.
 
 from __future__ import annotations
 
+import shutil
 import socket
 from collections.abc import Sequence
 
+from ...errors import DpnbError
 from .. import agents as agents_mod
 from ..types import RankInfo
 from .base import AgentLauncher, gpu_capacity
@@ -32,6 +34,9 @@ class SshLauncher(AgentLauncher):
 
     def check(self, n: int) -> None:
         agents_mod.parse_hosts(n, self.spec.launcher_args)  # bad hosts fail before anything starts
+        if shutil.which("ssh") is None:  # hosted servers often ship without a client
+            raise DpnbError("the ssh launcher needs an ssh client on PATH and there is none "
+                            "here: install openssh-client, or start local engines (%dp start -n N)")
 
     def _controller_ip(self) -> str:
         """This host's address on the route to the first host, so the engines
