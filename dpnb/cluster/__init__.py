@@ -41,11 +41,12 @@ from . import keep as keeping
 from .debugging import post_mortem
 from .group import Group
 from .launchers import EngineLauncher, launcher_for
-from .processes import Processes, stop_ipp, wait_pids_gone
+from .processes import Processes
 from .render import show_result
 from .scripts import run_script as _run_script
 from .status import status_rows
 from .restart import Restarted, SetupLog, restart as _restart
+from .state import World, WorldRef
 from .transport import Transport, _runner_fn, unpack_value, unsendable
 from .types import (BACKENDS, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult, EntryKind, Health,
                     LaunchSpec, RankInfo, RankOutcome, Status, WaitKind, default_timeout)
@@ -76,19 +77,20 @@ class Engines:
         self.engine_launcher = engine_launcher  # how engines start, are signalled, stop
         self.spec = engine_launcher.spec
         self.client = client
-        self.ranks = ranks
+        self.worlds = WorldRef(World(ranks=ranks))  # replaced whole on every change
         self.profile_dir = profile_dir
         self.gpus = gpus
         self.local = engine_launcher.engines_here
         self.running = True
         self.health = Health()
-        self.procs = Processes(ipp_cluster, engine_launcher, profile_dir)
-        self.procs.remember(ranks)
-        self.transport = Transport(client, ranks, self.health, self.procs, timeout_s)
-        self.group = Group(self.transport, ranks, self.health, backend=backend,
+        engine_launcher.bind(ipp_cluster, client)  # it owns what it started
+        engine_launcher.remember(ranks)
+        self.procs = Processes(engine_launcher, profile_dir)
+        self.transport = Transport(client, self.worlds, self.health, engine_launcher, timeout_s)
+        self.group = Group(self.transport, self.worlds, self.health, backend=backend,
                            master_addr=master_addr, timeout_s=timeout_s, threads=threads,
                            local=self.local, env=self.spec.env_dict,
-                           watch_kernel=engine_launcher.watch_kernel, seed=seed)
+                           watch_pid=engine_launcher.watched_kernel(), seed=seed)
         self.setup_log = SetupLog()
         # every cell and push: what restart --resume and %dp export read
         self.history: collections.deque = collections.deque(maxlen=SETUP_LOG_MAX)
@@ -132,7 +134,7 @@ class Engines:
         ``seed``: rank r seeds its generators with ``seed + r`` (default: fresh
         entropy, as torchrun's processes; :mod:`dpnb.engine.seeding`).
         """
-        ttl = keeping.parse_ttl(keep) if keep is not None else None
+        ttl = keeping.checked_ttl(keep) if keep is not None else None
         spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
                           controller_ip=controller_ip, env=launch.parse_env(env),
                           remote_python=remote_python, ssh_config=ssh_config,
@@ -140,12 +142,9 @@ class Engines:
                           zygote=launch.zygote_for(engines, kept=ttl is not None, asked=zygote))
         gpu_list = launch.check_start_args(n, backend, engines, timeout, threads, gpus, seed)
         starter = launcher_for(spec)
-        if ttl is not None and not starter.engines_here:
-            raise DpnbError(f"--keep works with local engines; the {engines} launcher's engines "
-                            f"are held by this kernel's connections")
-        starter.check(n)  # bad launcher settings fail before anything starts
+        starter.check_start(n)  # bad launcher settings fail before anything starts
         _log.install()
-        icluster, client, profile_dir, spawned = launch.bring_up(n, starter, start_timeout, warm)
+        icluster, client, profile_dir = launch.bring_up(n, starter, start_timeout, warm)
         try:
             c = cls._form(icluster, client, n=n, backend=backend, starter=starter, gpus=gpu_list,
                           timeout=timeout, threads=threads, profile_dir=profile_dir, seed=seed)
@@ -154,7 +153,7 @@ class Engines:
                 keeping.hold(c, ttl)
             return c
         except BaseException:
-            launch.tear_down(icluster, client, starter, profile_dir, spawned)
+            launch.tear_down(starter, profile_dir)  # all the launcher's start spawned
             raise
 
     @classmethod
@@ -169,7 +168,7 @@ class Engines:
         if threads is None:
             cpu = min(probes[e]["cpu_count"] for e in eids)
             threads = max(1, cpu // max(r.local_world_size for r in ranks))
-        addr = starter.spec.master_addr or ("127.0.0.1" if starter.engines_here else ranks[0].ip)
+        addr = starter.master_addr(ranks)
         self = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=backend,
                    engine_launcher=starter, timeout_s=timeout, profile_dir=profile_dir,
                    master_addr=addr, threads=threads, gpus=gpus, seed=seed)
@@ -181,9 +180,9 @@ class Engines:
         return self
 
     # --------------------------------------------------------------- basics
-    @property
-    def world_size(self) -> int:
-        return len(self.ranks)
+    world = property(lambda self: self.worlds.now)  # ranks, port, generation, doors
+    ranks = property(lambda self: self.world.ranks)  # ranks[r]: rank r (a tuple)
+    world_size = property(lambda self: self.world.size)
 
     backend = property(lambda self: self.group.backend)
     launcher = property(lambda self: self.engine_launcher.name)
@@ -192,12 +191,13 @@ class Engines:
     threads = property(lambda self: self.group.threads)
     seed = property(lambda self: self.group.seed)  # --seed, or None: fresh entropy per rank
     master_addr = property(lambda self: self.group.master_addr)
-    master_port = property(lambda self: self.group.master_port)
+    master_port = property(lambda self: self.world.master_port)
     dead = property(lambda self: self.health.dead)
     busy = property(lambda self: self.health.busy)
     group_ok = property(lambda self: self.health.group_ok)
-    generation = property(lambda self: self.health.generation)
+    generation = property(lambda self: self.world.generation)
     cluster_id = property(lambda self: self._ipp.cluster_id)  # ipyparallel's, for --keep
+    cluster_file = property(lambda self: self._ipp.cluster_file)  # its connection, for --keep
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -336,8 +336,6 @@ class Engines:
         """Take a new rank table (:mod:`.engines`): ``fresh`` ranks lose their old doors
         and death marks, the reaper follows the PIDs; ``new_world`` (a resize): all
         alive and idle, local torch threads follow the engines per core."""
-        for r in [r for r in self.transport.doors if r in fresh or r >= len(ranks)]:
-            self.transport.doors.pop(r)
         for r in fresh:
             self.health.dead.pop(r, None)
         if new_world:
@@ -346,8 +344,8 @@ class Engines:
             if self.local:
                 per_host = max(ri.local_world_size for ri in ranks)
                 self.group.threads = max(1, (os.cpu_count() or 1) // per_host)
-        self.ranks[:] = ranks
-        self.procs.remember(self.ranks)
+        self.worlds.set(self.world.with_ranks(ranks, fresh=fresh))
+        self.engine_launcher.remember(self.ranks)
         self.procs.write_reaper_file(self.ranks)
 
     def reform_all(self, new: Sequence[int] = ()) -> dict:
@@ -444,7 +442,7 @@ class Engines:
     def kill_rank(self, r: int) -> None:
         """Stop rank ``r``'s engine for good, the launcher's way (by PID on this
         host, through its host's agent, or through the controller)."""
-        self.engine_launcher.kill(self, self.ranks[r])
+        self.engine_launcher.kill(self.ranks[r])
 
     # ------------------------------------------------------------------ keep
     @classmethod
@@ -474,14 +472,7 @@ class Engines:
             return []
         self.running = False
         owned = self.procs.owned(self.ranks)
-        try:
-            self.client.close()
-        except Exception as e:  # the sockets go with the process anyway
-            log.info("closing the ipyparallel client: %s: %s", type(e).__name__, e)
-        self.procs.terminate_engines(owned)  # this host's engines and nannies, all at once
-        self.engine_launcher.close()  # host agents: every host at once, SIGTERM then SIGKILL
-        stop_ipp(self._ipp)
-        wait_pids_gone(owned, 10.0)
+        self.engine_launcher.stop(owned)  # what it started: engines, agents, controller
         self.procs.stop_reaper()
         shutil.rmtree(self.profile_dir, ignore_errors=True)
         self.published.remove()

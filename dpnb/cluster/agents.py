@@ -199,16 +199,27 @@ class HostAgent:
 
 
 class Agents:
-    """The cluster's host agents, keyed by the host name given to ``--launcher-arg``."""
+    """The cluster's host agents, keyed by the host name given to ``--launcher-arg``:
+    one per host, reached over ssh (:class:`dpnb.cluster.launchers.local.ZygoteAgent`:
+    the one on this host)."""
 
     def __init__(self, hosts: dict[str, int], *, remote_python: str,
-                 ssh_config: str | None, env: dict[str, str], local_zygote: bool = False):
+                 ssh_config: str | None, env: dict[str, str]):
         self.counts = dict(hosts)
         self.remote_python = remote_python
         self.ssh_config = ssh_config
         self.env = dict(env)
-        self.local_zygote = local_zygote  # one agent on this host, forking its engines
         self.agents: dict[str, HostAgent] = {}
+
+    #: how an engine's exit, and the agent's own end, are spoken of
+    EXIT_ON, ENDED = " on {host}", "the ssh connection to {host} ended"
+
+    def _agent(self, h: str, warm: WarmZygote | None) -> HostAgent:
+        return HostAgent(h, [*ssh_command(self.ssh_config), h, self.remote_python, "-m",
+                             ep.HOSTAGENT_MODULE])
+
+    def _environ(self) -> dict[str, str] | None:
+        return None  # an ssh host's engines keep their own environment (and get ``env``)
 
     def _parallel(self, fn, hosts: Iterable[str]) -> dict:
         hosts = list(hosts)
@@ -228,23 +239,14 @@ class Agents:
     def open(self, warm: WarmZygote | None = None) -> None:
         """Start one agent per host over ssh, in parallel (or take the warm zygote)."""
         for h in self.counts:
-            taken = warm.take() if warm is not None and self.local_zygote else None
-            if taken is not None:
-                self.agents[h] = taken
-                continue
-            if self.local_zygote:
-                cmd = [self.remote_python, "-m", ep.HOSTAGENT_MODULE, "--zygote"]
-            else:
-                cmd = [*ssh_command(self.ssh_config), h, self.remote_python, "-m", ep.HOSTAGENT_MODULE]
-            self.agents[h] = HostAgent(h, cmd)
+            self.agents[h] = self._agent(h, warm)
 
     def hello(self, connection: str) -> dict[str, dict]:
         """Hand every agent the controller's connection info; check versions agree."""
         def one(h):
             env = {**self.env, "DPNB_LOCATION": h}
-            # a zygote's engines take this kernel's environment as it is now
-            base = dict(os.environ) if self.local_zygote else None
-            return self.agents[h].request("hello", connection=connection, env=env, environ=base)
+            return self.agents[h].request("hello", connection=connection, env=env,
+                                          environ=self._environ())
 
         info = self._parallel(one, self.agents)
         _check_versions(info)
@@ -277,10 +279,9 @@ class Agents:
             return "its host agent is unknown"
         e = a.exits.get(pid)
         if e is not None:
-            return describe_exit(e.get("code")) + ("" if self.local_zygote else f" on {host}")
+            return describe_exit(e.get("code")) + self.EXIT_ON.format(host=host)
         if a.proc.poll() is not None:
-            return ("the zygote agent on this host ended" if self.local_zygote
-                    else f"the ssh connection to {host} ended")
+            return self.ENDED.format(host=host)
         return None
 
     def signal(self, host: str, pid: int, sig: int) -> bool:
@@ -349,10 +350,10 @@ def start_over_ssh(icluster, n: int, spec, timeout: float):
     """
     agents = Agents(parse_hosts(n, spec.launcher_args), remote_python=spec.remote_python or "python3",
                     ssh_config=spec.ssh_config, env=spec.env_dict)
-    return _start_with(agents, icluster, n, timeout)
+    return start_with(agents, icluster, n, timeout)
 
 
-def _start_with(agents: Agents, icluster, n: int, timeout: float, warm=None):
+def start_with(agents: Agents, icluster, n: int, timeout: float, warm=None):
     """Agents and controller at once, then every agent's engines, registered."""
     try:
         agents.open(warm)
@@ -369,19 +370,6 @@ def _start_with(agents: Agents, icluster, n: int, timeout: float, warm=None):
 
 #: the host name a zygote cluster's one agent is known by (ranks' ``location``)
 ZYGOTE_HOST = "localhost"
-
-
-def start_zygote(icluster, n: int, spec, timeout: float, warm: WarmZygote | None = None):
-    """The local start with one zygote: an agent on this host imports torch
-    once, while the controller starts, then forks the ``n`` engines.
-
-    Same protocol and bookkeeping as the ssh agents (exits reported at once,
-    signals and stops only for its own engines, engines exit if it dies);
-    the engines are local processes, children of the agent.
-    """
-    agents = Agents({ZYGOTE_HOST: n}, remote_python=sys.executable, ssh_config=None,
-                    env=spec.env_dict, local_zygote=True)
-    return _start_with(agents, icluster, n, timeout, warm)
 
 
 class WarmZygote:

@@ -12,26 +12,27 @@ stopped, or engines added, :mod:`.world`) go through the same steps here:
    local rank and device (:func:`place_replacements`); a new world afresh,
    contiguous per host (:func:`replan`);
 4. the runtime takes the new rank table in one call
-   (:meth:`dpnb.cluster.Engines.adopt_ranks`).
+   (:meth:`dpnb.cluster.Engines.adopt_ranks`): the caller's, with the table
+   these functions return.
 
 Nothing here forms the process group; the caller does, once the table is right.
+Each function takes only what it reads: the launcher (which holds the
+ipyparallel cluster and client it started the engines with), the current
+rank table, the backend and GPUs.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 from ..errors import StartError
 from .gpuplan import GPU_PROBE_KEYS, with_devices
 from .launch import controller_address
+from .launchers import EngineLauncher
 from .placement import assign_ranks
 from .processes import engine_logs
 from .types import RankInfo
-
-if TYPE_CHECKING:  # pragma: no cover
-    from . import Engines as Cluster
 
 
 def probe(client, icluster, eids: list[int]) -> dict[int, dict]:
@@ -43,42 +44,44 @@ def probe(client, icluster, eids: list[int]) -> dict[int, dict]:
     return dict(zip(eids, client[eids].apply_sync(setup.probe, controller_address(icluster))))
 
 
-def start_registered(c: Cluster, k: int, start: Callable[[], dict | None]) -> list[int]:
+def start_registered(launcher: EngineLauncher, ranks: Sequence[RankInfo], k: int,
+                     start: Callable[[], dict | None]) -> list[int]:
     """Run ``start`` (a launcher's ``start_more`` / ``start_replacements``); the ids
     of the ``k`` engines it brought, once the controller has them."""
-    known = set(c.client.ids) | {ri.engine_id for ri in c.ranks}
-    return wait_new(c, known, k, start())
+    known = set(launcher.client.ids) | {ri.engine_id for ri in ranks}
+    return wait_new(launcher, known, k, start())
 
 
-def replace(c: Cluster, ranks: list[int]) -> None:
-    """Start ``len(ranks)`` engines and give them the numbers of ``ranks``.
+def replace(launcher: EngineLauncher, table: Sequence[RankInfo],
+            ranks: list[int]) -> list[RankInfo]:
+    """Start ``len(ranks)`` engines; the rank table with them holding the numbers of ``ranks``.
 
     A replacement takes the dead rank's host, local rank and device.  On ssh
     clusters it is started by that host's agent, so it lands there; other
     launchers place it themselves, and one that lands on another host is
     refused rather than given a local rank (a GPU) another rank holds.
     """
-    new = start_registered(c, len(ranks), lambda: c.engine_launcher.start_replacements(c, ranks))
-    probes = probe(c.client, c._ipp, new)
+    new = start_registered(launcher, table, len(ranks),
+                           lambda: launcher.start_replacements(table, ranks))
+    probes = probe(launcher.client, launcher.ipp, new)
     try:
-        table = place_replacements(c.ranks, ranks, probes)
+        return place_replacements(list(table), ranks, probes)
     except StartError:
-        c.client.shutdown(targets=new, block=False)  # nothing may hold a rank twice
+        launcher.client.shutdown(targets=new, block=False)  # nothing may hold a rank twice
         raise
-    c.adopt_ranks(table, fresh=ranks)
 
 
-def wait_new(c: Cluster, known: set, k: int, started: dict | None,
+def wait_new(launcher: EngineLauncher, known: set, k: int, started: dict | None,
              timeout: float = 120.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while True:
-        new = sorted(set(c.client.ids) - known)
+        new = sorted(set(launcher.client.ids) - known)
         if len(new) >= k:
             return new[:k]
-        bad = c.agents.failures(started) if started is not None else []
+        bad = launcher.agents.failures(started) if started is not None else []
         if time.monotonic() > deadline or bad:
             raise StartError(f"replacement engines: {len(new)} of {k} registered within "
-                             f"{timeout:.0f} s{engine_logs(c._ipp)}\n" + "\n".join(bad))
+                             f"{timeout:.0f} s{engine_logs(launcher.ipp)}\n" + "\n".join(bad))
         time.sleep(0.05)
 
 
@@ -118,19 +121,20 @@ def place_replacements(old: list[RankInfo], ranks: list[int],
     return out
 
 
-def replan(c: Cluster, keep: list[RankInfo], added_eids: list[int], m: int) -> list[RankInfo]:
+def replan(launcher: EngineLauncher, backend: str, gpus: list[int] | None,
+           keep: Sequence[RankInfo], added_eids: list[int], m: int) -> list[RankInfo]:
     """The rank table of a new world of ``m``: the survivors ``keep`` in their order
     (their rank as the key), new engines after their host's survivors, hosts new
     to the cluster last; devices planned again (under NCCL from the survivors'
     fresh view of the GPUs)."""
     probes = {ri.engine_id: {"host": ri.host, "ip": ri.ip, "pid": ri.pid, "launch_rank": ri.rank,
                              "location": ri.location, "ifname": ri.ifname} for ri in keep}
-    if c.backend == "nccl":
-        seen = probe(c.client, c._ipp, [ri.engine_id for ri in keep])
+    if backend == "nccl":
+        seen = probe(launcher.client, launcher.ipp, [ri.engine_id for ri in keep])
         for ri in keep:
             probes[ri.engine_id].update({k: seen[ri.engine_id].get(k) for k in GPU_PROBE_KEYS})
     last = {ri.host: ri.rank for ri in keep}
-    for eid, p in probe(c.client, c._ipp, added_eids).items():
+    for eid, p in probe(launcher.client, launcher.ipp, added_eids).items():
         p["launch_rank"] = (last.get(p["host"], len(keep) + m) + 0.5 + eid / 1e9)
         probes[eid] = p
-    return with_devices(assign_ranks(probes, by_launch_rank=True), c.backend, c.gpus, probes)
+    return with_devices(assign_ranks(probes, by_launch_rank=True), backend, gpus, probes)

@@ -15,7 +15,6 @@ are re-bound by callbacks the training layer registered on each engine.
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections.abc import Sequence
 
@@ -24,8 +23,9 @@ from ..errors import DpnbError, StartError
 from ..ranks import rank_label
 from .diagnose import first_error
 from .launch import rank_init_info
+from .state import WorldRef
 from .transport import Transport
-from .types import Health, RankInfo
+from .types import Health
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +33,19 @@ log = logging.getLogger(__name__)
 class Group:
     """The settings of one cluster's process group and the steps that (re-)form it."""
 
-    def __init__(self, transport: Transport, ranks: list[RankInfo], health: Health, *,
+    def __init__(self, transport: Transport, world: WorldRef, health: Health, *,
                  backend: str, master_addr: str, timeout_s: float, threads: int, local: bool,
-                 env: dict[str, str] | None = None, watch_kernel: bool = True,
+                 env: dict[str, str] | None = None, watch_pid: int | None = None,
                  seed: int | None = None):
         self.t = transport
-        # engines that are this kernel's grandchildren (forked by a local
-        # zygote agent) watch the agent instead, which watches this kernel
-        self.watch_kernel = watch_kernel
-        self.ranks = ranks
+        # what fresh engines watch (the launcher's word): this kernel, or None --
+        # engines that are this kernel's grandchildren (forked by a local zygote
+        # agent) watch the agent instead, which watches this kernel
+        self.watch_pid = watch_pid
+        self.worlds = world  # the port and generation live in the world, replaced whole
         self.health = health
         self.backend = backend
         self.master_addr = master_addr
-        self.master_port = 0  # rank 0 opens the store's socket once it has its identity
         self.timeout_s = timeout_s
         self.threads = threads
         self.local = local
@@ -53,6 +53,30 @@ class Group:
         # torchrun's rendezvous id, one for the cluster's life (TORCHELASTIC_RUN_ID)
         self.run_id = f"dpnb-{uuid.uuid4().hex[:12]}"
         self.seed = seed  # --seed: rank r's generators start at seed + r
+
+    # ------------------------------------------------------------------ record
+    def to_record(self) -> dict:
+        """The group's settings, for a kept cluster's record (its port and
+        generation are the world's)."""
+        return {"backend": self.backend, "master_addr": self.master_addr,
+                "timeout_s": self.timeout_s, "threads": self.threads, "seed": self.seed,
+                "run_id": self.run_id}
+
+    @staticmethod
+    def settings_of(rec: dict) -> dict:
+        """The settings :meth:`to_record` wrote, as the cluster's constructor takes them."""
+        return {"backend": rec["backend"], "master_addr": rec["master_addr"],
+                "timeout_s": float(rec["timeout_s"]), "threads": int(rec["threads"]),
+                "seed": rec.get("seed")}  # older records lack the seed
+
+    def restore(self, rec: dict) -> None:
+        """Replacements join the same torchrun run as the engines they join."""
+        self.run_id = rec.get("run_id") or self.run_id
+
+    world = property(lambda self: self.worlds.now)
+    ranks = property(lambda self: self.world.ranks)
+    # rank 0 opens the store's socket once it has its identity (0 until then)
+    master_port = property(lambda self: self.world.master_port)
 
     @property
     def form_wait_s(self) -> float:
@@ -67,7 +91,6 @@ class Group:
         it dies; ``new`` names the freshly started ones on a restart (``None``:
         all of them, at start).
         """
-        kernel = os.getpid()
         infos = {}
         for ri in self.ranks:
             fresh = new is None or ri.rank in new
@@ -75,16 +98,15 @@ class Group:
                 ri, world_size=len(self.ranks), backend=self.backend,
                 master_addr=self.master_addr, master_port=self.master_port,
                 timeout_s=self.timeout_s, threads=self.threads, local=self.local,
-                watch_ppid=kernel if (self.local and fresh and self.watch_kernel) else None, token=self.t.token,
+                watch_ppid=self.watch_pid if fresh else None, token=self.t.token,
                 env=self.env, nnodes=len({r.node_rank for r in self.ranks}), seed=self.seed,
                 run_id=self.run_id),)
         res = self.t.setup_all("init_rank", per_rank=infos, timeout=60)
         if not res.ok:
             raise StartError("could not give the engines their ranks: " + first_error(res))
-        for r, o in res.outcomes.items():
-            door = o.value.get("door")
-            if door:
-                self.t.doors[r] = (door[0], int(door[1]))
+        opened = {r: (o.value["door"][0], int(o.value["door"][1]))
+                  for r, o in res.outcomes.items() if o.value.get("door")}
+        self.worlds.set(self.world.with_doors(opened))
 
     def check_reach(self, port: int) -> None:
         """Every rank connects to rank 0's store first (multi-host only), so an
@@ -110,8 +132,9 @@ class Group:
 
     def form(self) -> None:
         """The first ``init_process_group`` on every rank, checked by an all_reduce."""
-        self.master_port = self.t.setup_one(0, "listen_store", self.master_addr)
-        self.check_reach(self.master_port)
+        port = self.t.setup_one(0, "listen_store", self.master_addr)
+        self.worlds.set(self.world.formed(port))
+        self.check_reach(port)
         res = self.t.setup_all("form_group", (self.master_port,), timeout=self.form_wait_s)
         if not res.ok:
             raise StartError("the engines started but could not form a process group: "
@@ -140,15 +163,15 @@ class Group:
         if not res.ok:
             self.health.group_ok = False
             raise DpnbError("could not re-form the process group: " + first_error(res) + hint)
-        self.master_port = port
-        self.health.generation = max(o.value["generation"] for o in res.outcomes.values())
+        self.worlds.set(self.world.formed(
+            port, max(o.value["generation"] for o in res.outcomes.values())))
         self.health.group_ok = True
         problems = sorted({p for o in res.outcomes.values() for p in o.value.get("problems", [])})
         rebound = res.outcomes[0].value.get("rebound", []) if 0 in res.outcomes else []
         # what one rank could not move (a name only it has) is said once, whoever found it
         left = list(dict.fromkeys(x for _, o in sorted(res.outcomes.items())
                                   for x in o.value.get("left", [])))
-        return {"port": port, "generation": self.health.generation, "problems": problems,
+        return {"port": port, "generation": self.world.generation, "problems": problems,
                 "rebound": rebound, "left": left}
 
     def reform_all(self, new: Sequence[int] = ()) -> dict:
@@ -167,7 +190,7 @@ class Group:
             self.health.group_ok = False
             return False, f"Re-forming the process group failed: {e}"
         return True, (f"The process group was re-formed on port {self.master_port} "
-                      f"(generation {self.health.generation}); everything on the engines is "
+                      f"(generation {self.world.generation}); everything on the engines is "
                       f"kept.{moved_sentences(info)}")
 
 

@@ -13,8 +13,10 @@ start time, and removes the profile and the record.
 The record -- one JSON file per kept cluster in :func:`state_dir`, readable
 only by its user -- holds what the notebook side knew: ranks, the group's
 port and generation, the setup log ``restart --resume`` and ``export``
-replay, the train calls.  The engines' namespaces need no record: the
-engines never stopped.
+replay, the train calls -- put together from each part's own record
+(``to_record`` of the world, the group, the transport, the launcher, the setup
+log) and read back by each (``from_record`` / ``restore``).  The engines'
+namespaces need no record: the engines never stopped.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import time
 from .._reaper import KEEP_FILE, write_keep
 from ..errors import DpnbError
 from .launch import _quiet_ipp_log
-from .launchers import launcher_for
+from .group import Group
+from .launchers import from_record as launcher_from_record
 from .processes import same_process, start_time
 from .restart import SetupLog
-from .types import CellRecord, EntryKind, LaunchSpec, RankInfo, SetupEntry
+from .state import World
+from .types import CellRecord
 
 log = logging.getLogger(__name__)
 
@@ -60,37 +64,44 @@ def fmt_duration(s: float) -> str:
 
 
 def state_dir() -> str:
-    """Where kept clusters are recorded: ``$DPNB_STATE_DIR``, else the XDG state folder."""
+    """Where kept clusters are recorded: ``$DPNB_STATE_DIR``, else the XDG state folder.
+    One line saying what to set where it cannot be written (a hosted server's read-only home)."""
     d = os.environ.get(STATE_ENV) or os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "dpnb", "kept")
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        writable = os.access(d, os.W_OK | os.X_OK)
+    except OSError as e:
+        writable, d = False, f"{d} ({e.strerror})"
+    if not writable:
+        raise DpnbError(f"a kept cluster's record goes in {d}, which this user cannot write "
+                        f"(a read-only home?): set {STATE_ENV} to a writable folder")
     return d
 
 
-def _entry(e) -> dict:
-    return {"kind": e.kind, "label": e.label, "code": e.code, "dotted": e.dotted,
-            "args": list(e.args), "kwargs": dict(e.kwargs)}
+def checked_ttl(text) -> float:
+    """:func:`parse_ttl`, and the record's folder is writable: both before anything starts."""
+    ttl = parse_ttl(text)
+    state_dir()
+    return ttl
 
 
 def record_of(c, ttl_s: float) -> dict:
-    """What a new kernel needs to drive ``c`` (JSON)."""
-    return {
-        "id": c._ipp.cluster_id, "created": c.created, "ttl_s": ttl_s,
-        "profile_dir": c.profile_dir, "cluster_file": c._ipp.cluster_file,
-        "ranks": [dict(r.__dict__) for r in c.ranks], "backend": c.backend,
-        "master_addr": c.master_addr, "master_port": c.master_port, "timeout_s": c.timeout_s,
-        "threads": c.threads, "seed": c.seed, "generation": c.generation,
-        "token": c.transport.token, "run_id": c.group.run_id,
-        "doors": {str(r): list(a) for r, a in c.transport.doors.items()},
-        "env": [list(kv) for kv in c.spec.env],
-        "setup_log": [_entry(e) for e in c.setup_log.entries],
-        # the cells resume infers its replay from (dpnb.session.resume)
-        "history": [{"kind": h.kind, "code": h.code, "ranks": list(h.ranks) if h.ranks else None,
-                     "setup": h.setup, "ok": h.ok, "names": list(h.names)} for h in c.history],
-        # the layer above's keys (dpnb.session: train_log, last_wrap, batch_plan,
-        # last_train, autosave_dir), beside the runtime's
-        **c.session_record(),
-    }
+    """What a new kernel needs to drive ``c`` (JSON): the cluster's own keys and
+    each part's own record -- the world (ranks, port, generation, doors), the
+    group's settings, the transport's token, the launcher's, the setup log --
+    and the layer above's (``session_record``: train_log, last_wrap, ...)."""
+    rec = {"id": c.cluster_id, "created": c.created, "ttl_s": ttl_s,
+           "profile_dir": c.profile_dir, "cluster_file": c.cluster_file,
+           # the cells resume infers its replay from (dpnb.session.resume)
+           "history": [h.to_record() for h in c.history]}
+    for part in (c.world, c.group, c.transport, c.engine_launcher, c.setup_log):
+        own = part.to_record()
+        if own.keys() & rec.keys():  # two parts writing one key: one would be lost
+            raise AssertionError(f"{type(part).__name__} writes {sorted(own.keys() & rec.keys())}"
+                                 f" again")
+        rec.update(own)
+    return {**rec, **c.session_record()}
 
 
 def keep_file(profile_dir: str) -> str:
@@ -101,7 +112,7 @@ def hold(c, ttl_s: float, *, holding: bool = True) -> str:
     """Write ``c``'s record and tell its reaper whether this kernel holds it
     (``holding=False``: it lets go, and the countdown starts now); the record's path."""
 
-    path = os.path.join(state_dir(), f"{c._ipp.cluster_id}.json")
+    path = os.path.join(state_dir(), f"{c.cluster_id}.json")
     tmp = path + ".tmp"
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump(c.to_record(ttl_s), f, default=str)
@@ -117,7 +128,11 @@ def kept() -> list[dict]:
     records whose cluster is gone are removed."""
 
     out = []
-    d = state_dir()
+    try:
+        d = state_dir()
+    except DpnbError as e:  # nowhere to keep one: none kept (the server's listing goes on)
+        log.info("no kept clusters: %s", e)
+        return out
     for name in sorted(os.listdir(d)):
         if not name.endswith(".json"):
             continue
@@ -213,34 +228,24 @@ def from_record(cls, rec: dict):
     except Exception as e:
         raise DpnbError(f"kept cluster {rec['id']} does not answer ({type(e).__name__}: {e}); "
                         f"its reaper stops it when its TTL ends") from None
-    ranks = [RankInfo(**r) for r in rec["ranks"]]
-    spec = LaunchSpec(env=tuple(tuple(kv) for kv in rec["env"]), kept=True)  # local engines
-    c = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=rec["backend"],
-            engine_launcher=launcher_for(spec), timeout_s=float(rec["timeout_s"]),
-            profile_dir=rec["profile_dir"], master_addr=rec["master_addr"],
-            threads=int(rec["threads"]), gpus=None, seed=rec.get("seed"))
-    c.transport.token = rec["token"]
-    c.transport.doors = {int(r): (a[0], int(a[1])) for r, a in rec["doors"].items()}
-    c.group.master_port = int(rec["master_port"])
-    c.group.run_id = rec.get("run_id") or c.group.run_id  # replacements join the same run
-    c.health.generation = int(rec["generation"])
+    world = World.from_record(rec)
+    c = cls(ipp_cluster=icluster, client=client, ranks=list(world.ranks),
+            engine_launcher=launcher_from_record(rec), profile_dir=rec["profile_dir"],
+            gpus=None, **Group.settings_of(rec))
+    c.worlds.set(world)
+    c.transport.restore(rec)
+    c.group.restore(rec)
     c.created, c.keep_s = float(rec["created"]), float(rec["ttl_s"])
-    c.setup_log = SetupLog()
-    for e in rec["setup_log"]:
-        c.setup_log._add(SetupEntry(kind=EntryKind(e["kind"]), label=e["label"], code=e["code"],
-                                    dotted=e["dotted"], args=tuple(e["args"]),
-                                    kwargs=dict(e["kwargs"])))
-    for h in rec.get("history") or []:  # records of older dpnb have none
-        c.history.append(CellRecord(kind=EntryKind(h["kind"]), code=h["code"], setup=h["setup"],
-                                    ok=h["ok"], ranks=tuple(h["ranks"]) if h["ranks"] else None,
-                                    names=tuple(h["names"])))
+    c.setup_log = SetupLog.from_record(rec)
+    # records of older dpnb have no history
+    c.history.extend(CellRecord.from_record(h) for h in rec.get("history") or [])
     c.restore_session(rec)
     return c
 
 
 def forget(c) -> None:
     """Remove the record of kept cluster ``c`` (stopped for good)."""
-    path = os.path.join(state_dir(), f"{c._ipp.cluster_id}.json")
+    path = os.path.join(state_dir(), f"{c.cluster_id}.json")
     try:
         os.remove(path)
     except FileNotFoundError:

@@ -33,7 +33,7 @@ from .agents import engine_connection_file
 from .gpuplan import device_index
 from .launchers import EngineLauncher
 from .launchers.local import local_gpu_count
-from .processes import Spawned, engine_logs, stop_ipp, wait_pids_gone
+from .processes import engine_logs, stop_ipp, wait_pids_gone
 from .types import BACKENDS, LAUNCHERS, RankInfo
 
 log = logging.getLogger(__name__)
@@ -195,13 +195,14 @@ def prewarm_wanted() -> bool:
 
 def bring_up(n: int, launcher: EngineLauncher, start_timeout: float, warm=None):
     """Controller and engines in a fresh 0700 profile: ``(icluster, client,
-    profile_dir, spawned)``.  A failed start -- here, or later with
-    :func:`tear_down` given ``spawned`` -- leaves no folder and no process."""
-    spawned = Spawned()  # every process from here on is this start's
+    profile_dir)``.  The launcher owns every process from here on (its
+    ``spawned``, ``ipp``, ``client``); a failed start -- here, or later with
+    :func:`tear_down` -- leaves no folder and no process."""
+    launcher.begin()  # every process from here on is this start's
     profile_dir = tempfile.mkdtemp(prefix="dpnb-profile-")  # 0700: keys stay private
-    icluster = client = None
     try:
         icluster = make_ipp_cluster(n, launcher, profile_dir, start_timeout)
+        launcher.bind(icluster, None)
         try:
             client = launcher.start(icluster, n, start_timeout, warm)
         except (DpnbError, StartError):
@@ -209,24 +210,24 @@ def bring_up(n: int, launcher: EngineLauncher, start_timeout: float, warm=None):
         except Exception as e:
             raise StartError(f"could not start {n} engines with the {launcher.name} launcher: "
                              f"{type(e).__name__}: {e}{engine_logs(icluster)}") from None
-        return icluster, client, profile_dir, spawned
+        launcher.bind(icluster, client)
+        return icluster, client, profile_dir
     except BaseException:
-        tear_down(icluster, client, launcher, profile_dir, spawned)
+        tear_down(launcher, profile_dir)
         raise
 
 
-def tear_down(icluster, client, launcher: EngineLauncher, profile_dir: str,
-              spawned: Spawned) -> None:
+def tear_down(launcher: EngineLauncher, profile_dir: str) -> None:
     """Undo a start that failed part-way: ipyparallel's stop and the launcher's
-    close first, then every process the start spawned that outlived them
-    (ipyparallel's stop of a half-started controller can fail, or return
+    close first, then every process the launcher's start spawned that outlived
+    them (ipyparallel's stop of a half-started controller can fail, or return
     before its schedulers exit) gets SIGKILL after a short wait."""
-    left = spawned.since()  # before the stop: a dying parent's children are reparented
-    if client is not None:
-        client.close()
+    left = launcher.spawned.since()  # before the stop: a dying parent's children are reparented
+    if launcher.client is not None:
+        launcher.client.close()
     launcher.close()
-    if icluster is not None:
-        stop_ipp(icluster)
+    if launcher.ipp is not None:
+        stop_ipp(launcher.ipp)
     wait_pids_gone(left, timeout=STOP_WAIT_S)
     shutil.rmtree(profile_dir, ignore_errors=True)
 

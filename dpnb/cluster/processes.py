@@ -155,6 +155,24 @@ def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Pro
         time.sleep(0.02)
 
 
+def terminate(owned: dict[int, float], keep: set) -> None:
+    """SIGTERM every process of ``owned`` but ``keep`` (those that answer their
+    own stop: the controller, host agents), all at once.
+
+    The engines end at once (``dpnb.engine.setup`` makes SIGTERM exit
+    fast); their ipyparallel nannies, which would otherwise outlive them
+    by 1-2 s reporting the exit to a controller that is stopping anyway,
+    end with them.  Checked by PID and start time; this host only.
+    """
+    for pid, started in owned.items():
+        if pid in keep or not same_process(pid, started):
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 def descendants() -> dict[int, float]:
     """``{pid: start time}`` of every process below this one, however deep."""
     out: dict[int, float] = {}
@@ -186,112 +204,26 @@ class Spawned:
 
 
 class Processes:
-    """The OS-level side of one cluster: its local PIDs, deaths, kills and the reaper."""
+    """The OS-level side of one cluster: its local PIDs and the reaper.  Which
+    processes are its, and how one engine is signalled, its launcher says."""
 
-    def __init__(self, icluster, launcher: EngineLauncher, profile_dir: str):
-        self.ipp = icluster
+    def __init__(self, launcher: EngineLauncher, profile_dir: str):
         self.launcher = launcher
         self.profile_dir = profile_dir
         self.reaper: subprocess.Popen | None = None
         self.reaper_file = os.path.join(profile_dir, "dpnb-pids.txt")
-        self._started: dict[int, float | None] = {}  # engine pid -> start time
-
-    # what the launcher says of where its processes are
-    engines_here = property(lambda self: self.launcher.engines_here)  # local PIDs are ours
-    local_engines = property(lambda self: self.launcher.launcher_processes_here)
-    agents = property(lambda self: self.launcher.agents)  # ssh and zygote clusters' host agents
 
     # ---------------------------------------------------------------- engines
-    def remember(self, ranks: Iterable[RankInfo]) -> None:
-        """Note the start time of each local engine, so a kill never hits a recycled PID."""
-        if self.engines_here:
-            for ri in ranks:
-                self._started.setdefault(ri.pid, start_time(ri.pid))
-
-    @property
-    def sees_exits(self) -> bool:
-        """Whether an engine's exit is seen as it happens (here, or by its host agent);
-        otherwise only the controller's heartbeat notices, up to 30 s later."""
-        return self.engines_here or self.agents is not None
-
-    def exit_of(self, ri: RankInfo) -> str | None:
-        """How a rank's engine ended, or None while it runs (local or agent-hosted ranks)."""
-        if self.agents is not None:
-            return self.agents.exit_of(ri.location, ri.pid)
-        return local_exit(self.ipp, ri.pid)
-
-    def signal_remote(self, ri: RankInfo, sig: int, wait_s: float = 0.0) -> bool:
-        """Signal an agent-hosted engine through its host's agent (never by a local PID)."""
-        if self.agents is None:
-            return False
-        sent = self.agents.signal(ri.location, ri.pid, sig)
-        deadline = time.monotonic() + wait_s
-        while sent and wait_s and self.exit_of(ri) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return sent
-
-    def kill_local(self, ri: RankInfo, wait_s: float = 10.0) -> None:
-        """SIGKILL the engine of ``ri`` (this host only), then wait for it to be reaped."""
-        if not same_process(ri.pid, self._started.get(ri.pid)):
-            log.info("rank %s: pid %s is gone or recycled; nothing to kill", ri.rank, ri.pid)
-            return
-        try:
-            os.kill(ri.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while local_exit(self.ipp, ri.pid) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-    def interrupt_local(self, ri: RankInfo) -> None:
-        if same_process(ri.pid, self._started.get(ri.pid)):
-            try:
-                os.kill(ri.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
-
-    def terminate_engines(self, owned: dict[int, float]) -> None:
-        """SIGTERM every process of ``owned`` but the controller and the host agents, all at once.
-
-        The engines end at once (``dpnb.engine.setup`` makes SIGTERM exit
-        fast); their ipyparallel nannies, which would otherwise outlive them
-        by 1-2 s reporting the exit to a controller that is stopping anyway,
-        end with them.  Checked by PID and start time; this host only.
-        """
-        keep = {getattr(getattr(self.ipp, "controller", None), "pid", None)}
-        if self.agents is not None:  # agents answer their own "stop" (and reap what they forked)
-            keep |= set(self.agents.local_pids())
-        for pid, started in owned.items():
-            if pid in keep or not same_process(pid, started):
-                continue
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
     # ---------------------------------------------------------------- owned
     def owned(self, ranks: Iterable[RankInfo]) -> dict[int, float]:
         """``{pid: start_time}`` of the processes this cluster runs on this host.
 
-        The controller always; engine launchers (and mpiexec) only when they
+        The launcher says which (:meth:`~.launchers.EngineLauncher.root_pids`):
+        the controller always; engine launchers (and mpiexec) only when they
         run here; for ssh clusters the ssh client processes, never the engine
         PIDs their agents report (those are PIDs on the remote hosts).
         """
-        roots: list[int] = []
-        ctl = getattr(self.ipp, "controller", None)
-        if ctl is not None and getattr(ctl, "pid", -1) > 0:
-            roots.append(ctl.pid)
-        if self.local_engines:
-            for es in getattr(self.ipp, "engines", {}).values():
-                for el in getattr(es, "launchers", {}).values():
-                    if getattr(el, "pid", -1) > 0:
-                        roots.append(el.pid)
-                if getattr(es, "pid", -1) > 0:  # mpiexec
-                    roots.append(es.pid)
-        if self.engines_here:
-            roots += [ri.pid for ri in ranks]
-        if self.agents is not None:  # the ssh clients; ending them ends the remote agents
-            roots += self.agents.local_pids()
+        roots = self.launcher.root_pids(ranks)
         out: dict[int, float] = {}
         for pid in roots:
             try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,8 @@ from ..ranks import rank_label
 from . import engines
 from .diagnose import kept
 from .group import moved_sentences
-from .types import SETUP_LOG_MAX, EntryKind, SetupEntry
+from .transport import Transport
+from .types import SETUP_LOG_MAX, EntryKind, Health, SetupEntry
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Engines as Cluster
@@ -66,27 +68,42 @@ class SetupLog:
         self.entries.clear()
         self.dropped = 0
 
+    def to_record(self) -> dict:
+        """The log as JSON, for a kept cluster's record (:mod:`.keep`)."""
+        return {"setup_log": [{"kind": e.kind, "label": e.label, "code": e.code,
+                               "dotted": e.dotted, "args": list(e.args),
+                               "kwargs": dict(e.kwargs)} for e in self.entries]}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> SetupLog:
+        out = cls()
+        for e in rec["setup_log"]:
+            out._add(SetupEntry(kind=EntryKind(e["kind"]), label=e["label"], code=e["code"],
+                                dotted=e["dotted"], args=tuple(e["args"]),
+                                kwargs=dict(e["kwargs"])))
+        return out
+
     def __len__(self) -> int:
         return len(self.entries)
 
 
-def _settle_busy(c: Cluster, hard: bool) -> None:
+def _settle_busy(t: Transport, h: Health, kill: Callable[[int], None], timeout_s: float,
+                 hard: bool) -> None:
     """Interrupt survivors still running an old cell; kill those that do not stop."""
-    h = c.health
     busy = [r for r in h.busy if r not in h.dead]
     if not busy or hard:
         return
-    c.transport.interrupt(busy)
+    t.interrupt(busy)
     # an interrupted rank stops at once unless a collective holds it, which
     # the group timeout (30 min by default) ends: wait a formation's time
-    deadline = time.monotonic() + form_timeout(c.timeout_s) + 10
+    deadline = time.monotonic() + form_timeout(timeout_s) + 10
     while time.monotonic() < deadline:
-        c.transport.refresh_busy()
+        t.refresh_busy()
         if not [r for r in h.busy if r not in h.dead]:
             return
         time.sleep(0.2)
     for r in sorted(r for r in h.busy if r not in h.dead):
-        c.kill_rank(r)
+        kill(r)
         h.dead[r] = "killed by restart: it did not respond to interrupts"
 
 
@@ -102,7 +119,7 @@ def restart(c: Cluster, *, hard: bool = False) -> Restarted:
     """See :meth:`dpnb.cluster.Engines.restart`."""
     c.require_running()
     c.transport.refresh_busy()
-    _settle_busy(c, hard)
+    _settle_busy(c.transport, c.health, c.kill_rank, c.timeout_s, hard)
     h = c.health
     h.dead.update(c.transport.find_dead([r for r in range(c.world_size) if r not in h.dead]))
     replace = list(range(c.world_size)) if hard else sorted(h.dead)
@@ -111,7 +128,7 @@ def restart(c: Cluster, *, hard: bool = False) -> Restarted:
             if r not in h.dead:
                 c.kill_rank(r)
     if replace:
-        engines.replace(c, replace)
+        c.adopt_ranks(engines.replace(c.engine_launcher, c.ranks, replace), fresh=replace)
     info = c.group.reform_all(new=replace)
     h.busy.clear()  # every rank took part in the new group: none is running an old cell
     keep = [r for r in range(c.world_size) if r not in replace]

@@ -22,10 +22,11 @@ from ..compat import result_metadata, shell_ignores_engine_comms
 from ..engine import runner, setup
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
-from .processes import Processes
+from .launchers import EngineLauncher
 from .render import Streamer, split_notes, without_native_logs
-from .sidedoor import is_closed, knock_all
-from .types import CellResult, Health, RankInfo, RankOutcome, Status, WaitKind
+from .sidedoor import knock_all
+from .state import WorldRef
+from .types import CellResult, Health, RankOutcome, Status, WaitKind
 from .waiting import Waiting
 
 log = logging.getLogger(__name__)
@@ -58,24 +59,35 @@ def unpack_value(name: str, bufs: list[bytes]):
 
 
 class Transport:
-    """One cluster's channel to its engines; shares ``ranks`` and ``health`` with it."""
+    """One cluster's channel to its engines; reads the cluster's current world
+    (which engine is which rank, the side doors) and shares ``health`` with it."""
 
     #: answers a rank's pdb prompt (dpnb.cluster.debugging): input() unless an
     #: instance is given its own (a test's scripted answers)
     ask: Callable[[str], str | None] = staticmethod(ask_user)
 
-    def __init__(self, client, ranks: list[RankInfo], health: Health, procs: Processes,
+    def __init__(self, client, world: WorldRef, health: Health, launcher: EngineLauncher,
                  timeout_s: float):
         self.client = client
-        self.ranks = ranks  # the cluster's list, updated in place when engines are replaced
+        self.worlds = world  # replaced whole when engines are replaced or the group re-forms
         self.health = health
-        self.procs = procs
+        self.launcher = launcher  # how an engine's death is seen, how it is interrupted
         self.timeout_s = timeout_s
         self._views: dict[int, Any] = {}  # engine id -> its DirectView
         self.token = secrets.token_hex(16)  # opens the engines' side doors
-        self.doors: dict[int, tuple[str, int]] = {}  # rank -> side door address
         self._flags: list = []  # the --unchecked flags sent ahead of the current cell
         shell_ignores_engine_comms()  # an engine's widget must not break a terminal shell
+
+    def to_record(self) -> dict:
+        """The side doors' token, for a kept cluster's record (the doors are the world's)."""
+        return {"token": self.token}
+
+    def restore(self, rec: dict) -> None:
+        self.token = rec["token"]  # the engines' doors open to the token they were given
+
+    world = property(lambda self: self.worlds.now)  # the current one, read at each use
+    ranks = property(lambda self: self.world.ranks)
+    doors = property(lambda self: self.world.doors)  # rank -> side door address
 
     # ---------------------------------------------------------------- views
     def view(self, rank: int):
@@ -266,19 +278,10 @@ class Transport:
     def find_dead(self, ranks: Iterable[int]) -> dict[int, str]:
         """Ranks whose engine is gone, with how it ended if known."""
         dead: dict[int, str] = {}
-        if self.procs.sees_exits:
-            for r in ranks:
-                how = self.procs.exit_of(self.ranks[r])
-                if how is not None:
-                    dead[r] = how
-        else:
-            alive = set(self.client.ids)
-            for r in ranks:
-                if self.ranks[r].engine_id not in alive:
-                    dead[r] = "its engine unregistered from the controller"
-                elif r in self.doors and is_closed(*self.doors[r]):
-                    dead[r] = f"its engine on {self.ranks[r].host} is gone (nothing listens " \
-                              f"at its side door)"
+        for r in ranks:
+            how = self.launcher.exit_of(self.ranks[r], self.doors.get(r))
+            if how is not None:
+                dead[r] = how
         return dead
 
     def refresh_busy(self) -> None:
@@ -309,4 +312,4 @@ class Transport:
         if not ranks:
             return
         # by PID here, through the host agents, or relayed by the controller
-        self.procs.launcher.interrupt(self.procs, self.client, [self.ranks[r] for r in ranks])
+        self.launcher.interrupt([self.ranks[r] for r in ranks])

@@ -183,13 +183,13 @@ class Health:
 
     ``dead``: rank -> how its engine ended.  ``busy``: ranks still running a
     cell the notebook stopped waiting for.  ``group_ok``: the process group
-    can be used.  ``generation``: how many times the group was formed.
+    can be used.  (How many times the group was formed is the world's:
+    :class:`dpnb.cluster.state.World`.)
     """
 
     dead: dict[int, str] = field(default_factory=dict)
     busy: set[int] = field(default_factory=set)
     group_ok: bool = True
-    generation: int = 1
 
 
 @dataclass(frozen=True)
@@ -224,3 +224,13 @@ class CellRecord:
     setup: bool = False
     ok: bool = True
     names: tuple = ()
+
+    def to_record(self) -> dict:
+        return {"kind": self.kind, "code": self.code,
+                "ranks": list(self.ranks) if self.ranks else None, "setup": self.setup,
+                "ok": self.ok, "names": list(self.names)}
+
+    @classmethod
+    def from_record(cls, h: dict) -> CellRecord:
+        return cls(kind=EntryKind(h["kind"]), code=h["code"], setup=h["setup"], ok=h["ok"],
+                   ranks=tuple(h["ranks"]) if h["ranks"] else None, names=tuple(h["names"]))

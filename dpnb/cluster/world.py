@@ -55,7 +55,7 @@ def check_target(c: Cluster, m) -> Target:
                         f"use %dp stop")
     if m == c.world_size:
         raise DpnbError(f"the cluster already has {m} ranks: nothing to resize")
-    cap, why = c.engine_launcher.capacity(c)
+    cap, why = c.engine_launcher.capacity(c.ranks, c.backend, c.gpus)
     if m > cap:
         raise DpnbError(f"-n {m} is more ranks than the {c.launcher} launcher can place here "
                         f"(at most {cap}: {why}); resize to {cap} or fewer")
@@ -79,10 +79,10 @@ def resize_world(c: Cluster, target: Target) -> WorldChange:
             c.kill_rank(r)
         keep = c.ranks[:m]
     else:
-        keep = list(c.ranks)
-        added_eids = engines.start_registered(c, m - n,
-                                              lambda: c.engine_launcher.start_more(c, m - n))
-    ranks = engines.replan(c, keep, added_eids, m)
+        keep = c.ranks
+        added_eids = engines.start_registered(c.engine_launcher, keep, m - n,
+                                              lambda: c.engine_launcher.start_more(keep, m - n))
+    ranks = engines.replan(c.engine_launcher, c.backend, c.gpus, keep, added_eids, m)
     added = [ri.rank for ri in ranks if ri.engine_id in added_eids]
     c.adopt_ranks(ranks, fresh=added, new_world=True)
     c.group.init_ranks(new=added)

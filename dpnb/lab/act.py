@@ -1,4 +1,4 @@
-"""``python -m dpnb.lab.act stop|restart ID``: the server's hands on a kept cluster.
+"""``python -m dpnb.lab.act stop|restart|restart-resume ID``: the server's hands on a kept cluster.
 
 The Jupyter server never drives engines itself (ipyparallel clients, zmq
 sockets and a cluster's atexit hooks do not belong in a long-lived server);
@@ -22,11 +22,13 @@ def main(argv: list[str]) -> int:
     if verb == "stop":
         pids = c.stop()
         print(f"stopped cluster {cluster_id} ({len(pids)} processes)")
-    elif verb == "restart":
-        print(c.restart())
+    elif verb in ("restart", "restart-resume"):
+        # --resume: rebuild the replaced ranks from the recorded setup cells and the
+        # latest checkpoint or a survivor's replica, as %dp restart --resume does
+        print(c.restart(resume=True) if verb == "restart-resume" else c.restart())
         keeping.release(c)  # free again: the reaper's countdown starts over
     else:
-        print(f"unknown action {verb!r}: stop or restart", file=sys.stderr)
+        print(f"unknown action {verb!r}: stop, restart or restart-resume", file=sys.stderr)
         return 2
     return 0
 

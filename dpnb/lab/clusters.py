@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -27,7 +28,9 @@ from ..core.errors import UserError
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("stop", "interrupt", "restart", "attach-code")
+ACTIONS = ("stop", "interrupt", "restart", "restart-resume", "attach-code")
+#: the magic each action is, for a cluster that only its notebook may drive
+MAGIC = {"restart-resume": "restart --resume"}
 #: seconds a stop or restart of a kept cluster may take (its own process)
 ACT_TIMEOUT_S = 120
 
@@ -45,9 +48,46 @@ def _rss_mb(pid: int) -> float | None:
         return None
 
 
+class _GpuMemory:
+    """Each process's GPU memory on this host, by PID (MiB), as ``nvidia-smi`` reports it;
+    read only for clusters with a CUDA rank, and reused for GPU_CACHE_S (a call takes
+    ~0.1 s; the sidebar polls every second).  Empty where there is no nvidia-smi."""
+
+    GPU_CACHE_S = 2.0
+
+    def __init__(self):
+        self.at, self.by_pid = -1e9, {}
+
+    def __call__(self) -> dict[int, float]:
+        if time.monotonic() - self.at < self.GPU_CACHE_S:
+            return self.by_pid
+        self.at, self.by_pid = time.monotonic(), {}
+        try:
+            text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                   "--format=csv,noheader,nounits"], capture_output=True,
+                                  text=True, timeout=5, check=True).stdout
+        except (OSError, subprocess.SubprocessError) as e:
+            log.info("no GPU memory per process here (nvidia-smi: %s)", e)
+            return self.by_pid
+        for line in text.splitlines():
+            pid, _, mib = line.partition(",")
+            try:
+                self.by_pid[int(pid)] = self.by_pid.get(int(pid), 0.0) + float(mib)
+            except ValueError:
+                log.info("nvidia-smi line %r not understood: skipped", line)
+        return self.by_pid
+
+
+gpu_memory = _GpuMemory()
+
+
 def _rank(r: dict, local: bool) -> dict:
     out = {k: r.get(k) for k in ("rank", "host", "pid", "device", "alive")}
-    out["rss_mb"] = _rss_mb(int(r["pid"])) if local and r.get("alive") else None
+    live = local and r.get("alive")
+    out["rss_mb"] = _rss_mb(int(r["pid"])) if live else None
+    # a live local CUDA rank's GPU memory, read by PID as its resident memory is
+    cuda = live and str(r.get("device") or "").startswith("cuda")
+    out["gpu_mb"] = gpu_memory().get(int(r["pid"])) if cuda else None
     return out
 
 
@@ -145,5 +185,6 @@ def act(cluster_id: str, action: str) -> dict:
         return {"code": f"%dp attach {cluster_id}"}
     if c["holder"] is not None:
         raise ActionError(f"cluster {cluster_id} is held by kernel {c['holder']}: run "
-                          f"%dp {action} in its notebook (or shut that kernel down)")
+                          f"%dp {MAGIC.get(action, action)} in its notebook (or shut that "
+                          f"kernel down)")
     return _in_own_process(action, cluster_id)

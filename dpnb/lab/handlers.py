@@ -38,7 +38,7 @@ class ClustersHandler(_Base):
 
 
 class ActionHandler(_Base):
-    """``POST /api/dpnb/clusters/ID/ACTION`` (stop, interrupt, restart, attach-code)."""
+    """``POST /api/dpnb/clusters/ID/ACTION``: stop, interrupt, restart, restart-resume, attach-code."""
 
     @web.authenticated
     @authorized
@@ -60,5 +60,5 @@ class ActionHandler(_Base):
 def handlers(base_url: str) -> list[tuple]:
     api = url_path_join(base_url, "api", "dpnb", "clusters")
     return [(api, ClustersHandler),
-            (url_path_join(api, r"([\w.-]+)", r"(stop|interrupt|restart|attach-code)"),
+            (url_path_join(api, r"([\w.-]+)", r"(stop|interrupt|restart-resume|restart|attach-code)"),
              ActionHandler)]

@@ -29,6 +29,7 @@ interface IRank {
   device: string;
   alive: boolean;
   rss_mb: number | null;
+  gpu_mb: number | null;
 }
 
 interface ICluster {
@@ -127,7 +128,8 @@ class Sidebar extends Widget {
         `${c.backend} · ${c.alive}/${c.world_size} alive · ${c.kept ? 'kept, ' : ''}${who}`)
     );
     for (const r of c.ranks) {
-      const mem = typeof r.rss_mb === 'number' ? ` · ${Math.round(r.rss_mb)} MB` : '';
+      const gpu = typeof r.gpu_mb === 'number' ? ` · GPU ${Math.round(r.gpu_mb)} MB` : '';
+      const mem = (typeof r.rss_mb === 'number' ? ` · ${Math.round(r.rss_mb)} MB` : '') + gpu;
       const state = (r.alive ? 'alive' : 'dead') + mem;
       const row = el('div', 'dpnb-rank' + (r.alive ? '' : ' dpnb-dead'),
         `rank ${r.rank} · ${r.host} · pid ${r.pid} · ${r.device} · ${state}`);
@@ -141,6 +143,7 @@ class Sidebar extends Widget {
     actions.appendChild(this.button('Interrupt', () => this.act(c.id, 'interrupt')));
     actions.appendChild(this.button('Stop', () => this.act(c.id, 'stop')));
     actions.appendChild(this.button('Restart', () => this.act(c.id, 'restart')));
+    actions.appendChild(this.button('Restart --resume', () => this.act(c.id, 'restart-resume')));
     actions.appendChild(this.button('Attach', () => this.attach(c.id)));
     box.appendChild(actions);
     return box;
@@ -148,7 +151,7 @@ class Sidebar extends Widget {
 
   private button(label: string, onClick: () => void): HTMLElement {
     const b = el('button', 'jp-mod-styled', label) as HTMLButtonElement;
-    b.dataset.action = label.toLowerCase();
+    b.dataset.action = label.toLowerCase().replace(' --', '-');
     b.onclick = onClick;
     return b;
   }

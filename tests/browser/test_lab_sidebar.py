@@ -156,6 +156,9 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     cid = sidebar.locator(".dpnb-cluster").get_attribute("data-cluster-id")
     sidebar.locator("button[data-action=stop]").click()
     _wait(page, lambda: "%dp stop in its notebook" in sidebar.inner_text(), "stop refused", 10)
+    sidebar.locator("button[data-action=restart-resume]").click()  # its own endpoint
+    _wait(page, lambda: "%dp restart --resume in its notebook" in sidebar.inner_text(),
+          "restart --resume refused", 10)
     sidebar.locator("button[data-action=attach]").click()
     _wait(page, lambda: f"%dp attach {cid}" in page.locator(".jp-Notebook").inner_text(),
           "the attach code in the notebook", 10)

@@ -1,17 +1,39 @@
-"""dpnb behind a real JupyterHub: each user's /api/dpnb/clusters, and one user's token on the other's.
+"""dpnb behind a real JupyterHub with two real Unix users.
 
 A real Hub (the ``jupyterhub`` package, npm's ``configurable-http-proxy`` in
-front, as .ci/run installs them) with two users, alice and bob (the Hub's
-dummy authenticator; ``SimpleLocalProcessSpawner``: their single-user servers
-run as this Unix user, each with its own home, Jupyter folders and dpnb
-folders -- *not* two Unix users: here the venv's Python lives under a 0700
-/root that another user cannot run).  Each server is started through the
-Hub's REST API with a service token; each user gets a token of their own.
-Alice's notebook kernel starts a 2-rank cluster; through the proxy, alice's
-/api/dpnb/clusters lists it, bob's lists nothing, and bob's token can neither
-read alice's list nor act on her cluster, and no token gets nothing.  Then
-the Hub stops alice's server (what its idle culler does): no process of the
-cluster is left, and its publication is dropped at the next read.
+front, as .ci/run installs them) with two Unix users the test creates (and
+removes afterwards, also on failure), Hub users of the same names (dummy
+authenticator) and the Hub's default ``LocalProcessSpawner``: each user's
+single-user server, kernels and engines run *as that user*, with a home of
+their own.  Each server is started through the Hub's REST API with a service
+token; each user gets a token of their own.
+
+Running the tests' Python as another user: this venv's interpreter may sit
+under a 0700 folder (``/root/.pyenv``, a root-only checkout).  A hosted
+server installs its Python where every user can run it, so for the tests'
+duration each ancestor folder of the interpreter, the venv and the checkout
+that lacks it gets the *search* bit for others (o+x: enter a known path, not
+list it); the exact modes are restored afterwards, also on failure.  Nothing
+of dpnb's is loosened.
+
+A hosted server's constraints hold for every server: the Hub runs in a mount
+namespace of its own whose ``/dev/shm`` is a 64 MB tmpfs (Docker's default),
+the servers' PATH has no ssh client, and alice's home is read-only (the
+server's runtime files go elsewhere, as hosted images arrange).
+
+``test_each_user_sees_only_their_clusters...``: alice's ``--keep`` is refused
+in one line naming what to set (no writable folder for its record); her
+kernel starts a 2-rank cluster and trains a few DDP steps; through the proxy her
+/api/dpnb/clusters lists it, bob's lists nothing, bob's token (or none) can
+neither read hers nor act on her cluster; her engines run as her, her
+publication and private folder are hers (0600 / 0700), bob cannot connect
+to her side-door sockets and her store greets him with a nonce and drops
+him.  Then the Hub stops her server: no process of the cluster is left.
+
+``test_kernel_culling...``: bob's server culls idle kernels (jupyter_server's
+own ``MappingKernelManager`` culler, per-kernelspec timeout): culling a
+kernel stops its cluster with no process left; a ``--keep`` cluster survives
+the cull and a new kernel attaches to it with its engines' state.
 
     python -m pytest -m hosted tests/hosted
 """
@@ -20,10 +42,14 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import shutil
+import site
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,12 +59,14 @@ import psutil
 import pytest
 from helpers import nbutil as nbu
 
-from dpnb.cluster import publish
-
 pytestmark = pytest.mark.hosted
 
 CHP = shutil.which("configurable-http-proxy") or os.environ.get("DPNB_CHP", "")
-USERS = ("alice", "bob")
+INTRUDER = nbu.REPO / "tests" / "helpers" / "intruder.py"
+#: a hosted container's /dev/shm (Docker's default size)
+SHM_BYTES = 64 << 20
+#: seconds of idleness after which bob's "dpnb-cull" kernels are culled
+CULL_S = 4
 
 CONFIG = """
 import os, sys
@@ -54,23 +82,15 @@ c.JupyterHub.db_url = "sqlite:///" + os.path.join(root, "hub.sqlite")
 c.JupyterHub.cookie_secret_file = os.path.join(root, "cookie_secret")
 c.JupyterHub.authenticator_class = "dummy"
 c.Authenticator.allowed_users = {users!r}
-c.JupyterHub.spawner_class = "simple"
-c.SimpleLocalProcessSpawner.home_dir_template = os.path.join(root, "home", "{{username}}")
+# the default LocalProcessSpawner: each server runs as its Unix user, in their home
 c.Spawner.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
-c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []  # CI containers run as root
+c.Spawner.environment = {{
+    "DPNB_PREWARM": "0", "MPLBACKEND": "Agg", "PATH": {path!r},
+    # the server's own files outside the home (alice's home is read-only)
+    "JUPYTER_RUNTIME_DIR": lambda spawner: os.path.join({homes!r}, "run", spawner.user.name),
+}}
 c.Spawner.http_timeout = 120
 c.Spawner.start_timeout = 120
-
-def _dir(sub):
-    return lambda spawner: os.path.join(root, "home", spawner.user.name, sub)
-
-# every user's own Jupyter and dpnb folders (one Unix user here: see the docstring)
-c.Spawner.environment = {{
-    "JUPYTER_CONFIG_DIR": _dir("jupyter-config"), "JUPYTER_DATA_DIR": _dir("jupyter-data"),
-    "JUPYTER_RUNTIME_DIR": _dir("jupyter-runtime"), "IPYTHONDIR": _dir("ipython"),
-    "DPNB_PUBLISH_DIR": _dir("dpnb-published"), "DPNB_STATE_DIR": _dir("dpnb-kept"),
-    "DPNB_PREWARM": "0", "MPLBACKEND": "Agg", "JUPYTER_PLATFORM_DIRS": "1",
-}}
 c.JupyterHub.services = [{{"name": "tester", "api_token": {token!r}}}]
 c.JupyterHub.load_roles = [{{"name": "tester", "services": ["tester"],
                             "scopes": ["admin:users", "admin:servers", "tokens"]}}]
@@ -99,31 +119,103 @@ def _req(url: str, token: str | None, method: str = "GET", body: dict | None = N
         return e.code, e.read().decode()[:300]
 
 
+def _let_others_traverse(paths: list[str]) -> dict[str, int]:
+    """o+x on every ancestor folder of ``paths`` that lacks it; returns {folder: old mode}."""
+    changed: dict[str, int] = {}
+    for p in paths:
+        d = os.path.realpath(p)
+        d = d if os.path.isdir(d) else os.path.dirname(d)
+        while True:
+            mode = stat.S_IMODE(os.stat(d).st_mode)
+            if not mode & stat.S_IXOTH and d not in changed:
+                changed[d] = mode
+                os.chmod(d, mode | stat.S_IXOTH)
+            if d == os.path.dirname(d):
+                break
+            d = os.path.dirname(d)
+    return changed
+
+
+def _path_without_ssh(d: Path) -> str:
+    """A PATH of one folder: this PATH's programs, linked, all but the ssh client's."""
+    d.mkdir()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        for e in os.scandir(folder) if os.path.isdir(folder) else ():
+            if e.name not in ("ssh", "scp", "sftp", "slogin") and not (d / e.name).exists():
+                os.symlink(e.path, d / e.name)
+    return str(d)
+
+
+def _user_files(home: Path, pw, cull: bool) -> None:
+    """The user's own Jupyter config: dpnb's shipped server-extension switch; for the
+    culled user, kernel culling (a hosted admin's setting) and a kernelspec whose
+    kernels are culled after CULL_S idle seconds (the culler's per-kernelspec timeout);
+    for the other, a read-only home (0555: she is not root, so it holds)."""
+    run = home.parent / "run" / pw.pw_name  # the server's runtime files, 0700, theirs
+    run.mkdir(parents=True)
+    os.chown(run, pw.pw_uid, pw.pw_gid)
+    os.chmod(run, 0o700)
+    conf = home / ".jupyter" / "jupyter_server_config.d"
+    conf.mkdir(parents=True)
+    shutil.copy(nbu.REPO / "jupyter-config" / "jupyter_server_config.d" / "dpnb.json", conf)
+    if cull:
+        (home / ".jupyter" / "jupyter_server_config.json").write_text(json.dumps(
+            {"MappingKernelManager": {"cull_idle_timeout": 3600, "cull_interval": 1}}))
+        spec = home / ".local" / "share" / "jupyter" / "kernels" / "dpnb-cull"
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "culled", "language": "python",
+            "metadata": {"cull_idle_timeout": CULL_S}}))
+    for p in [home, *home.rglob("*")]:
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+    if not cull:
+        for p in [home, *home.rglob("*")]:
+            os.chmod(p, 0o555 if p.is_dir() else 0o444)
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("hosted tier: needs root (creates two Unix users the Hub spawns as)")
     try:
         import jupyterhub  # noqa: F401
     except ImportError:
         pytest.skip("the jupyterhub package is not installed (pip install jupyterhub)")
+    if not shutil.which("unshare"):
+        pytest.skip("hosted tier: needs unshare (util-linux) for a container's small /dev/shm")
     if not CHP:
         pytest.skip("configurable-http-proxy is not on PATH (npm install -g configurable-http-proxy)")
     root = tmp_path_factory.mktemp("hub")
-    for u in USERS:  # the shipped switch enables dpnb's server extension in each user's server
-        conf = root / "home" / u / "jupyter-config" / "jupyter_server_config.d"
-        conf.mkdir(parents=True)
-        shutil.copy(nbu.REPO / "jupyter-config" / "jupyter_server_config.d" / "dpnb.json", conf)
-    port, token = nbu.free_port(), secrets.token_hex(16)
-    (root / "jupyterhub_config.py").write_text(CONFIG.format(
-        root=str(root), port=port, hub_port=nbu.free_port(), api_port=nbu.free_port(),
-        chp=CHP, users=set(USERS), token=token))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(nbu.REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    log = open(root / "hub.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f",
-                             str(root / "jupyterhub_config.py")], cwd=root, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
+    homes = Path(tempfile.mkdtemp(prefix="dpnb-hub-homes-"))
+    os.chmod(homes, 0o755)
+    tag = secrets.token_hex(3)
+    users = {"alice": f"dpnba{tag}", "bob": f"dpnbb{tag}"}
+    made, changed, proc = [], {}, None
+    base, token = f"http://127.0.0.1:{nbu.free_port()}", secrets.token_hex(16)
     try:
+        for role, name in users.items():
+            subprocess.run(["useradd", "-m", "-d", str(homes / name), "-s", "/bin/sh", name],
+                           check=True, capture_output=True)
+            made.append(name)
+            _user_files(homes / name, pwd.getpwnam(name), cull=role == "bob")
+        changed = _let_others_traverse([sys.executable, sys.prefix, sys.base_prefix,
+                                        str(nbu.REPO), *site.getsitepackages()])
+        (root / "jupyterhub_config.py").write_text(CONFIG.format(
+            root=str(root), port=int(base.rsplit(":", 1)[1]), hub_port=nbu.free_port(),
+            api_port=nbu.free_port(), chp=CHP, users=set(users.values()), token=token,
+            path=_path_without_ssh(homes / "bin"), homes=str(homes)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(nbu.REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        log = open(root / "hub.log", "w")
+        # the Hub and every server, kernel and engine under it in a mount namespace
+        # of their own whose /dev/shm is a 64 MB tmpfs, as in a Docker container
+        shm = (f"mount -t tmpfs -o size={SHM_BYTES},mode=1777 dpnb-shm /dev/shm"
+               ' && exec "$@"')
+        proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", shm,
+                                 "sh", sys.executable, "-m", "jupyterhub", "-f",
+                                 str(root / "jupyterhub_config.py")], cwd=root, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 90  # only "not hung" on a loaded 2-core machine
         while True:
             assert proc.poll() is None, (root / "hub.log").read_text()[-3000:]
@@ -134,25 +226,45 @@ def hub(tmp_path_factory):
                 pass
             assert time.monotonic() < deadline, (root / "hub.log").read_text()[-3000:]
             time.sleep(0.5)
-        yield base, token, root
+        tokens = {role: _start_server(base, token, name, root) for role, name in users.items()}
+        yield {"base": base, "admin": token, "root": root, "users": users, "tokens": tokens,
+               "homes": homes}
     finally:
-        for u in USERS:
+        if proc is not None:
+            for name in users.values():
+                try:
+                    _req(f"{base}/hub/api/users/{name}/server", token, "DELETE")
+                except OSError as e:
+                    print(f"stopping {name}'s server: {e}")
+            nbu.stop_process(proc)  # by PID; then the proxy and servers it started
+            log.close()
+        for d, mode in changed.items():
+            os.chmod(d, mode)
+        for name in made:
+            _kill_all_of(pwd.getpwnam(name).pw_uid)  # nothing of theirs may outlive them
+            subprocess.run(["userdel", "-r", name], capture_output=True)
+        shutil.rmtree(homes, ignore_errors=True)
+
+
+def _kill_all_of(uid: int) -> None:
+    for p in psutil.process_iter(["uids", "status", "cmdline"]):
+        if p.info["uids"] and p.info["uids"].real == uid \
+                and p.info["status"] != psutil.STATUS_ZOMBIE:  # a zombie's parent reaps it
+            print(f"left behind by uid {uid}: {p.pid} {p.info['cmdline']}")
             try:
-                _req(f"{base}/hub/api/users/{u}/server", token, "DELETE")
-            except OSError as e:
-                print(f"stopping {u}'s server: {e}")
-        nbu.stop_process(proc)  # by PID; then the proxy and servers it started
-        log.close()
+                p.kill()
+            except psutil.Error as e:
+                print(f"killing {p.pid}: {e}")
 
 
-def _start_server(base: str, token: str, user: str) -> str:
+def _start_server(base: str, token: str, user: str, root: Path) -> str:
     """Start ``user``'s server through the Hub's API; a token of the user's own."""
     status, body = _req(f"{base}/hub/api/users/{user}/server", token, "POST", {})
     assert status in (201, 202), body
     deadline = time.monotonic() + 120
     while not (_req(f"{base}/hub/api/users/{user}", token)[1].get("servers", {})
                .get("", {}).get("ready")):
-        assert time.monotonic() < deadline, f"{user}'s server not ready in 120 s"
+        assert time.monotonic() < deadline, (root / "hub.log").read_text()[-3000:]
         time.sleep(0.5)
     status, body = _req(f"{base}/hub/api/users/{user}/tokens", token, "POST",
                         {"note": "dpnb hosted test", "expires_in": 3600})
@@ -160,57 +272,155 @@ def _start_server(base: str, token: str, user: str) -> str:
     return body["token"]
 
 
-def _run_in_kernel(root: Path, user: str, kernel_id: str, code: str) -> None:
+def _kernel(h: dict, role: str, spec: str = "python3") -> tuple[str, str]:
+    api = f"{h['base']}/user/{h['users'][role]}/api"
+    status, k = _req(f"{api}/kernels", h["tokens"][role], "POST", {"name": spec})
+    assert status == 201, k
+    return api, k["id"]
+
+
+def _run(h: dict, role: str, kernel_id: str, code: str) -> str:
+    """Run ``code`` in the user's kernel (as root, through its connection file); its stdout."""
     from jupyter_client import BlockingKernelClient
 
-    cf = root / "home" / user / "jupyter-runtime" / f"kernel-{kernel_id}.json"
+    cf = h["homes"] / "run" / h["users"][role] / f"kernel-{kernel_id}.json"
     kc = BlockingKernelClient(connection_file=str(cf))
     kc.load_connection_file()
     kc.start_channels()
+    out: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+
     try:
         kc.wait_for_ready(timeout=60)
-        reply = kc.execute_interactive(code, timeout=180, output_hook=lambda m: None)
-        assert reply["content"]["status"] == "ok", reply["content"]
+        reply = kc.execute_interactive(code, timeout=180, output_hook=hook)
+        assert reply["content"]["status"] == "ok", (reply["content"], "".join(out))
     finally:
         kc.stop_channels()
+    return "".join(out)
+
+
+INFO = ("import json, os, shutil, dpnb\nc = dpnb.get_cluster()\ns = os.statvfs('/dev/shm')\n"
+        "print(json.dumps({'id': c.cluster_id, 'pids': [r.pid for r in c.ranks], "
+        "'port': c.master_port, 'doors': [a for a, _ in c.transport.doors.values()], "
+        "'shm': s.f_blocks * s.f_frsize, 'ssh': shutil.which('ssh'), "
+        "'profile': c.profile_dir, 'record': c.published.path}))")
+KEEP_REFUSED = ("%load_ext dpnb\nfrom IPython.core.error import UsageError\ntry:\n"
+                "    get_ipython().run_line_magic('dp', 'start -n 2 --keep 1h')\n"
+                "except UsageError as e:\n    print('REFUSED', e)")
+#: a few DDP training steps on every rank
+TRAIN = ("%%dp\nm = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n"
+         "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nfor _ in range(3):\n"
+         "    opt.zero_grad(); m(torch.randn(8, 4)).pow(2).mean().backward(); opt.step()\n"
+         "x = torch.ones(1); dist.all_reduce(x)\nassert x.item() == 2")
+
+
+def _info(h: dict, role: str, kernel_id: str) -> dict:
+    return json.loads(_run(h, role, kernel_id, INFO).strip().splitlines()[-1])
+
+
+def _gone(pids: list[int], timeout: float = 60) -> list:
+    _, left = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
+                                timeout=timeout)
+    return left
+
+
+def _private(path: str, uid: int, mode: int) -> None:
+    st = os.stat(path)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (uid, mode), (path, st.st_uid, oct(st.st_mode))
 
 
 def test_each_user_sees_only_their_clusters_and_no_other_token_gets_in(hub):
-    base, admin, root = hub
-    tok = {u: _start_server(base, admin, u) for u in USERS}
-    alice, bob = f"{base}/user/alice/api", f"{base}/user/bob/api"
-    status, k = _req(f"{alice}/kernels", tok["alice"], "POST", {"name": "python3"})
-    assert status == 201, k
-    pids = []
+    h, tok = hub, hub["tokens"]
+    alice, bob = (pwd.getpwnam(h["users"][r]) for r in ("alice", "bob"))
+    api, kid = _kernel(h, "alice")
+    bob_api = f"{h['base']}/user/{bob.pw_name}/api"
+    info = {"pids": []}
     try:
-        _run_in_kernel(root, "alice", k["id"], "%load_ext dpnb\n%dp start -n 2 --timeout 10")
+        # a read-only home: --keep says in one line what to set, before anything starts
+        refused = _run(h, "alice", kid, KEEP_REFUSED)
+        assert refused.startswith("REFUSED") and "set DPNB_STATE_DIR" in refused, refused
+        assert len(refused.strip().splitlines()) == 1, refused
+        _run(h, "alice", kid, "%dp start -n 2 --timeout 10")
+        _run(h, "alice", kid, TRAIN)
+        info = _info(h, "alice", kid)
+        # ... under a hosted server's constraints: a 64 MB /dev/shm, no ssh client
+        assert info["shm"] == SHM_BYTES and info["ssh"] is None, info
         deadline = time.monotonic() + 30  # published within about a second
-        while not (cs := _req(f"{alice}/dpnb/clusters", tok["alice"])[1]["clusters"]):
+        while not (cs := _req(f"{api}/dpnb/clusters", tok["alice"])[1]["clusters"]):
             assert time.monotonic() < deadline, "alice's cluster never listed"
             time.sleep(0.3)
         [c] = cs
-        pids = [r["pid"] for r in c["ranks"]]
-        assert c["kernel_id"] == k["id"] and c["alive"] == 2, c
-        assert _req(f"{bob}/dpnb/clusters", tok["bob"]) == (200, {"clusters": []})
+        assert c["id"] == info["id"] and c["kernel_id"] == kid and c["alive"] == 2, c
+        assert sorted(r["pid"] for r in c["ranks"]) == sorted(info["pids"]), (c, info)
+        assert _req(f"{bob_api}/dpnb/clusters", tok["bob"]) == (200, {"clusters": []})
         # bob's token, or none, on alice's server: refused by the Hub's auth, read or act
         for token in (tok["bob"], None):
-            status, body = _req(f"{alice}/dpnb/clusters", token)
+            status, body = _req(f"{api}/dpnb/clusters", token)
             assert status in (302, 403) and c["id"] not in str(body), (status, body)
-            status, body = _req(f"{alice}/dpnb/clusters/{c['id']}/interrupt", token, "POST")
+            status, body = _req(f"{api}/dpnb/clusters/{c['id']}/interrupt", token, "POST")
             assert status in (302, 403), (status, body)
+        # the shared-host guarantees, under the Hub: her engines run as her; her
+        # publication and private folder are hers alone; bob cannot reach her side
+        # doors, and her store greets him with a nonce and drops him
+        assert {psutil.Process(p).uids().real for p in info["pids"]} == {alice.pw_uid}
+        assert os.path.basename(info["record"]) == f"{c['id']}.json", info
+        _private(info["record"], alice.pw_uid, 0o600)
+        _private(os.path.dirname(info["record"]), alice.pw_uid, 0o700)
+        assert info["doors"], info
+        for door in info["doors"]:
+            assert stat.S_ISSOCK(os.stat(door).st_mode)
+            _private(os.path.dirname(door), alice.pw_uid, 0o700)
+        p = subprocess.run([sys.executable, str(INTRUDER), "--as", bob.pw_name, json.dumps(
+            {"raw": [["127.0.0.1", info["port"]]], "unix": info["doors"]})],
+            capture_output=True, text=True, timeout=60)
+        got = json.loads(p.stdout.strip().splitlines()[-1])
+        assert got["uid"] == bob.pw_uid, got
+        assert all(u == {"connected": False, "error": "PermissionError"} for u in got["unix"])
+        (raw,) = got["raw"]
+        assert raw["greeting_bytes"] == 32 and raw.get("answer", "") == "", raw
     finally:
-        # the Hub stops alice's server, as its idle culler does: the server shuts its
-        # kernels down, and the kernel's exit stops its (not kept) cluster
-        status, body = _req(f"{base}/hub/api/users/alice/server", admin, "DELETE")
+        # the Hub stops alice's server: it shuts its kernels down, and the
+        # kernel's exit stops its (not kept) cluster
+        status, body = _req(f"{h['base']}/hub/api/users/{alice.pw_name}/server",
+                            h["admin"], "DELETE")
         assert status in (202, 204), body
-    procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
-    _, left = psutil.wait_procs(procs, timeout=60)
-    assert not left, left
-    # the kernel removes its record as it exits (the engines go first); one killed
-    # before its atexit leaves it, and the next read (what the API serves) drops it
-    published = str(root / "home" / "alice" / "dpnb-published")
-    deadline = time.monotonic() + 30  # the kernel's exit: seconds; only "not hung"
-    while publish.published(published):
-        assert time.monotonic() < deadline, publish.published(published)
+    assert info["pids"] and not _gone(info["pids"])
+
+
+def test_kernel_culling_stops_its_cluster_and_a_kept_one_survives_to_attach(hub):
+    h, tok = hub, hub["tokens"]
+    api, gone_k = _kernel(h, "bob", "dpnb-cull")
+    _, kept_k = _kernel(h, "bob", "dpnb-cull")
+    # each kernel's cells back to back: a culled kernel is idle for CULL_S seconds first
+    _run(h, "bob", gone_k, "%load_ext dpnb\n%dp start -n 1 --timeout 10")
+    plain = _info(h, "bob", gone_k)
+    _run(h, "bob", kept_k, "%load_ext dpnb\n%dp start -n 1 --keep 10m --timeout 10")
+    _run(h, "bob", kept_k, "%%dp\nmark = 42")
+    kept = _info(h, "bob", kept_k)
+    assert plain["pids"] and kept["pids"]
+    # both kernels idle: culled after CULL_S seconds (the culler looks every second)
+    deadline = time.monotonic() + CULL_S + 60  # only "not hung"
+    while {k["id"] for k in _req(f"{api}/kernels", tok["bob"])[1]} & {gone_k, kept_k}:
+        assert time.monotonic() < deadline, "bob's idle kernels were never culled"
+        time.sleep(0.5)
+    assert not _gone(plain["pids"]), "the culled kernel's cluster left processes"
+    # ... and no files: its profile (the controller's keys) and its publication, which
+    # only dpnb's own stop removes (ipyparallel's exit hook stops the engines too)
+    deadline = time.monotonic() + 20  # the kernel's exit: seconds; only "not hung"
+    while left := [f for f in (plain["profile"], plain["record"]) if os.path.exists(f)]:
+        assert time.monotonic() < deadline, f"the culled kernel's cluster left {left}"
         time.sleep(0.3)
-    assert not os.listdir(published)
+    assert all(psutil.pid_exists(p) for p in kept["pids"]), "the kept cluster died with its kernel"
+    # the panel lists it, free; a new kernel attaches, finds the engines' state, stops it
+    [c] = _req(f"{api}/dpnb/clusters", tok["bob"])[1]["clusters"]
+    assert c["id"] == kept["id"] and c["kept"] and c["alive"] == 1, c
+    assert _req(f"{api}/dpnb/clusters/{c['id']}/attach-code", tok["bob"], "POST")[1] == \
+        {"code": f"%dp attach {c['id']}"}
+    _, new_k = _kernel(h, "bob")
+    _run(h, "bob", new_k, f"%load_ext dpnb\n%dp attach {c['id']}")
+    _run(h, "bob", new_k, "%%dp\nassert mark == 42")
+    _run(h, "bob", new_k, "%dp stop")
+    assert not _gone(kept["pids"])

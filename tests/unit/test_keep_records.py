@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+import dpnb
 from dpnb.cluster import keep
 from dpnb.errors import DpnbError
 
@@ -49,3 +50,22 @@ def test_choose_says_none_two_or_which(tmp_path, monkeypatch):
     (tmp_path / "dpnb-profile-111-aaaa" / "keep.json").unlink()
     assert [r["id"] for r in keep.kept()] == ["222-bbbb"]
     assert sorted(p.name for p in state.iterdir()) == ["222-bbbb.json"]
+
+
+def test_no_writable_state_folder_is_one_line_before_anything_starts(monkeypatch, tmp_path):
+    """A hosted server's read-only home: ``--keep`` says what to set before any process
+    starts, and the listing (``%dp list``, the server's /api/dpnb/clusters) is empty, not
+    an error.  (Root writes anywhere: a file stands where the home's folders would go.)"""
+    home = tmp_path / "home"
+    home.write_text("")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv(keep.STATE_ENV, raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setattr("dpnb.cluster.launch.bring_up",
+                        lambda *a, **k: pytest.fail("engines started before the refusal"))
+    with pytest.raises(DpnbError, match="set DPNB_STATE_DIR to a writable folder") as e:
+        dpnb.start(2, keep="1h", timeout=5)
+    assert "\n" not in str(e.value) and str(home) in str(e.value)
+    assert keep.kept() == []
+    monkeypatch.setenv(keep.STATE_ENV, str(tmp_path / "kept"))
+    assert keep.checked_ttl("1h") == 3600 and (tmp_path / "kept").is_dir()

@@ -5,6 +5,7 @@ reads (ranks, health, last failure), and kept-cluster records written as
 :func:`dpnb.cluster.keep.hold` writes them, in this test's own folders.
 """
 
+import dataclasses
 import json
 import os
 import stat
@@ -18,6 +19,7 @@ import pytest
 from dpnb.cluster import publish
 from dpnb.cluster.processes import start_time
 from dpnb.cluster.types import CellResult, RankInfo, RankOutcome, Status
+from dpnb.lab import act as lab_act
 from dpnb.lab import clusters as lab
 
 
@@ -134,6 +136,30 @@ def test_api_json_lists_kernel_and_kept_clusters_without_their_secrets(dirs):
     pub.remove()
 
 
+def test_gpu_memory_per_rank_by_pid_from_nvidia_smi_plumbing(dirs, monkeypatch):
+    """Plumbing (no GPU here): a stand-in ``nvidia-smi`` prints fixed per-process numbers;
+    the API gives each live local CUDA rank its PID's (two contexts summed), CPU ranks
+    none, and a CPU-only cluster never runs nvidia-smi.  On a GPU: tests/gpu."""
+    bin_, calls = dirs / "bin", dirs / "calls"
+    bin_.mkdir()
+    (bin_ / "nvidia-smi").write_text(
+        f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+        f"printf '{os.getpid()}, 300\\n{os.getpid()}, 12\\n7, 999\\n'\n")
+    (bin_ / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(lab, "gpu_memory", lab._GpuMemory())
+    pub = publish.Publication(_cluster(os.getpid()), period_s=60)
+    assert [r["gpu_mb"] for r in lab.clusters()[0]["ranks"]] == [None, None]
+    assert not calls.exists()  # CPU ranks: nvidia-smi never runs
+    pub.remove()
+    c = _cluster(os.getpid())  # another id: the first record's thread may still remove its own
+    c.cluster_id, c.ranks[0] = "1700000001-cuda", dataclasses.replace(c.ranks[0], device="cuda:0")
+    pub = publish.Publication(c, period_s=60)
+    assert [r["gpu_mb"] for r in lab.clusters()[0]["ranks"]] == [312.0, None]
+    assert "--query-compute-apps=pid,used_memory" in calls.read_text()
+    pub.remove()
+
+
 def test_actions_say_what_to_do_instead(dirs):
     pub = publish.Publication(_cluster(os.getpid()), period_s=60)
     _kept(dirs, "1800000000-held", os.getpid())  # held by a running kernel (this process)
@@ -147,6 +173,26 @@ def test_actions_say_what_to_do_instead(dirs):
     with pytest.raises(KeyError):
         lab.act("nope", "stop")
     pub.remove()
+
+
+def test_restart_resume_asks_what_the_magic_asks(dirs, monkeypatch):
+    """Plumbing: the sidebar's "Restart --resume" on a free kept cluster attaches and asks
+    ``restart(resume=True)``, as ``%dp restart --resume`` does, then lets go; a held one
+    says which magic to run.  (The rebuild itself: tests/cluster/test_resume*.py.)"""
+    _kept(dirs, "1800000000-held", os.getpid())
+    with pytest.raises(lab.ActionError, match="run %dp restart --resume in its notebook"):
+        lab.act("1800000000-held", "restart-resume")
+    asked = []
+
+    class Attached:
+        def restart(self, **kw):
+            asked.append(kw)
+            return "rank 1 replaced; resumed at step 3"
+
+    monkeypatch.setattr(lab_act.Cluster, "attach", staticmethod(lambda cid: Attached()))
+    monkeypatch.setattr(lab_act.keeping, "release", lambda c: asked.append("let go"))
+    assert lab_act.main(["restart-resume", "1800000000-held"]) == 0
+    assert asked == [{"resume": True}, "let go"]
 
 
 def test_interrupt_sends_sigint_to_the_live_local_ranks(dirs):

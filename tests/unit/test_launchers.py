@@ -55,12 +55,22 @@ def test_local_engines_listen_on_loopback_unless_told():
     assert launcher_for(told).controller_ip() == "10.1.2.3"
 
 
-def test_launcher_settings_are_checked_before_anything_starts():
+def test_launcher_settings_are_checked_before_anything_starts(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # a host with ssh
     with pytest.raises(DpnbError, match="the local launcher takes no --launcher-arg"):
         launcher_for(LaunchSpec(engines="local", launcher_args=("x=1",))).check(2)
     with pytest.raises(DpnbError):
         launcher_for(LaunchSpec(engines="ssh", launcher_args=("a=1",))).check(2)  # 1 slot, 2 ranks
     launcher_for(LaunchSpec(engines="ssh", launcher_args=("a=1", "b=1"))).check(2)
+
+
+def test_no_ssh_client_is_one_line_before_anything_starts(monkeypatch, tmp_path):
+    """A hosted server's PATH often has no ssh: the ssh launcher says so, the local one needs none."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(DpnbError, match="needs an ssh client on PATH") as e:
+        launcher_for(LaunchSpec(engines="ssh", launcher_args=("a=1", "b=1"))).check(2)
+    assert "\n" not in str(e.value)
+    launcher_for(LaunchSpec(engines="local")).check(2)
 
 
 def test_ranks_follow_the_launcher_s_own_order():
@@ -74,24 +84,24 @@ def test_ranks_follow_the_launcher_s_own_order():
 def test_resize_capacity_per_launcher():
     c = _cluster(["h", "h"])
     cores = os.cpu_count() or 1
-    assert launcher_for(LaunchSpec(engines="local")).capacity(c)[0] == ENGINES_PER_CORE * cores
-    n, why = launcher_for(LaunchSpec(engines="slurm")).capacity(c)
+    assert launcher_for(LaunchSpec(engines="local")).capacity(c.ranks, c.backend, c.gpus)[0] == ENGINES_PER_CORE * cores
+    n, why = launcher_for(LaunchSpec(engines="slurm")).capacity(c.ranks, c.backend, c.gpus)
     assert n == 2 and "placed its engines once" in why
     ssh = launcher_for(LaunchSpec(engines="ssh", launcher_args=("h=3", "g=3")))
     ssh.agents = types.SimpleNamespace(counts={"h": 3, "g": 3})
-    assert ssh.capacity(c) == (6, "the HOST=N slots given to --launcher-arg")
+    assert ssh.capacity(c.ranks, c.backend, c.gpus) == (6, "the HOST=N slots given to --launcher-arg")
     gpu = _cluster(["h", "h", "g", "g"], backend="nccl", gpus=[0, 1, 2])
-    assert ssh.capacity(gpu) == (6, "one GPU per rank, 3 per host")
+    assert ssh.capacity(gpu.ranks, gpu.backend, gpu.gpus) == (6, "one GPU per rank, 3 per host")
 
 
 def test_grown_engines_go_to_free_slots_or_to_the_zygote():
     ssh = launcher_for(LaunchSpec(engines="ssh", launcher_args=("h=2", "g=3")))
     ssh.agents = types.SimpleNamespace(counts={"h": 2, "g": 3})
     c = _cluster(["h", "h", "g"])
-    assert ssh._free_slots(c, 2) == {"g": 2}
-    assert ssh._free_slots(c, 1) == {"g": 1}
+    assert ssh._free_slots(c.ranks, 2) == {"g": 2}
+    assert ssh._free_slots(c.ranks, 1) == {"g": 1}
     z = launcher_for(LaunchSpec(engines="local", zygote=True))
-    assert z._free_slots(c, 5) == {"localhost": 5}
+    assert z._free_slots(c.ranks, 5) == {"localhost": 5}
 
 
 def test_only_unheld_unkept_engines_watch_the_kernel():

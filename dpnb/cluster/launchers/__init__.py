@@ -14,7 +14,14 @@ runtime asks a launcher's name:
   ask for), :meth:`~EngineLauncher.start_more` (grow),
   :meth:`~EngineLauncher.start_replacements` (restart: on the dead ranks'
   hosts), :meth:`~EngineLauncher.kill` and :meth:`~EngineLauncher.interrupt`
-  one rank's engine, :meth:`~EngineLauncher.describe`.
+  one rank's engine, :meth:`~EngineLauncher.exit_of` (how it ended),
+  :meth:`~EngineLauncher.describe`;
+* **own**: from its first process on (:meth:`~EngineLauncher.begin`, then
+  :meth:`~EngineLauncher.bind` to ipyparallel's cluster and client) a launcher
+  owns what it started: which of this host's PIDs are the cluster's
+  (:meth:`~EngineLauncher.root_pids`), :meth:`~EngineLauncher.stop`, and its
+  part of a kept cluster's record (:meth:`~EngineLauncher.to_record`,
+  :func:`from_record`); a start failing at any step stops what it spawned.
 
 Who signals an engine follows who started it: this process, by PID and start
 time, for local engines (:mod:`.local`); the host's agent for ssh and zygote
@@ -36,6 +43,12 @@ __all__ = ["EngineLauncher", "launcher_for"]
 
 _KINDS: dict[str, type[EngineLauncher]] = {"ssh": SshLauncher, "slurm": SlurmLauncher,
                                            "mpi": MpiLauncher}
+
+
+def from_record(rec: dict) -> EngineLauncher:
+    """The launcher of a kept cluster (:meth:`EngineLauncher.to_record`): local
+    engines, the only ones a cluster may be kept with."""
+    return launcher_for(LaunchSpec(env=tuple(tuple(kv) for kv in rec["env"]), kept=True))
 
 
 def launcher_for(spec: LaunchSpec) -> EngineLauncher:

@@ -9,18 +9,20 @@ exit at once, as the ssh agents do.
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Iterable, Sequence
 
 from .. import agents as agents_mod
 from ...engine import entrypoints as ep
-from .base import AgentLauncher, EngineLauncher, cpu_capacity, gpu_capacity
+from ..processes import local_exit, same_process, start_time
+from ..types import RankInfo
+from .base import AgentLauncher, EngineLauncher, cpu_capacity, gpu_capacity, ipp_launcher_pids
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .. import Engines
-    from ..processes import Processes
-    from ..types import RankInfo
+log = logging.getLogger(__name__)
 
 
 def preload_setting(n: int, cores: int) -> str:
@@ -44,7 +46,11 @@ class LocalLauncher(EngineLauncher):
     name = "local"
     ipp_engines = "local"
     engines_here = True
-    launcher_processes_here = True
+    sees_exits = True
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self._started: dict[int, float | None] = {}  # engine pid -> start time
 
     def configure(self, icluster, profile_dir: str) -> None:
         icluster.config.LocalEngineSetLauncher.environment = self.spec.env_dict
@@ -77,18 +83,62 @@ class LocalLauncher(EngineLauncher):
         client.wait_for_engines(n, timeout=timeout)
         return client
 
-    def capacity(self, c: Engines) -> tuple[int, str]:
-        if c.backend == "nccl":
-            return gpu_capacity(c, len(c.gpus) if c.gpus else local_gpu_count())
+    def capacity(self, ranks: Sequence[RankInfo], backend: str,
+                 gpus: list[int] | None) -> tuple[int, str]:
+        if backend == "nccl":
+            return gpu_capacity(ranks, len(gpus) if gpus else local_gpu_count())
         return cpu_capacity()
 
-    def kill(self, c: Engines, ri: RankInfo) -> None:
-        """SIGKILL by PID on this host, then wait until it is reaped."""
-        c.procs.kill_local(ri)
+    def remember(self, ranks: Iterable[RankInfo]) -> None:
+        """Note each engine's start time, so a kill never hits a recycled PID."""
+        for ri in ranks:
+            self._started.setdefault(ri.pid, start_time(ri.pid))
 
-    def interrupt(self, procs: Processes, client, ris: list[RankInfo]) -> None:
+    def exit_of(self, ri: RankInfo, door: tuple[str, int] | None) -> str | None:
+        return local_exit(self.ipp, ri.pid)
+
+    def kill(self, ri: RankInfo, wait_s: float = 10.0) -> None:
+        """SIGKILL by PID on this host, then wait until it is reaped."""
+        if not same_process(ri.pid, self._started.get(ri.pid)):
+            log.info("rank %s: pid %s is gone or recycled; nothing to kill", ri.rank, ri.pid)
+            return
+        try:
+            os.kill(ri.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while local_exit(self.ipp, ri.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def interrupt(self, ris: list[RankInfo]) -> None:
         for ri in ris:
-            procs.interrupt_local(ri)
+            if same_process(ri.pid, self._started.get(ri.pid)):
+                try:
+                    os.kill(ri.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+
+    def root_pids(self, ranks: Iterable[RankInfo]) -> list[int]:
+        """The controller, the engines' nannies and the engines themselves."""
+        return super().root_pids(ranks) + ipp_launcher_pids(self.ipp) + [ri.pid for ri in ranks]
+
+
+class ZygoteAgent(agents_mod.Agents):
+    """The one agent of a local zygote cluster: on this host, forking its engines
+    (the same protocol and bookkeeping as the ssh agents: exits reported at once,
+    signals and stops only for its own engines, engines exit if it dies)."""
+
+    EXIT_ON, ENDED = "", "the zygote agent on this host ended"
+
+    def _agent(self, h: str, warm) -> agents_mod.HostAgent:
+        taken = warm.take() if warm is not None else None  # one imported torch ahead
+        if taken is not None:
+            return taken
+        return agents_mod.HostAgent(h, [self.remote_python, "-m", ep.HOSTAGENT_MODULE,
+                                        "--zygote"])
+
+    def _environ(self) -> dict[str, str] | None:
+        return dict(os.environ)  # its engines take this kernel's environment as it is now
 
 
 class ZygoteLauncher(LocalLauncher, AgentLauncher):
@@ -99,11 +149,19 @@ class ZygoteLauncher(LocalLauncher, AgentLauncher):
     engines are this host's processes)."""
 
     def start(self, icluster, n: int, timeout: float, warm=None):
-        client, self.agents = agents_mod.start_zygote(icluster, n, self.spec, timeout, warm)
+        """An agent on this host imports torch once, while the controller
+        starts, then forks the ``n`` engines (``warm``: one started ahead)."""
+        agents = ZygoteAgent({agents_mod.ZYGOTE_HOST: n}, remote_python=sys.executable,
+                             ssh_config=None, env=self.spec.env_dict)
+        client, self.agents = agents_mod.start_with(agents, icluster, n, timeout, warm)
         return client
 
-    def _free_slots(self, c: Engines, k: int) -> dict[str, int]:
+    def _free_slots(self, ranks: Sequence[RankInfo], k: int) -> dict[str, int]:
         return {agents_mod.ZYGOTE_HOST: k}  # one host, as many as asked (capacity said how many)
+
+    # exits as the zygote saw them; kills and interrupts by PID, as LocalLauncher's.
+    # Its processes: LocalLauncher's, and (next in the order) the zygote's own
+    exit_of = AgentLauncher.exit_of
 
     def describe(self) -> str:
         return "local launcher (engines forked from one zygote)"

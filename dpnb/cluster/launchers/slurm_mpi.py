@@ -19,16 +19,13 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
 
 from ...engine import entrypoints as ep
 from ...errors import DpnbError
-from .base import EngineLauncher
+from ..types import RankInfo
+from .base import EngineLauncher, ipp_launcher_pids
 from .ssh import local_address_towards
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .. import Engines
 
 log = logging.getLogger(__name__)
 
@@ -134,14 +131,14 @@ class SlurmLauncher(BatchLauncher):
         ctl = slurmctld_address()
         return local_address_towards(ctl) if ctl else "*"
 
-    def start_replacements(self, c: Engines, ranks: list[int]) -> dict | None:
+    def start_replacements(self, ranks: Sequence[RankInfo], dead: list[int]) -> dict | None:
         """One job per host, pinned there with ``--nodelist``: a replacement
         takes its dead rank's node (and local rank, and GPU)."""
-        for host, k in collections.Counter(c.ranks[r].host for r in ranks).items():
-            cfg = c._ipp.config.SlurmEngineSetLauncher
+        for host, k in collections.Counter(ranks[r].host for r in dead).items():
+            cfg = self.ipp.config.SlurmEngineSetLauncher
             cfg.batch_template = SLURM_PINNED.format(host=host)
             try:
-                c._ipp.start_engines_sync(n=k)
+                self.ipp.start_engines_sync(n=k)
             finally:
                 del cfg["batch_template"]
         return None
@@ -171,8 +168,11 @@ def mpi_first_host(args: Sequence[str]) -> str | None:
 class MpiLauncher(BatchLauncher):
     name = "mpi"
     ipp_engines = "mpi"
-    launcher_processes_here = True  # mpiexec, whichever hosts its ranks are on
     ipp_class = "MPIEngineSetLauncher"
+
+    def root_pids(self, ranks: Iterable[RankInfo]) -> list[int]:
+        # mpiexec runs here, whichever hosts its ranks are on
+        return super().root_pids(ranks) + ipp_launcher_pids(self.ipp)
 
     def check(self, n: int) -> None:
         """``--launcher-arg`` values are mpiexec's own options, passed as they are."""

@@ -9,14 +9,14 @@ order the user gave them.
 
 from __future__ import annotations
 
+import shutil
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
+from ...errors import DpnbError
 from .. import agents as agents_mod
+from ..types import RankInfo
 from .base import AgentLauncher, gpu_capacity
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .. import Engines
 
 
 def local_address_towards(addr: str) -> str:
@@ -34,6 +34,9 @@ class SshLauncher(AgentLauncher):
 
     def check(self, n: int) -> None:
         agents_mod.parse_hosts(n, self.spec.launcher_args)  # bad hosts fail before anything starts
+        if shutil.which("ssh") is None:  # hosted servers often ship without a client
+            raise DpnbError("the ssh launcher needs an ssh client on PATH and there is none "
+                            "here: install openssh-client, or start local engines (%dp start -n N)")
 
     def _controller_ip(self) -> str:
         """This host's address on the route to the first host, so the engines
@@ -48,8 +51,9 @@ class SshLauncher(AgentLauncher):
     def rank_order(self, n: int) -> dict:
         return {"host_order": list(agents_mod.parse_hosts(n, self.spec.launcher_args))}
 
-    def capacity(self, c: Engines) -> tuple[int, str]:
-        if c.backend == "nccl":
-            return gpu_capacity(c, len(c.gpus) if c.gpus else
-                                max(r.local_world_size for r in c.ranks))
+    def capacity(self, ranks: Sequence[RankInfo], backend: str,
+                 gpus: list[int] | None) -> tuple[int, str]:
+        if backend == "nccl":
+            return gpu_capacity(ranks, len(gpus) if gpus else
+                                max(r.local_world_size for r in ranks))
         return sum(self.agents.counts.values()), "the HOST=N slots given to --launcher-arg"
