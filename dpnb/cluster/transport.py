@@ -75,6 +75,7 @@ class Transport:
         self.token = secrets.token_hex(16)  # opens the engines' side doors
         self.doors: dict[int, tuple[str, int]] = {}  # rank -> side door address
         self._flags: list = []  # the --unchecked flags sent ahead of the current cell
+        self.status_seen: tuple | None = None  # the last %dp status answers (cluster/status.py)
         shell_ignores_engine_comms()  # an engine's widget must not break a terminal shell
 
     # ---------------------------------------------------------------- views
