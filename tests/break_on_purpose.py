@@ -635,6 +635,9 @@ MUTATIONS = [
   "    if seen is not None and seen[0] == _unchanged_since(t):\n",
   "    if False:\n",
   ["tests/cluster/test_spine_api.py::test_status_asks_the_engines_only_when_something_was_sent"]),
+ ("scale: a rank's open-file limit follows the group's size", "dpnb/engine/process.py",
+  "    if new > soft:\n        resource.setrlimit(", "    if False:\n        resource.setrlimit(",
+  ["tests/unit/test_fd_limit.py::test_a_rank_raises_its_open_file_limit_to_what_its_group_needs"]),
 ]
 
 

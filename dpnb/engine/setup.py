@@ -215,6 +215,7 @@ def init_rank(info: dict) -> dict:
     if info.get("watch_ppid"):
         process.watch_parent(int(info["watch_ppid"]))
     process.exit_fast_on_sigterm()
+    process.raise_fd_limit(world)  # gloo pairs, the store and the check star grow with N
     process.setup_inline_figures()
     process.forward_display_updates()
     tbtext.install(_shell())  # a failed cell's traceback without IPython's module scans

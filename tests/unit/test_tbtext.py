@@ -78,3 +78,4 @@ def test_installed_for_context_mode_only():
     assert "\x1b[" in "".join(verbose.InteractiveTB.structured_traceback(etype, evalue, tb))
     tbtext.uninstall(ctx)
     assert "\x1b[" in "".join(ctx.InteractiveTB.structured_traceback(etype, evalue, tb))
+
