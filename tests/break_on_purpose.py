@@ -638,6 +638,10 @@ MUTATIONS = [
  ("scale: a rank's open-file limit follows the group's size", "dpnb/engine/process.py",
   "    if new > soft:\n        resource.setrlimit(", "    if False:\n        resource.setrlimit(",
   ["tests/unit/test_fd_limit.py::test_a_rank_raises_its_open_file_limit_to_what_its_group_needs"]),
+ ("scale: the wait for an agent's start grows with its engines", "dpnb/cluster/agents.py",
+  "            wait = REPLY_TIMEOUT_S + START_S_PER_ENGINE * counts[h]\n",
+  "            wait = REPLY_TIMEOUT_S\n",
+  ["tests/unit/test_fd_limit.py::test_the_wait_for_an_agent_s_start_grows_with_its_engines"]),
 ]
 
 
