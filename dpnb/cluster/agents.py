@@ -41,6 +41,10 @@ from .processes import describe_exit
 log = logging.getLogger(__name__)
 
 REPLY_TIMEOUT_S = 30.0
+#: an agent answers "start" after forking or spawning its n engines one by one,
+#: while the first ones already boot on the same cores: 30 s did not cover 128
+#: on a 2-core host, so the wait grows with n
+START_S_PER_ENGINE = 0.5
 
 
 def parse_hosts(n: int, launcher_args: Sequence[str] | None) -> dict[str, int]:
@@ -254,7 +258,8 @@ class Agents:
 
     def start(self, counts: dict[str, int]) -> dict[str, list[int]]:
         def one(h):
-            return self.agents[h].request("start", n=counts[h])["pids"]
+            wait = REPLY_TIMEOUT_S + START_S_PER_ENGINE * counts[h]
+            return self.agents[h].request("start", timeout=wait, n=counts[h])["pids"]
 
         return self._parallel(one, [h for h in counts if counts[h] > 0])
 

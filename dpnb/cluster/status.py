@@ -3,6 +3,15 @@
 Dead and busy ranks are not asked (a busy engine would answer only after its
 cell); the others answer :func:`dpnb.engine.setup.status` (no collective),
 each within 10 s.
+
+An idle engine's answer (its group, device, memory) changes only when it is
+sent work, and everything the notebook sends goes through its ipyparallel
+client, whose ``history`` lists every request.  So when nothing was sent since
+the last answers, no rank's liveness changed (the notebook's own watch:
+the engines' PIDs here, or the controller's registrations, fed by its
+heartbeats) and the group was neither released nor re-formed, the rows are
+the last answers again, with no round trip: at N = 32 a status query cost
+57 ms against 1.4 ms for ipyparallel's ``queue_status``.
 """
 
 from __future__ import annotations
@@ -26,14 +35,7 @@ def status_rows(c: "Cluster") -> list[dict]:
     h.dead.update(newly_dead)
     live = [r for r in live if r not in newly_dead]
 
-    ars = t.apply(setup.status, (), live)
-    infos: dict[int, dict] = {}
-    for r, ar in ars.items():
-        try:
-            infos[r] = ar.get(timeout=10)
-        except Exception as e:  # one silent rank must not hide the others' rows
-            log.warning("rank %s status: %s: %s", r, type(e).__name__, e)
-            infos[r] = {"error": f"{type(e).__name__}: {e}"}
+    infos = _answers(t, live, h)
     rows = []
     for ri in c.ranks:
         r = ri.rank
@@ -52,3 +54,33 @@ def status_rows(c: "Cluster") -> list[dict]:
             "rss_bytes": st.get("rss_bytes"), "cuda_allocated": st.get("cuda_allocated"),
         })
     return rows
+
+
+def _unchanged_since(t) -> tuple:
+    """What the engines' answers depend on, as the notebook sees it: the
+    requests sent (the client's history: its length and last id, as a purge
+    empties it), the group's state, who is dead or busy."""
+    hist = t.client.history
+    h = t.health
+    return (id(t.client), len(hist), hist[-1] if hist else None, h.generation, h.group_ok,
+            tuple(sorted(h.dead)), tuple(sorted(h.busy)))
+
+
+def _answers(t, live: list[int], h) -> dict[int, dict]:
+    """Each live rank's :func:`~dpnb.engine.setup.status`: the last answers
+    when nothing was sent since (``t.status_seen``), else asked now."""
+    seen = t.status_seen
+    if seen is not None and seen[0] == _unchanged_since(t):
+        return {r: seen[1][r] for r in live if r in seen[1]}
+    ars = t.apply(setup.status, (), live)
+    infos: dict[int, dict] = {}
+    for r, ar in ars.items():
+        try:
+            infos[r] = ar.get(timeout=10)
+        except Exception as e:  # one silent rank must not hide the others' rows
+            log.warning("rank %s status: %s: %s", r, type(e).__name__, e)
+            infos[r] = {"error": f"{type(e).__name__}: {e}"}
+    complete = all("rss_bytes" in i for i in infos.values())
+    # kept only when every rank answered: a silent rank is asked again next time
+    t.status_seen = (_unchanged_since(t), infos) if complete else None
+    return infos

@@ -76,6 +76,7 @@ class Transport:
         self._views: dict[int, Any] = {}  # engine id -> its DirectView
         self.token = secrets.token_hex(16)  # opens the engines' side doors
         self._flags: list = []  # the --unchecked flags sent ahead of the current cell
+        self.status_seen: tuple | None = None  # the last %dp status answers (cluster/status.py)
         shell_ignores_engine_comms()  # an engine's widget must not break a terminal shell
 
     def to_record(self) -> dict:

@@ -10,6 +10,7 @@ import gc
 import importlib.util
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -70,6 +71,32 @@ def exit_fast_on_sigterm() -> None:
         os._exit(128 + signal.SIGTERM)  # not reached: the default action ends the process
 
     signal.signal(signal.SIGTERM, stop)
+
+
+#: open files a rank needs per rank of its group, with room: rank 0 holds a
+#: connection per rank to its store, to its check star and a gloo pair to every
+#: peer (3 N), every rank the N - 1 pairs (docs/scale.md)
+FDS_PER_RANK = 4
+FDS_BASE = 256
+
+
+def raise_fd_limit(world: int) -> int:
+    """Raise this process's soft limit on open files to what a group of
+    ``world`` ranks needs (at most the hard limit); the soft limit now.
+
+    A common default soft limit is 1,024, which rank 0 passes at about 300
+    ranks; torchrun leaves it to the job, a notebook user cannot."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FDS_PER_RANK * world + FDS_BASE
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return soft
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if new < want:
+        log.warning("open-file limit %s (hard) is below the %s a group of %s ranks needs",
+                    hard, want, world)
+    if new > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    return max(new, soft)
 
 
 def freeze_startup_heap() -> int:

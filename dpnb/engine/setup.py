@@ -34,7 +34,7 @@ from datetime import timedelta
 from .. import compat
 from ..core.timeouts import form_timeout
 from .. import log as dpnb_log
-from . import process, seeding
+from . import process, seeding, tbtext
 from .lifecycle import torch_fn  # torch-free at import, like this module
 from .netplan import (backend_env, data_interface, group_backend, interface_of, launch_rank,
                       route_address)
@@ -45,15 +45,20 @@ from .workerenv import as_a_worker, torchrun_env
 log = logging.getLogger(__name__)
 
 
-def user_ns() -> dict:
-    """The namespace ``%%dp`` cells run in on this engine (its IPython user_ns)."""
+def _shell():
+    """This engine's IPython shell."""
     # lazy: boot imports this module before the kernel (and IPython) exists
     from IPython import get_ipython
 
     ip = get_ipython()
     if ip is None:  # pragma: no cover - engines always run an IPython kernel
         raise RuntimeError("dpnb engine functions must run inside an ipyparallel engine")
-    return ip.user_ns
+    return ip
+
+
+def user_ns() -> dict:
+    """The namespace ``%%dp`` cells run in on this engine (its IPython user_ns)."""
+    return _shell().user_ns
 
 
 def probe(controller_addr: str = "127.0.0.1") -> dict:
@@ -210,8 +215,10 @@ def init_rank(info: dict) -> dict:
     if info.get("watch_ppid"):
         process.watch_parent(int(info["watch_ppid"]))
     process.exit_fast_on_sigterm()
+    process.raise_fd_limit(world)  # gloo pairs, the store and the check star grow with N
     process.setup_inline_figures()
     process.forward_display_updates()
+    tbtext.install(_shell())  # a failed cell's traceback without IPython's module scans
     if info.get("widgets") is False:  # a terminal notebook: no widgets from engines
         process.text_progress_bars()
     door = None

@@ -163,6 +163,19 @@ def test_debug_shows_the_failing_ranks_locals(c):
     assert "idle" in c.where()
 
 
+def test_an_error_alike_on_every_rank_is_written_by_dpnb_and_shown_once(c):
+    """Each rank writes its traceback with dpnb.engine.tbtext (IPython's layout,
+    no colours, no scan of torch's modules); the notebook shows it once."""
+    err, _ = _raises(c, "def check(v):\n    raise ValueError(f'bad {v}')\nx = 1\ncheck(x)\n")
+    assert err.summary.startswith("ranks 0-1 raised ValueError"), err.summary
+    assert "at cell line 2: raise ValueError(f'bad {v}')" in err.report, err.report
+    assert err.report.count("Traceback") == 1, err.report
+    for ename, evalue, tb in err.failures.values():
+        assert (ename, evalue) == ("ValueError", "bad 1")
+        assert "\x1b[" not in tb and "----> 4 check(x)" in tb and ", in check(v)" in tb, tb
+    assert c.run("x", display=False).ok  # the engines keep going, group untouched
+
+
 def test_checkpoint_every_k_then_resume_loses_at_most_k_steps(c, tmp_path):
     c.run("import dpnb.data\ntorch.manual_seed(0)\n"
           "ds = dpnb.data.SyntheticRegression(n=256, in_dim=8, out_dim=1, seed=0)\n"

@@ -147,6 +147,20 @@ def test_status_table(healthy):
     assert str(healthy.ranks[1].pid) in text
 
 
+def test_status_asks_the_engines_only_when_something_was_sent(healthy, monkeypatch):
+    """Nothing sent since the last answers: the rows come back without a round trip."""
+    c = healthy
+    first = c.status()
+    sent = []
+    ask = c.transport.apply
+    monkeypatch.setattr(c.transport, "apply", lambda *a, **k: sent.append(a) or ask(*a, **k))
+    assert c.status() == first and sent == []
+    c.run("grown = bytearray(64 * 2**20)", display=False)  # work sent: asked again
+    after = c.status()
+    assert len(sent) == 1 and after[0]["rss_bytes"] > first[0]["rss_bytes"] + 32 * 2**20
+    c.run("del grown", display=False)
+
+
 def test_bad_calls_leave_cluster_untouched(healthy):
     c = healthy
     c.run("sentinel = rank * 10", display=False)
