@@ -446,7 +446,7 @@ MUTATIONS = [
   '"progress": _kept_progress(rec), "last_error": None, "token": rec.get("token")}',
   ["tests/unit/test_lab_records.py::test_api_json_lists_kernel_and_kept_clusters_without_their_secrets"]),
  ("lab: the API gives each live local rank's memory", "dpnb/lab/clusters.py",
-  '    out["rss_mb"] = _rss_mb(int(r["pid"])) if local and r.get("alive") else None\n',
+  '    out["rss_mb"] = _rss_mb(int(r["pid"])) if live else None\n',
   '    out["rss_mb"] = None\n',
   ["tests/unit/test_lab_records.py::test_api_json_lists_kernel_and_kept_clusters_without_their_secrets"]),
  ("lab: a held cluster is not stopped behind its kernel's back", "dpnb/lab/clusters.py",
