@@ -663,7 +663,7 @@ MUTATIONS = [
   "        if False:\n            keeping.release(self)\n",
   ["tests/hosted/test_hub.py::test_kernel_culling_stops_its_cluster_and_a_kept_one_survives_to_attach"]),
  ("lab: a live local CUDA rank's GPU memory, by PID", "dpnb/lab/clusters.py",
-  'out["gpu_mb"] = gpu_memory().get(int(r["pid"])) if cuda else None', 'out["gpu_mb"] = None',
+  'out["gpu_mb"] = gpu().get(int(r["pid"])) if cuda else None', 'out["gpu_mb"] = None',
   ["tests/unit/test_lab_records.py::test_gpu_memory_per_rank_by_pid_from_nvidia_smi_plumbing"]),
  # issue 45 (this session): error reports written cheaply on the ranks; status without a round trip
  ("scale: a rank writes its traceback without IPython's module scan", "dpnb/engine/tbtext.py",
@@ -684,6 +684,11 @@ MUTATIONS = [
   "            wait = REPLY_TIMEOUT_S + START_S_PER_ENGINE * counts[h]\n",
   "            wait = REPLY_TIMEOUT_S\n",
   ["tests/unit/test_fd_limit.py::test_the_wait_for_an_agent_s_start_grows_with_its_engines"]),
+ # this session: the rule "no module-level singletons" held by a test
+ ("layers: no module keeps an instance of its own class", "dpnb/lab/clusters.py",
+  "def _rank(r: dict, local: bool, gpu: GpuMemory) -> dict:\n",
+  "gpu_memory = GpuMemory()\n\n\ndef _rank(r: dict, local: bool, gpu: GpuMemory) -> dict:\n",
+  ["tests/unit/test_layers.py::test_no_module_keeps_an_instance_of_its_own_class"]),
 ]
 
 

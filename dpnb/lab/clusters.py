@@ -48,10 +48,11 @@ def _rss_mb(pid: int) -> float | None:
         return None
 
 
-class _GpuMemory:
+class GpuMemory:
     """Each process's GPU memory on this host, by PID (MiB), as ``nvidia-smi`` reports it;
     read only for clusters with a CUDA rank, and reused for GPU_CACHE_S (a call takes
-    ~0.1 s; the sidebar polls every second).  Empty where there is no nvidia-smi."""
+    ~0.1 s; the sidebar polls every second).  Empty where there is no nvidia-smi.
+    The server's handler owns one (its reading lives as long as the server)."""
 
     GPU_CACHE_S = 2.0
 
@@ -78,25 +79,22 @@ class _GpuMemory:
         return self.by_pid
 
 
-gpu_memory = _GpuMemory()
-
-
-def _rank(r: dict, local: bool) -> dict:
+def _rank(r: dict, local: bool, gpu: GpuMemory) -> dict:
     out = {k: r.get(k) for k in ("rank", "host", "pid", "device", "alive")}
     live = local and r.get("alive")
     out["rss_mb"] = _rss_mb(int(r["pid"])) if live else None
     # a live local CUDA rank's GPU memory, read by PID as its resident memory is
     cuda = live and str(r.get("device") or "").startswith("cuda")
-    out["gpu_mb"] = gpu_memory().get(int(r["pid"])) if cuda else None
+    out["gpu_mb"] = gpu().get(int(r["pid"])) if cuda else None
     return out
 
 
-def _from_kernel(rec: dict) -> dict:
+def _from_kernel(rec: dict, gpu: GpuMemory) -> dict:
     return {"id": rec["id"], "source": "kernel", "kernel_pid": rec["kernel"]["pid"],
             "kernel_id": rec["kernel"].get("kernel_id"), "kept": bool(rec.get("kept")),
             "holder": rec["kernel"]["pid"], "stops_in_s": None, "backend": rec.get("backend"),
             "launcher": rec.get("launcher"), "created": rec.get("created"),
-            "ranks": [_rank(r, bool(rec.get("local"))) for r in rec.get("ranks", [])],
+            "ranks": [_rank(r, bool(rec.get("local")), gpu) for r in rec.get("ranks", [])],
             "progress": rec.get("progress") or {}, "last_error": rec.get("last_error")}
 
 
@@ -106,9 +104,9 @@ def _kept_progress(rec: dict) -> dict:
             "samples_per_s": s.get("samples_per_s")} if s else {}
 
 
-def _from_keep(rec: dict) -> dict:
+def _from_keep(rec: dict, gpu: GpuMemory) -> dict:
     # kept clusters' engines are this host's processes (--keep takes local engines only)
-    ranks = [_rank({**r, "alive": start_time(int(r["pid"])) is not None}, True)
+    ranks = [_rank({**r, "alive": start_time(int(r["pid"])) is not None}, True, gpu)
              for r in rec.get("ranks", [])]
     return {"id": rec["id"], "source": "kept", "kernel_pid": rec.get("holder"),
             "kernel_id": None, "kept": True, "holder": rec.get("holder"),
@@ -117,13 +115,16 @@ def _from_keep(rec: dict) -> dict:
             "progress": _kept_progress(rec), "last_error": None}
 
 
-def clusters() -> list[dict]:
-    """Every dpnb cluster of this user here: the running kernels' and the kept ones."""
+def clusters(gpu: GpuMemory | None = None) -> list[dict]:
+    """Every dpnb cluster of this user here: the running kernels' and the kept ones.
+    ``gpu``: the caller's reading of GPU memory (the handler's, reused); a fresh one
+    when None."""
+    gpu = gpu or GpuMemory()
     out = {}
     for rec in published():
-        out[rec["id"]] = _from_kernel(rec)
+        out[rec["id"]] = _from_kernel(rec, gpu)
     for rec in keeping.kept():
-        k = _from_keep(rec)
+        k = _from_keep(rec, gpu)
         if rec["id"] in out:  # held by a running kernel: its publication is fresher
             out[rec["id"]].update(kept=True, stops_in_s=k["stops_in_s"])
             continue

@@ -30,11 +30,14 @@ class _Base(APIHandler):
 class ClustersHandler(_Base):
     """``GET /api/dpnb/clusters``: ``{"clusters": [...]}``, see :func:`dpnb.lab.clusters.clusters`."""
 
+    def initialize(self, gpu: cl.GpuMemory) -> None:
+        self.gpu = gpu  # one reading of nvidia-smi per server, reused across requests
+
     @web.authenticated
     @authorized
     def get(self) -> None:
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"clusters": cl.clusters()}, default=str))
+        self.finish(json.dumps({"clusters": cl.clusters(self.gpu)}, default=str))
 
 
 class ActionHandler(_Base):
@@ -59,6 +62,6 @@ class ActionHandler(_Base):
 
 def handlers(base_url: str) -> list[tuple]:
     api = url_path_join(base_url, "api", "dpnb", "clusters")
-    return [(api, ClustersHandler),
+    return [(api, ClustersHandler, {"gpu": cl.GpuMemory()}),
             (url_path_join(api, r"([\w.-]+)", r"(stop|interrupt|restart-resume|restart|attach-code)"),
              ActionHandler)]

@@ -147,15 +147,14 @@ def test_gpu_memory_per_rank_by_pid_from_nvidia_smi_plumbing(dirs, monkeypatch):
         f"printf '{os.getpid()}, 300\\n{os.getpid()}, 12\\n7, 999\\n'\n")
     (bin_ / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(lab, "gpu_memory", lab._GpuMemory())
     pub = publish.Publication(_cluster(os.getpid()), period_s=60)
-    assert [r["gpu_mb"] for r in lab.clusters()[0]["ranks"]] == [None, None]
+    assert [r["gpu_mb"] for r in lab.clusters(lab.GpuMemory())[0]["ranks"]] == [None, None]
     assert not calls.exists()  # CPU ranks: nvidia-smi never runs
     pub.remove()
     c = _cluster(os.getpid())  # another id: the first record's thread may still remove its own
     c.cluster_id, c.ranks[0] = "1700000001-cuda", dataclasses.replace(c.ranks[0], device="cuda:0")
     pub = publish.Publication(c, period_s=60)
-    assert [r["gpu_mb"] for r in lab.clusters()[0]["ranks"]] == [312.0, None]
+    assert [r["gpu_mb"] for r in lab.clusters(lab.GpuMemory())[0]["ranks"]] == [312.0, None]
     assert "--query-compute-apps=pid,used_memory" in calls.read_text()
     pub.remove()
 

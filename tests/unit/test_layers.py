@@ -232,6 +232,21 @@ def test_no_function_over_100_lines():
     assert not long, long
 
 
+def test_no_module_keeps_an_instance_of_its_own_class():
+    """No module-level singletons: a module that defines a class and makes one
+    at import (``cache = _Cache()``) keeps state every caller shares and no
+    caller owns; the owner holds it (a session, a server's handler)."""
+    bad = []
+    for p in PKG.rglob("*.py"):
+        tree = ast.parse(p.read_text())
+        own = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+        for n in tree.body:
+            if isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Call) \
+                    and isinstance(n.value.func, ast.Name) and n.value.func.id in own:
+                bad.append(f"{p.relative_to(PKG.parent)}:{n.lineno} {ast.unparse(n)}")
+    assert not bad, bad
+
+
 def test_rank_outcomes_are_compared_with_the_status_enum():
     """``o.status == "eror"`` would be silently false; ``Status.EROR`` fails at once.
     The same for the records' and the waits' kinds (``EntryKind``, ``WaitKind``)."""
