@@ -482,7 +482,7 @@ MUTATIONS = [
   "    @web.authenticated\n    @authorized\n    async def post(", "    async def post(",
   ["tests/hosted/test_hub.py"]),
  ("lab: the sidebar lists a kernel's ranks", "dpnb/lab/clusters.py",
-  '"ranks": [_rank(r, bool(rec.get("local"))) for r in rec.get("ranks", [])],', '"ranks": [],',
+  '"ranks": [_rank(r, bool(rec.get("local")), gpu) for r in rec.get("ranks", [])],', '"ranks": [],',
   ["tests/browser/test_lab_sidebar.py"]),
  # issue 41: entry points named once, views on one contract, every module in the doc, runtime free of training
  ("no module outside the engine spells an engine entry point", "dpnb/session/verbs.py",
