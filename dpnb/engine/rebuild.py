@@ -215,7 +215,7 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
     """Roll every rank back to the last committed peer copy (collective).
 
     ``holders``: replaced rank (as a str: JSON keys) -> the survivor holding
-    its copy (its right neighbour).  Every rank wraps or re-binds
+    its copy (the next rank, or one on another host).  Every rank wraps or re-binds
     (:func:`_rewrap`); each holder sends its copy to the rank it covers
     (size, then bytes: point-to-point); survivors take their own snapshot.
     Then each rank copies the buffer into its tensors -- parameter shards,
@@ -224,6 +224,7 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
     es = get_state(ns)
     holders = {int(d): int(h) for d, h in holders.items()}
     ps = peercopy.peer_state(es)
+    ps.settle(es.timeout_s)
     own, own_step = ps.own, ps.own_step
     fresh = _rewrap(ns, es, wrap_args, wrap_kwargs)
     st = es.train
@@ -243,7 +244,12 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
     if own is None:
         raise TrainError(f"rank {es.rank} holds no snapshot to roll back to")
     peercopy.unpack_into(st, own)
-    if es.rank in holders:  # its copy of its left neighbour was lost with it
+    # the steps past the snapshot are undone: their records go, so the curve
+    # and the views go on from the snapshot's step instead of repeating steps
+    kept = [r for r in st.records if r.step < st.step]
+    st.records.clear()
+    st.records.extend(kept)
+    if es.rank in holders:  # a replaced rank: the copy it held was lost with it
         ps.own, ps.own_step, ps.copy, ps.copy_of, ps.owner = own, own_step, None, None, id(st)
     st.optimizer.zero_grad(set_to_none=True)
     dist.barrier()
