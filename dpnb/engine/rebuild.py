@@ -251,6 +251,7 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
     st.records.extend(kept)
     if es.rank in holders:  # a replaced rank: the copy it held was lost with it
         ps.own, ps.own_step, ps.copy, ps.copy_of, ps.owner = own, own_step, None, None, id(st)
+    ps.owner = id(st)  # the pair is this state's now, a re-wrap's too: a second death can use it
     st.optimizer.zero_grad(set_to_none=True)
     dist.barrier()
     return {"rank": es.rank, "step": st.step, "fresh": fresh}

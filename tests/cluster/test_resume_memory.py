@@ -184,9 +184,11 @@ def test_zero2_rank_rebuilt_from_its_neighbours_copy_two_ranks(healthy):
 def test_zero3_rank_0_rebuilt_exactly_from_rank_1s_copy_at_a_chosen_k(healthy):
     # FSDP2: every rank's cells rebuild the module; the parameters are DTensor shards
     c = healthy
-    _sharded(c, "zero3", dead=0, k=5)
-    # the replaced rank copies at the survivors' K (the session set it before each call)
-    assert [v["every"] for v in c.call("dpnb.engine.peercopy.info").values] == [5, 5]
+    step = _sharded(c, "zero3", dead=0, k=5)
+    # the replaced rank copies at the survivors' K (the session set it before each call);
+    # every rank keeps the pair it rolled back to (re-wrapped: FSDP) for a second death
+    info = c.call("dpnb.engine.peercopy.info").values
+    assert [v["every"] for v in info] == [5, 5] and [v["own_step"] for v in info] == [step] * 2
     assert replica.peer_copy_line(c).startswith("peer copies every 5 steps: ")
     c.train(steps=1, micro_batch=8, progress=False, peer_copy_every=K)  # back to the default
 
