@@ -226,6 +226,8 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
     ps = peercopy.peer_state(es)
     ps.settle(es.timeout_s)
     own, own_step = ps.own, ps.own_step
+    # a survivor's loss records, kept across its re-wrap (FSDP makes a new TrainState)
+    before = list(es.train.records) if es.train is not None else []
     fresh = _rewrap(ns, es, wrap_args, wrap_kwargs)
     st = es.train
     if fresh:
@@ -244,9 +246,9 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
     if own is None:
         raise TrainError(f"rank {es.rank} holds no snapshot to roll back to")
     peercopy.unpack_into(st, own)
-    # the steps past the snapshot are undone: their records go, so the curve
-    # and the views go on from the snapshot's step instead of repeating steps
-    kept = [r for r in st.records if r.step < st.step]
+    # the records go on from the snapshot's step: those before it carried
+    # over, the undone steps past it dropped (not shown beside their redone ones)
+    kept = [r for r in before if r.step < st.step]
     st.records.clear()
     st.records.extend(kept)
     if es.rank in holders:  # a replaced rank: the copy it held was lost with it

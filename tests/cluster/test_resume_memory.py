@@ -230,6 +230,10 @@ def _die_in_copy(c) -> None:
 def test_a_death_during_the_peer_copy_rolls_back_to_the_previous_copy(healthy):
     # wrapped afresh at step 0 (3 steps, then this call): copies at K, then 2K dies
     assert _sharded(healthy, "zero2", dead=1, kill=_die_in_copy) == K
+    # the survivor's loss records: its steps before K carried over its re-wrap, the
+    # undone ones after dropped, then the two trained again
+    steps = [x["step"] for x in healthy.call("dpnb.engine.training.records").values[0]]
+    assert steps == list(range(K + 2)), steps
 
 
 # rank 2 says it is on another host: rank 0's copy goes there, not to rank 1
