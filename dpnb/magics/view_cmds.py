@@ -100,8 +100,9 @@ class ViewCommands:
                                  "nothing else to show")
             kw["stages"] = False
         self._show("memory", a, self._live(a), kw)
-        line = peer_copy_line(self.cluster) if self.cluster is not None and self.cluster.running else None
-        if line:
+        c = self.cluster
+        line = peer_copy_line(c) if c is not None and c.running else None
+        if line:  # K and the CPU memory the neighbour's copy takes, per rank
             print(f"dpnb: {line}")
 
     @subcommand("comm")
