@@ -58,6 +58,8 @@ from .train_state import TrainError
 log = logging.getLogger(__name__)
 
 DEFAULT_EVERY = 10
+#: where the copies' exchange keeps its tensors: their own group is gloo, under NCCL too
+COPY_DEVICE = torch.device("cpu")
 SHARDED = ("zero1", "zero2", "zero3")
 
 
@@ -307,9 +309,9 @@ class Copier:
         spare = self.ps.spare
         try:
             recv = (spare[1] if spare and spare[1].numel() == nbytes
-                    else torch.empty(nbytes, dtype=torch.uint8))
+                    else torch.empty(nbytes, dtype=torch.uint8, device=COPY_DEVICE))
             ring(self.es, own, recv, self.ps.group[2][self.es.rank], left, group=pg)
-            ok = torch.ones(1)
+            ok = torch.ones(1, device=COPY_DEVICE)
             dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=pg)  # every rank has both halves
         except Exception as e:  # a peer died or the group was released: keep the last pair
             log.info("peer copy of step %d not committed (the previous pair stays): %s: %s",
