@@ -4,10 +4,12 @@
 
 On one 2-rank cluster per model (mlp, tinylm of benchmarks/models.py), zero2:
 
-* step time with the peer copy off and at K = 1, 10, 50, alternated in each
-  round (the order rotates), as the wall time of a ``train`` call over its
-  steps (the copy runs between steps, outside a step record's own time);
-  reported as ratios to "off" (median over rounds);
+* step time with the peer copy off and at K = 1, 10, 50, each both ways --
+  sent from the side thread (the default) and waited for by the step
+  ("Ksync", the synchronous copy) -- alternated in each round (the order
+  rotates), as the wall time of a ``train`` call over its steps; reported
+  as ratios to "off" (median over rounds), and the milliseconds each copy
+  held the step up (rank 0: the snapshot, and with "sync" the exchange);
 * the copy's CPU memory per rank (own snapshot + the neighbour's copy);
 * a death: rank 1 SIGKILLed mid-training, then ``restart(resume=True)`` from
   the peer copies at the default K against the same from the disk checkpoint
@@ -30,26 +32,38 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 KS = (0, 1, 10, 50)
+# (K, the step waits for the copy): the side thread's copy and the synchronous one, alternated
+CONFIGS = [(0, False)] + [(k, w) for k in KS[1:] for w in (False, True)]
 SET = "dpnb.engine.peercopy.set_every"
+INFO = "dpnb.engine.peercopy.info"
+
+
+def _label(k: int, wait: bool) -> str:
+    return f"{k}sync" if wait else str(k)
 
 
 def step_cost(c, mb: int, rounds: int, steps: int) -> dict:
-    """Seconds per step at each K (0: off), alternated, rotating the order."""
-    got: dict[int, list] = {k: [] for k in KS}
-    ratios: dict[int, list] = {k: [] for k in KS if k}
+    """Seconds per step in each configuration (K 0: off), alternated, rotating the order."""
+    got: dict[str, list] = {_label(*cf): [] for cf in CONFIGS}
+    path: dict[str, list] = {_label(*cf): [] for cf in CONFIGS if cf[0]}  # ms the step waited
+    ratios: dict[str, list] = {_label(*cf): [] for cf in CONFIGS if cf[0]}
     for r in range(rounds):
-        order = KS[r % len(KS):] + KS[:r % len(KS)]
+        order = CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]
         now = {}
-        for k in order:
-            c.call(SET, k)
+        for k, wait in order:
+            c.call(SET, k, wait=wait)
             t0 = time.perf_counter()
             c.train(steps=steps, micro_batch=mb, progress=False)
-            now[k] = (time.perf_counter() - t0) / steps
-            got[k].append(now[k])
+            now[_label(k, wait)] = (time.perf_counter() - t0) / steps
+            got[_label(k, wait)].append(now[_label(k, wait)])
+            cost = c.call(INFO, ranks=[0]).values[0]["cost"]
+            if k and cost[0]:
+                path[_label(k, wait)].append(cost[1] / cost[0] * 1e3)
         for k in ratios:
-            ratios[k].append(now[k] / now[0])
-    return {"ms_per_step": {str(k): round(statistics.median(v) * 1e3, 2) for k, v in got.items()},
-            "ratio_to_off": {str(k): round(statistics.median(v), 3) for k, v in ratios.items()}}
+            ratios[k].append(now[k] / now["0"])
+    return {"ms_per_step": {k: round(statistics.median(v) * 1e3, 2) for k, v in got.items()},
+            "ratio_to_off": {k: round(statistics.median(v), 3) for k, v in ratios.items()},
+            "ms_on_path_per_copy": {k: round(statistics.median(v), 2) for k, v in path.items() if v}}
 
 
 def _kill_and_resume(c, mb: int, **train_kw) -> dict:
@@ -72,7 +86,7 @@ def _kill_and_resume(c, mb: int, **train_kw) -> dict:
     msg = c.restart(resume=True)
     s = c.train(steps=1, micro_batch=mb, progress=False)
     return {"death_to_training_s": round(time.perf_counter() - t_kill, 2),
-            "steps_lost": reached - s["first_step"], "from": "disk" if "Not from memory" in msg else "memory",
+            "steps_lost": reached - s["first_step"], "from": "memory" if "copy of rank" in msg else "disk",
             "message": msg[msg.find("rank 1 replaced"):][:160] if "copy" in msg else msg[-160:]}
 
 

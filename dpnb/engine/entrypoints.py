@@ -71,6 +71,10 @@ REPLICA_INFO: Final = "dpnb.engine.rebuild.replica_info"
 FROM_REPLICA: Final = "dpnb.engine.rebuild.from_replica"
 #: every rank rolls back to its snapshot; the replaced one takes its neighbour's copy
 FROM_PEERS: Final = "dpnb.engine.rebuild.from_peers"
+#: every rank: the peer copies' interval (``%dp train --peer-copy-every K``)
+PEER_SET_EVERY: Final = "dpnb.engine.peercopy.set_every"
+#: each rank's peer copies: interval, bytes held (``%dp memory``)
+PEER_INFO: Final = "dpnb.engine.peercopy.info"
 
 # ------------------------------------------------------------------- grading
 #: one exercise case on every rank (``%dp grade``; dpnb.session.grading)

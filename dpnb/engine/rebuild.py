@@ -215,7 +215,7 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
     """Roll every rank back to the last committed peer copy (collective).
 
     ``holders``: replaced rank (as a str: JSON keys) -> the survivor holding
-    its copy (its right neighbour).  Every rank wraps or re-binds
+    its copy (the next rank, or one on another host).  Every rank wraps or re-binds
     (:func:`_rewrap`); each holder sends its copy to the rank it covers
     (size, then bytes: point-to-point); survivors take their own snapshot.
     Then each rank copies the buffer into its tensors -- parameter shards,
@@ -224,7 +224,10 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
     es = get_state(ns)
     holders = {int(d): int(h) for d, h in holders.items()}
     ps = peercopy.peer_state(es)
+    ps.settle(es.timeout_s)
     own, own_step = ps.own, ps.own_step
+    # a survivor's loss records, kept across its re-wrap (FSDP makes a new TrainState)
+    before = list(es.train.records) if es.train is not None else []
     fresh = _rewrap(ns, es, wrap_args, wrap_kwargs)
     st = es.train
     if fresh:
@@ -243,8 +246,14 @@ def from_peers(ns: dict, holders: dict, wrap_args: tuple, wrap_kwargs: dict) -> 
     if own is None:
         raise TrainError(f"rank {es.rank} holds no snapshot to roll back to")
     peercopy.unpack_into(st, own)
-    if es.rank in holders:  # its copy of its left neighbour was lost with it
+    # the records go on from the snapshot's step: those before it carried
+    # over, the undone steps past it dropped (not shown beside their redone ones)
+    kept = [r for r in before if r.step < st.step]
+    st.records.clear()
+    st.records.extend(kept)
+    if es.rank in holders:  # a replaced rank: the copy it held was lost with it
         ps.own, ps.own_step, ps.copy, ps.copy_of, ps.owner = own, own_step, None, None, id(st)
+    ps.owner = id(st)  # the pair is this state's now, a re-wrap's too: a second death can use it
     st.optimizer.zero_grad(set_to_none=True)
     dist.barrier()
     return {"rank": es.rank, "step": st.step, "fresh": fresh}

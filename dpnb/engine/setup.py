@@ -405,6 +405,9 @@ def destroy_group() -> bool:
 
     if not dist.is_initialized():
         return False
+    peer = getattr(user_ns().get(STATE_NAME), "peer", None)
+    if peer is not None:  # a peer copy's side thread must not be inside a group destroyed under it
+        peer.settle(5.0)
     try:
         torch_fn("destroy_process_group")()  # torch's own, not the cells' no-op
     except Exception as e:  # a group whose peer died can fail to shut down cleanly

@@ -8,6 +8,7 @@ from __future__ import annotations
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..core.peerplan import parse_every
 from ..core.strategies import LR_SCALES, MIXED_PRECISION, OPTIMIZERS, STRATEGIES
 from ..session.profile import MAX_PROFILED_STEPS
 from .options import profile_options, subcommand
@@ -83,6 +84,9 @@ class TrainingCommands:
               help="wall-clock limit in seconds; ranks still running are interrupted and named")
     @argument("--checkpoint-every", nargs=2, default=None, metavar=("K", "DIR"),
               help="checkpoint into DIR every K steps; %%dp restart --resume loads the latest")
+    @argument("--peer-copy-every", default=None, metavar="K",
+              help="zero1/2/3: copy each rank's shard into its neighbour's CPU memory every K "
+                   "steps (default 10; off: none); kept for later calls")
     @profile_options("the steps (a few: --steps 3 --profile)")
     def train(self, a):
         """Run training steps with a live progress bar and loss curve (Ctrl-C stops cleanly)."""
@@ -163,6 +167,10 @@ class TrainingCommands:
             except ValueError:
                 raise UsageError(f"--checkpoint-every K DIR: K must be a whole number of steps "
                                  f"(got {k!r})") from None
+        if a.peer_copy_every is not None:
+            ck["peer_copy_every"] = parse_every(a.peer_copy_every)
+            print(f"dpnb: peer copies every {ck['peer_copy_every']} steps" if ck["peer_copy_every"]
+                  else "dpnb: peer copies off")
         return self._need().train(**ck, steps=a.steps, epochs=a.epochs, micro_batch=a.micro_batch,
                                grad_accum=a.grad_accum, lr_scale=a.lr_scale,
                                ref_batch=a.ref_batch, seq_len=a.seq_len, step_fn=a.step_fn,

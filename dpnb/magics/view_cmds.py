@@ -8,6 +8,7 @@ from __future__ import annotations
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..session.replica import peer_copy_line
 from .options import save_option, subcommand
 
 
@@ -99,6 +100,10 @@ class ViewCommands:
                                  "nothing else to show")
             kw["stages"] = False
         self._show("memory", a, self._live(a), kw)
+        c = self.cluster
+        line = peer_copy_line(c) if c is not None and c.running else None
+        if line:  # K and the CPU memory the neighbour's copy takes, per rank
+            print(f"dpnb: {line}")
 
     @subcommand("comm")
     @magic_arguments()

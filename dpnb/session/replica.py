@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from ..cluster.diagnose import first_error
 from ..cluster.types import EntryKind
 from ..core.cellgraph import ResumePlan, cell_summary
+from ..core.peerplan import memory_line
 from ..core.strategies import is_fsdp
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
@@ -90,9 +91,11 @@ def peer_holders(c: "Cluster", infos: list) -> tuple[dict | None, str, int | Non
 
     Every survivor must have committed its own snapshot at one step S (a death
     during a copy leaves them all on the previous pair), and each dead rank's
-    right neighbour must be alive and hold that rank's copy from S."""
+    holder (the next rank, or one on another host: the survivors name them)
+    must be alive and hold that rank's copy from S."""
     n = c.world_size
     peer = {i["rank"]: i["peer"] for i in infos}
+    placed = next((p["holders"] for p in peer.values() if p.get("holders")), None)
     owns = {p["own_step"] for p in peer.values()}
     if None in owns:
         return None, "no peer copy was made yet (every K steps of %dp train)", None
@@ -101,7 +104,7 @@ def peer_holders(c: "Cluster", infos: list) -> tuple[dict | None, str, int | Non
     step = owns.pop()
     holders = {}
     for d in sorted(c.dead):
-        h = (d + 1) % n
+        h = placed[d] if placed else (d + 1) % n
         if h not in peer:
             return None, (f"rank {d} and rank {h}, which held the only copy of its shard, "
                           f"both died"), None
@@ -167,3 +170,17 @@ def rebuild(c: "Cluster", src: int | dict, steps: dict, p: ResumePlan, hard: boo
                                 f"was lost.", "")
     return (f"{head} {rank_label(replaced)} replaced; {what}. Replayed on "
             f"{rank_label(ranks)}: {cells}; then the wrap and {how}.")
+
+
+def peer_copy_line(c: "Cluster") -> str | None:
+    """``%dp memory``'s line on the peer copies: the interval in force and each
+    rank's CPU bytes (every rank asked; a copy in flight is waited for).
+    None without a wrapped model, or when a rank did not answer (logged)."""
+    if c.training.last_wrap is None:
+        return None
+    res = c.call(ep.PEER_INFO, raise_errors=False)
+    if not res.ok:
+        log.info("no peer-copy line: %s", first_error(res))
+        return None
+    vals = res.values
+    return memory_line(vals[0]["every"], [v["bytes"] for v in vals], c.training.strategy)

@@ -140,6 +140,7 @@ class TrainingState:
     batch_plan: BatchPlan | None = None
     train_log: list[TrainCall] = field(default_factory=list)
     autosave_dir: str | None = None  # where %dp train --checkpoint-every writes
+    peer_copy_every: int | None = None  # %dp train --peer-copy-every K, set on every rank each call
     residency: dict[str, Any] = field(default_factory=dict)  # strategy -> measured (not kept)
     residency_bytes: int | None = None  # the model size those were measured on
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..compat import result_metadata
 from ..core.errors import ConfigError
+from ..core.peerplan import parse_every
 from ..core.strategies import LR_SCALES, STRATEGIES, is_fsdp, parse_comm_hook
 from ..core.traincounts import count_problem
 from ..engine import entrypoints as ep
@@ -82,7 +83,7 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
           seq_len: int | None = None, step_fn: str | None = None, loss_fn: str | None = None,
           record: bool | None = None, progress: bool = True,
           timeout: float | None = None, checkpoint_every: int | None = None,
-          checkpoint_dir: str | None = None) -> dict:
+          checkpoint_dir: str | None = None, peer_copy_every: int | str | None = None) -> dict:
     """Run training steps on every rank with a live progress display.
 
     Ctrl-C (Jupyter's "interrupt kernel") stops every rank together after the
@@ -90,6 +91,10 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     agree through each step's stats, read one step later); the model and
     optimizer keep their state and a later ``train`` continues from the next
     step.
+
+    ``peer_copy_every``: the peer copies' interval K (``0`` / ``"off"``: none),
+    kept for the session's later calls and set on every rank before each
+    call, so a replaced rank copies at the same steps as the survivors.
     """
     if steps is None and epochs is None:
         raise DpnbError("say how long to train: --steps S or --epochs E")
@@ -112,6 +117,10 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
                      loss_fn=loss_fn, record=record, publish=bool(progress),
                      checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
     st = cluster.training
+    if peer_copy_every is not None:
+        st.peer_copy_every = parse_every(peer_copy_every)
+    if st.peer_copy_every is not None:  # every rank alike, a replaced one included
+        cluster.call(ep.PEER_SET_EVERY, st.peer_copy_every)
     if checkpoint_dir is not None:  # restart --resume finds it even if this run dies
         st.autosave_dir = checkpoint_dir
     view = TrainProgress(steps, kernel=None) if progress else None

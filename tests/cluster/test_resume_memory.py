@@ -16,6 +16,7 @@ import torch
 import dpnb
 from dpnb.engine import peercopy
 from dpnb.errors import DpnbError, RemoteCellError
+from dpnb.session import replica
 
 SETUP = ("import dpnb.data\n"
          "torch.manual_seed(0)\n"
@@ -99,21 +100,20 @@ def _scenario(c, dead: int) -> None:
     assert c.check()["ok"]
 
 
-def test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks():
-    with dpnb.start(2) as c:
-        _scenario(c, dead=1)
-        # zero1 shards the optimizer state: no replica; peer copies off; no checkpoint ->
-        # refused, saying why
-        c.wrap("net", "zero1", optimizer="adamw", lr=0.01)
-        c.call("dpnb.engine.peercopy.set_every", 0)
-        c.train(steps=2, micro_batch=8, progress=False)
-        _kill_mid_training(c, 1)
-        with pytest.raises(DpnbError) as ei:
-            c.restart(resume=True)
-        assert "no automatic checkpoint yet" in str(ei.value), ei.value
-        assert ("no replica to rebuild from: zero1 shards the optimizer state and no peer copy "
-                "was made yet") in str(ei.value), ei.value
-        assert 1 in c.dead  # nothing was replaced
+def test_ddp_rank_rebuilt_from_a_survivors_replica_two_ranks(healthy):
+    c = healthy  # the module's 2-rank cluster, shared with the sharded cases below
+    _scenario(c, dead=1)
+    # zero1 shards the optimizer state: no replica; peer copies off; no checkpoint ->
+    # refused, saying why
+    c.wrap("net", "zero1", optimizer="adamw", lr=0.01)
+    c.train(steps=2, micro_batch=8, progress=False, peer_copy_every="off")
+    _kill_mid_training(c, 1)
+    with pytest.raises(DpnbError) as ei:
+        c.restart(resume=True)
+    assert "no automatic checkpoint yet" in str(ei.value), ei.value
+    assert ("no replica to rebuild from: zero1 shards the optimizer state and no peer copy "
+            "was made yet") in str(ei.value), ei.value
+    assert 1 in c.dead  # nothing was replaced
 
 
 def test_ddp_rank_0_rebuilt_from_rank_1_on_three_ranks():
@@ -133,25 +133,32 @@ def _split(buf):
 K = 10  # the default interval under the sharded strategies
 
 
-def _sharded(c, strategy: str, dead: int) -> None:
-    """Kill ``dead`` mid-training; every rank rolls back to the last peer copy,
-    ``dead`` from its right neighbour's copy of it: each rank's packed state
-    afterwards is byte-for-byte the snapshot it rolls back to."""
-    c.run(SETUP, display=False)
+def _sharded(c, strategy: str, dead: int, setup: str = SETUP, kill=None, k: int = K,
+             holder_is: int | None = None) -> int:
+    """Kill ``dead`` mid-training (or as ``kill(c)`` does); every rank rolls
+    back to the last committed peer copy, ``dead`` from its right neighbour's
+    copy of it: each rank's packed state afterwards is byte-for-byte the
+    snapshot it rolls back to.  The step rolled back to.  ``k``: the copies'
+    interval, as a user sets it (kept by the session, set on every rank)."""
+    c.run(setup, display=False)
     c.wrap("net", strategy, optimizer="adamw", lr=0.01)
     c.set_data("ds")
-    c.train(steps=3, micro_batch=8, progress=False)
-    _kill_mid_training(c, dead)
-    n, holder = c.world_size, (dead + 1) % c.world_size
+    c.train(steps=3, micro_batch=8, progress=False, peer_copy_every=k)
+    (kill or (lambda c: _kill_mid_training(c, dead)))(c)
+    n = c.world_size
     alive = [r for r in range(n) if r != dead]
-    c.run("_p = _dpnb.peer\npeer = (_p.own, _p.copy, _p.own_step, _p.copy_of, _dpnb.train.step)",
-          ranks=alive, display=False)
+    c.run("_p = _dpnb.peer\npeer = (_p.own, _p.copy, _p.own_step, _p.copy_of, _dpnb.train.step, "
+          "_p.group[2])", ranks=alive, display=False)
     want = {r: c.pull("peer", rank=r) for r in alive}
+    holder = want[alive[0]][5][dead]  # the placement every rank computed alike
+    assert holder_is is None or holder == holder_is, holder
     reached = max(w[4] for w in want.values())
     expect = {r: want[r][0] for r in alive}
     expect[dead] = want[holder][1]
     step = want[holder][2]
-    assert want[holder][3] == dead and 0 <= reached - step <= K  # at most K steps back
+    # at most K steps back, or K + 1 when the death came while a copy was in
+    # flight (its side thread overlaps the next step; the copy before it serves)
+    assert want[holder][3] == dead and 0 <= reached - step <= k + 1
     msg = c.restart(resume=True)
     assert (f"rank {dead} replaced; rebuilt from rank {holder}'s copy of rank {dead}'s shard at "
             f"step {step:,} ({reached - step} steps lost; others rolled back to it)") in msg, msg
@@ -161,17 +168,85 @@ def _sharded(c, strategy: str, dead: int) -> None:
         assert meta == meta0 and meta["step"] == step and torch.equal(data, data0), r
     again = c.train(steps=2, micro_batch=8, progress=False)
     assert again["first_step"] == step and again["steps"] == 2
+    # the loss records go on from the step rolled back to: the undone steps
+    # past it are not kept beside their redone ones
+    for r in alive:
+        steps = [x["step"] for x in c.call("dpnb.engine.training.records").values[r]]
+        assert steps == sorted(set(steps)) and steps[-2:] == [step, step + 1], (r, steps)
     assert c.check()["ok"]
+    return step
 
 
-def test_zero2_rank_rebuilt_from_its_neighbours_copy_two_ranks():
-    with dpnb.start(2) as c:
-        _sharded(c, "zero2", dead=1)
+def test_zero2_rank_rebuilt_from_its_neighbours_copy_two_ranks(healthy):
+    _sharded(healthy, "zero2", dead=1)
+
+
+def test_zero3_rank_0_rebuilt_exactly_from_rank_1s_copy_at_a_chosen_k(healthy):
+    # FSDP2: every rank's cells rebuild the module; the parameters are DTensor shards
+    c = healthy
+    step = _sharded(c, "zero3", dead=0, k=5)
+    # the replaced rank copies at the survivors' K (the session set it before each call);
+    # every rank keeps the pair it rolled back to (re-wrapped: FSDP) for a second death
+    info = c.call("dpnb.engine.peercopy.info").values
+    assert [v["every"] for v in info] == [5, 5] and [v["own_step"] for v in info] == [step] * 2
+    assert replica.peer_copy_line(c).startswith("peer copies every 5 steps: ")
+    c.train(steps=1, micro_batch=8, progress=False, peer_copy_every=K)  # back to the default
+
+
+# a model whose parameters and AdamW state are bfloat16 (its first layer casts the input)
+BF16 = SETUP + ("class ToBf16(torch.nn.Module):\n"
+                "    def forward(self, x):\n"
+                "        return x.to(torch.bfloat16)\n"
+                "net = torch.nn.Sequential(ToBf16(), net).to(torch.bfloat16)\n")
+
+
+def test_bf16_zero2_rebuilt_bit_exact(healthy):
+    _sharded(healthy, "zero2", dead=1, setup=BF16)
+    c = healthy
+    c.run("dt = (str(next(net.parameters()).dtype), [str(v.dtype) for s in optimizer.state.values() "
+          "for v in s.values() if v.dim()])", display=False)
+    params, states = c.pull("dt", rank=1)
+    assert params == "torch.bfloat16" and states and set(states) == {"torch.bfloat16"}
+
+
+# rank 1 SIGKILLs itself inside the exchange of the copy of step 2K: its
+# neighbour's receive is posted, nothing of that copy may be used
+DIE_IN_COPY = ("import os, signal, dpnb.engine.peercopy as _pc\n"
+               "_ring = _pc.ring\n"
+               "def _dying_ring(es, send, *a, **k):\n"
+               "    if _pc.meta_of(send)[0]['step'] == 2 * _pc.DEFAULT_EVERY:\n"
+               "        os.kill(os.getpid(), signal.SIGKILL)\n"
+               "    return _ring(es, send, *a, **k)\n"
+               "_pc.ring = _dying_ring\n")
+
+
+def _die_in_copy(c) -> None:
+    c.run(DIE_IN_COPY, ranks=[1], display=False, history=False)
+    with pytest.raises(RemoteCellError) as ei:
+        c.train(steps=10 * K, micro_batch=8, progress=False)
+    assert ei.value.died, ei.value
+
+
+def test_a_death_during_the_peer_copy_rolls_back_to_the_previous_copy(healthy):
+    # wrapped afresh at step 0 (3 steps, then this call): copies at K, then 2K dies
+    assert _sharded(healthy, "zero2", dead=1, kill=_die_in_copy) == K
+    # the survivor's loss records: its steps before K carried over its re-wrap, the
+    # undone ones after dropped, then the two trained again
+    steps = [x["step"] for x in healthy.call("dpnb.engine.training.records").values[0]]
+    assert steps == list(range(K + 2)), steps
+
+
+# rank 2 says it is on another host: rank 0's copy goes there, not to rank 1
+OTHER_HOST = ("import dpnb.engine.peercopy as _pc\n"
+              "_pc.host_name = lambda: 'another-host'\n")
 
 
 def test_zero1_on_three_ranks_then_two_neighbours_lost_fall_back_to_disk(tmp_path):
     with dpnb.start(3) as c:
-        _sharded(c, "zero1", dead=0)
+        c.run(OTHER_HOST, ranks=[2], display=False, history=False)
+        _sharded(c, "zero1", dead=0, holder_is=2)  # from the holder on the other host
+        c.run("import socket\n_pc.host_name = socket.gethostname\n", ranks=[2], display=False,
+              history=False)
         ck = tmp_path / "auto"
         c.train(steps=2, micro_batch=8, progress=False, checkpoint_every=2, checkpoint_dir=str(ck))
         _kill_mid_training(c, [1, 2])  # rank 1's shard and its only copy, on rank 2

@@ -1,0 +1,71 @@
+"""The peer copies' plan, pure: the interval a user asks for, which rank holds
+each rank's copy, and the line ``%dp memory`` shows.
+
+Under ZeRO-1/2/3 each rank's shard lives on that rank only; every K steps it
+is copied into the CPU memory of one other rank, its *holder*
+(:mod:`dpnb.engine.peercopy`).  A rank and its holder dying together lose the
+shard (the session falls back to a disk checkpoint), so on several hosts the
+holder is on another host when that is possible: a whole host lost is
+survivable.  Each rank holds exactly one copy (the holders are a permutation
+of the ranks), so the memory per rank stays one shard and the exchange is one
+send and one receive per rank.
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigError
+
+OFF_WORDS = ("off", "none", "no")
+
+
+def parse_every(value) -> int:
+    """``--peer-copy-every K``: a whole number of steps >= 1, or ``0`` / ``off``
+    (no copies).  An int is taken as it is; a string as the magic passes it."""
+    got = value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in OFF_WORDS:
+            return 0
+        value = int(text) if text.isdigit() else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"--peer-copy-every takes a whole number of steps (10 is the default "
+                          f"under zero1/2/3), or off (got {got!r})")
+    return value
+
+
+def holders(hosts: list) -> list[int]:
+    """``holders(hosts)[r]``: the rank that keeps rank ``r``'s copy, given each
+    rank's host.
+
+    The ranks are listed host by host, the host with the most ranks first
+    (ties: the host seen first), and each rank's holder is the one ``a``
+    places further on, ``a`` being that largest host's rank count: no holder
+    is on its own rank's host unless one host holds more than half the ranks,
+    and then only the fewest possible (``2a - n``; each rank holds one copy).
+    On one host (or one rank per host, in rank order) it is rank ``r + 1``.
+    """
+    n = len(hosts)
+    if n < 2:
+        return list(range(n))
+    by_host: dict = {}
+    for r, h in enumerate(hosts):
+        by_host.setdefault(h, []).append(r)
+    groups = sorted(by_host.values(), key=lambda m: (-len(m), m[0]))
+    order = [r for m in groups for r in m]
+    shift = len(groups[0]) if len(groups) > 1 else 1
+    out = [0] * n
+    for i, r in enumerate(order):
+        out[r] = order[(i + shift) % n]
+    return out
+
+
+def memory_line(every: int | None, nbytes: list[int], strategy: str) -> str:
+    """One line: the interval in force and each rank's CPU bytes for the copies."""
+    if not every:
+        why = ("ddp rebuilds a rank from a survivor's replica" if strategy == "ddp"
+               else "a death falls back to the disk checkpoint")
+        return f"peer copies: off ({why})"
+    mb = [b / 2**20 for b in nbytes]
+    each = ", ".join(f"rank {r} {m:.1f} MB" for r, m in enumerate(mb))
+    return (f"peer copies every {every} steps: {max(mb):.1f} MB of CPU memory per rank at most "
+            f"({each}: own snapshot, the neighbour's copy, the next copy's buffers)")
