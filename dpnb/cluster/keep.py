@@ -12,9 +12,9 @@ start time, and removes the profile and the record.
 
 The record -- one JSON file per kept cluster in :func:`state_dir`, readable
 only by its user -- holds what the notebook side knew: ranks, the group's
-port and generation, the setup log ``restart --resume`` and ``export``
-replay, the train calls.  The engines' namespaces need no record: the
-engines never stopped.
+port and generation, the cell history, and the session's part (the setup
+steps ``restart --resume`` and ``export`` replay, the train calls).  The
+engines' namespaces need no record: the engines never stopped.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from ..errors import DpnbError
 from .launch import _quiet_ipp_log
 from .launchers import launcher_for
 from .processes import same_process, start_time
-from .restart import SetupLog
-from .types import CellRecord, EntryKind, LaunchSpec, RankInfo, SetupEntry
+from .types import CellRecord, EntryKind, LaunchSpec, RankInfo
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +66,6 @@ def state_dir() -> str:
     return d
 
 
-def _entry(e) -> dict:
-    return {"kind": e.kind, "label": e.label, "code": e.code, "dotted": e.dotted,
-            "args": list(e.args), "kwargs": dict(e.kwargs)}
-
-
 def record_of(c, ttl_s: float) -> dict:
     """What a new kernel needs to drive ``c`` (JSON)."""
     return {
@@ -83,12 +77,11 @@ def record_of(c, ttl_s: float) -> dict:
         "token": c.transport.token, "run_id": c.group.run_id,
         "doors": {str(r): list(a) for r, a in c.transport.doors.items()},
         "env": [list(kv) for kv in c.spec.env],
-        "setup_log": [_entry(e) for e in c.setup_log.entries],
         # the cells resume infers its replay from (dpnb.session.resume)
         "history": [{"kind": h.kind, "code": h.code, "ranks": list(h.ranks) if h.ranks else None,
                      "setup": h.setup, "ok": h.ok, "names": list(h.names)} for h in c.history],
-        # the layer above's keys (dpnb.session: train_log, last_wrap, batch_plan,
-        # last_train, autosave_dir), beside the runtime's
+        # the layer above's keys (dpnb.session: setup_log, train_log, last_wrap,
+        # batch_plan, last_train, autosave_dir), beside the runtime's
         **c.session_record(),
     }
 
@@ -197,8 +190,8 @@ def attach(cls, cluster_id: str | None = None):
 def from_record(cls, rec: dict):
     """A ``cls`` connected to the cluster ``rec`` (:func:`record_of`) describes:
     its controller, its ranks, its group's port and generation, its doors and
-    token, its history and setup log, and the session's part
-    (``restore_session``).  Records of older dpnb lack some keys; they stay empty."""
+    token, its history, and the session's part (setup steps, train calls:
+    ``restore_session``).  Records of older dpnb lack some keys; they stay empty."""
     import ipyparallel as ipp  # zmq and tornado: only when a cluster is driven
 
 
@@ -225,11 +218,6 @@ def from_record(cls, rec: dict):
     c.group.run_id = rec.get("run_id") or c.group.run_id  # replacements join the same run
     c.health.generation = int(rec["generation"])
     c.created, c.keep_s = float(rec["created"]), float(rec["ttl_s"])
-    c.setup_log = SetupLog()
-    for e in rec["setup_log"]:
-        c.setup_log._add(SetupEntry(kind=EntryKind(e["kind"]), label=e["label"], code=e["code"],
-                                    dotted=e["dotted"], args=tuple(e["args"]),
-                                    kwargs=dict(e["kwargs"])))
     for h in rec.get("history") or []:  # records of older dpnb have none
         c.history.append(CellRecord(kind=EntryKind(h["kind"]), code=h["code"], setup=h["setup"],
                                     ok=h["ok"], ranks=tuple(h["ranks"]) if h["ranks"] else None,

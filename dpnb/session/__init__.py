@@ -8,7 +8,9 @@ needs on top, as plain methods: ``wrap``, ``set_data``, ``train``, ``check``,
 :mod:`dpnb.session.resize`, :mod:`dpnb.session.export`, :mod:`.resume`).  What they share --
 the last wrap, the last train call, the batch plan, the train calls since the
 wrap, the automatic checkpoints' folder, the measured residency -- is one
-typed :class:`~.state.TrainingState` on ``cluster.training``, kept with the
+typed :class:`~.state.TrainingState` on ``cluster.training``; what built the
+ranks' state -- setup cells, the wrap, the data -- is the typed steps of
+:class:`~.record.SetupRecord` on ``cluster.setup_log``.  Both are kept with the
 runtime's record when the cluster outlives its kernel.
 """
 
@@ -25,6 +27,7 @@ from . import profile as _profile
 from . import resize as _resize
 from . import resume as _resume
 from . import verbs as _train
+from .record import SetupCell, SetupRecord
 from .state import TrainingState
 
 __all__ = ["Cluster", "start", "TrainingState"]
@@ -48,8 +51,18 @@ class Cluster(Engines):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.training = TrainingState()
+        self.setup_log = SetupRecord()  # typed steps resume replays, export writes
         self.last_profile = None  # dpnb.core.profile.Profiled of the last profiled cell
         self.grade_tries: dict[str, int] = {}  # exercise -> tries so far (hints grow with them)
+
+    def run(self, code: str, ranks=None, *, setup: bool = False, **kw):
+        """Run a cell (``%%dp``); see :meth:`dpnb.cluster.Engines.run`.  ``setup=True``
+        (``%%dp --setup``): once it succeeded on every rank, the cell is a step of
+        the setup record that ``restart --resume`` replays and ``%dp export`` writes."""
+        res = super().run(code, ranks, setup=setup, **kw)
+        if res.ok and setup:
+            self.setup_log.add(SetupCell(code))
+        return res
 
     def profile(self, code: str, ranks=None, *, out_dir: str | None = None, **run_kw):
         """Run a cell with ``torch.profiler`` on every selected rank (``%%dp --profile``);
@@ -139,7 +152,8 @@ class Cluster(Engines):
         return dict(st.residency)
 
     def session_record(self) -> dict:
-        return self.training.to_record()
+        return {"setup_log": self.setup_log.to_record(), **self.training.to_record()}
 
     def restore_session(self, rec: dict) -> None:
         self.training = TrainingState.from_record(rec)
+        self.setup_log = SetupRecord.from_record(rec.get("setup_log"))

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 def _check_model(cluster) -> None:
-    if not cluster.setup_log.has_call(ep.WRAP):
+    if not cluster.setup_log.wrapped:
         raise DpnbError("resize moves a training job, and no model was wrapped: %dp wrap one "
                         "first (to change an empty cluster's size, %dp stop and %dp start -n M)")
 

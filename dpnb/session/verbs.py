@@ -21,12 +21,22 @@ from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..progress import TrainProgress
 from ..ranks import rank_label
+from .record import DataStep, WatchStep, WrapStep
 from .state import LastTrain, TrainArgs, TrainCall, WrapRecord
 
 
 
 def _rank0(res) -> Any:
     return res.values[0]
+
+
+def _build(cluster, step):
+    """Send a setup step's call to every rank; once it succeeded, it is a step of the
+    session's setup record (what resume replays and export writes)."""
+    dotted, args, kw = step.call()
+    res = cluster.call(dotted, *args, **kw)
+    cluster.setup_log.add(step)
+    return res
 
 
 def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
@@ -57,23 +67,17 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
     if lacking:
         raise DpnbError(f"there is no {model!r} on {rank_label(lacking)}: build the model in a "
                         f"%%dp cell on every rank first (e.g. {model} = torch.nn.Linear(8, 1))")
-    res = cluster.call(ep.WRAP, model, strategy, **opts)
-    info = _rank0(res)
+    info = _rank0(_build(cluster, WrapStep(model, strategy, dict(opts))))
     cluster.training.wrapped(WrapRecord(model, strategy, dict(opts), info))
-    cluster.record_setup_call(f"wrap {model} ({strategy})", ep.WRAP, model, strategy, **opts)
     # Timing hooks for the gradient-sync view (optimizer step, FSDP
     # all-gather / reduce-scatter); local to each rank, no communication.
-    cluster.call(ep.WATCH)
-    cluster.record_setup_call("gradsync timing hooks", ep.WATCH)
+    _build(cluster, WatchStep())
     return info
 
 
 def set_data(cluster, dataset: str, *, seed: int = 0, shuffle: bool = True) -> dict:
     """Use the dataset named ``dataset`` (defined on every rank) for training."""
-    info = _rank0(cluster.call(ep.SET_DATA, dataset, seed=seed, shuffle=shuffle))
-    cluster.record_setup_call(f"data {dataset}", ep.SET_DATA, dataset, seed=seed,
-                              shuffle=shuffle)
-    return info
+    return _rank0(_build(cluster, DataStep(dataset, seed=seed, shuffle=shuffle)))
 
 
 def train(cluster, *, steps: int | None = None, epochs: int | None = None,
