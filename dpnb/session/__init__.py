@@ -28,6 +28,7 @@ from . import resize as _resize
 from . import resume as _resume
 from . import verbs as _train
 from .record import SetupCell, SetupRecord
+from .results import ExportResult, ResizeResult, TrainResult
 from .state import TrainingState
 
 __all__ = ["Cluster", "start", "TrainingState"]
@@ -88,7 +89,7 @@ class Cluster(Engines):
         """Train on the dataset named ``dataset`` on every rank; see :func:`dpnb.session.verbs.set_data`."""
         return _train.set_data(self, dataset, **opts)
 
-    def train(self, **opts) -> dict:
+    def train(self, **opts) -> TrainResult | None:
         """Run training steps with live progress; see :func:`dpnb.session.verbs.train`."""
         return _train.train(self, **opts)
 
@@ -105,11 +106,11 @@ class Cluster(Engines):
     def pull_model(self) -> dict:
         return _train.pull_model(self)
 
-    def resize(self, n: int, **opts) -> dict:
+    def resize(self, n: int, **opts) -> ResizeResult:
         """Go on training on ``n`` ranks; see :func:`dpnb.session.resize.resize`."""
         return _resize.resize(self, n, **opts)
 
-    def export(self, out_dir: str, **opts) -> dict:
+    def export(self, out_dir: str, **opts) -> ExportResult:
         """Write this session as a batch job; see :func:`dpnb.session.export.export`."""
         return _export.export(self, out_dir, **opts)
 

@@ -36,6 +36,7 @@ from ..core.cellgraph import cell_summary
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from .record import SetupCell, WatchStep
+from .results import ExportResult
 
 #: setup steps the job does not need: they serve notebook views only
 NOTEBOOK_ONLY_STEPS = (WatchStep,)
@@ -193,11 +194,12 @@ def launch_files(cluster) -> dict[str, str]:
     return {"run.sh": run_sh, "job.sbatch": sbatch}
 
 
-def export(cluster, out_dir: str) -> dict:
+def export(cluster, out_dir: str) -> ExportResult:
     """Write ``train.py``, ``run.sh``, ``job.sbatch`` and ``EXPORT.txt`` into ``out_dir``,
     with a checkpoint of the current state (a collective: every rank writes its shard).
 
-    Returns ``{"dir", "files", "checkpoint", "skipped", "command"}``.
+    Returns an :class:`~.results.ExportResult` (``dir``, ``files``, ``checkpoint``,
+    ``step``, ``skipped``, ``command``).
     """
     cluster.require_running()
     if not cluster.setup_log.wrapped:
@@ -228,5 +230,5 @@ def export(cluster, out_dir: str) -> dict:
             f.write(text)
         if name.endswith((".sh", ".py")):
             os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
-    return {"dir": out, "files": sorted(files), "checkpoint": ck, "step": saved.get("step"),
-            "skipped": skipped, "command": f"cd {shlex.quote(out)} && ./run.sh"}
+    return ExportResult(dir=out, files=sorted(files), checkpoint=ck, step=saved.get("step"),
+                        skipped=skipped, command=f"cd {shlex.quote(out)} && ./run.sh")

@@ -15,13 +15,13 @@ from typing import Any
 
 from ..compat import result_metadata
 from ..core.errors import ConfigError
-from ..core.strategies import LR_SCALES, STRATEGIES, is_fsdp, parse_comm_hook
-from ..core.traincounts import count_problem
+from ..core.strategies import STRATEGIES, is_fsdp, parse_comm_hook
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..progress import TrainProgress
 from ..ranks import rank_label
 from .record import DataStep, WatchStep, WrapStep
+from .results import TrainResult
 from .state import LastTrain, TrainArgs, TrainCall, WrapRecord
 
 
@@ -86,7 +86,7 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
           seq_len: int | None = None, step_fn: str | None = None, loss_fn: str | None = None,
           record: bool | None = None, progress: bool = True,
           timeout: float | None = None, checkpoint_every: int | None = None,
-          checkpoint_dir: str | None = None) -> dict:
+          checkpoint_dir: str | None = None) -> TrainResult | None:
     """Run training steps on every rank with a live progress display.
 
     Ctrl-C (Jupyter's "interrupt kernel") stops every rank together after the
@@ -95,29 +95,17 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     optimizer keep their state and a later ``train`` continues from the next
     step.
     """
-    if steps is None and epochs is None:
+    if steps is None and epochs is None:  # before the layout's defaults are chosen
         raise DpnbError("say how long to train: --steps S or --epochs E")
     micro_batch, grad_accum, from_plan = batch_layout(cluster, micro_batch, grad_accum)
-    problem = count_problem(steps=steps, epochs=epochs, micro_batch=micro_batch,
-                            grad_accum=grad_accum)  # the engine's own rule (trainplan)
-    if problem:
-        raise DpnbError(problem)
-    if lr_scale not in LR_SCALES:
-        raise DpnbError(f"--lr-scale must be one of {', '.join(LR_SCALES)} (got {lr_scale!r})")
-    if checkpoint_every is not None and (isinstance(checkpoint_every, bool)
-                                         or not isinstance(checkpoint_every, int)
-                                         or checkpoint_every < 1):
-        raise DpnbError(f"--checkpoint-every must be a whole number of steps >= 1 "
-                        f"(got {checkpoint_every!r})")
-    if checkpoint_dir is not None:
-        checkpoint_dir = os.path.abspath(os.path.expanduser(checkpoint_dir))
-    args = TrainArgs(steps=steps, epochs=epochs, micro_batch=micro_batch, grad_accum=grad_accum,
-                     lr_scale=lr_scale, ref_batch=ref_batch, seq_len=seq_len, step_fn=step_fn,
-                     loss_fn=loss_fn, record=record, publish=bool(progress),
-                     checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
+    args = TrainArgs.checked(steps=steps, epochs=epochs, micro_batch=micro_batch,
+                             grad_accum=grad_accum, lr_scale=lr_scale, ref_batch=ref_batch,
+                             seq_len=seq_len, step_fn=step_fn, loss_fn=loss_fn, record=record,
+                             publish=bool(progress), checkpoint_every=checkpoint_every,
+                             checkpoint_dir=checkpoint_dir)
     st = cluster.training
-    if checkpoint_dir is not None:  # restart --resume finds it even if this run dies
-        st.autosave_dir = checkpoint_dir
+    if args.checkpoint_dir is not None:  # restart --resume finds it even if this run dies
+        st.autosave_dir = args.checkpoint_dir
     view = TrainProgress(steps, kernel=None) if progress else None
     sent: dict = {}
 
@@ -154,11 +142,11 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     st.last_train = LastTrain(args, summary, finals)
     if summary and summary.get("steps"):
         st.train_log.append(TrainCall.of(summary["steps"], cluster.world_size, args))
-    if from_plan and summary is not None:
-        summary = {**summary, "batch_note": from_plan}
-    elif summary is not None:  # a layout of the user's own: the resize plan is history
+    if summary is None:
+        return None
+    if not from_plan:  # a layout of the user's own: the resize plan is history
         st.batch_plan = None
-    return summary
+    return TrainResult.of(summary, batch_note=from_plan)
 
 
 #: what ``train`` uses when neither the call nor a resize says
