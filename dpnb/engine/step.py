@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import compat
+from ..core.events import ProgressEvent
 from ..core.strategies import is_fsdp
 from . import device, peercopy
 from .microbatch import _split, _to_device, default_loss
@@ -297,11 +298,11 @@ class _Loop:
         now = time.perf_counter()
         if not (now - self.last_pub >= 0.2 or i == self.p.n_steps - 1 or stopping):
             return
-        payload = {"dpnb_progress": {
-            "rank": rec.rank, "step": rec.step, "done": i + 1, "total": self.p.n_steps,
-            "loss": rec.loss, "samples_per_s": rec.samples_per_s,
-            "tokens_per_s": rec.tokens_per_s, "step_time_s": rec.step_time_s,
-            "compute_s_all": rec.compute_s_all, "history": list(self.pub_hist)}}
+        payload = ProgressEvent(
+            rank=rec.rank, step=rec.step, done=i + 1, total=self.p.n_steps, loss=rec.loss,
+            samples_per_s=rec.samples_per_s, tokens_per_s=rec.tokens_per_s,
+            step_time_s=rec.step_time_s, compute_s_all=rec.compute_s_all,
+            history=list(self.pub_hist)).encode()
         try:
             self.publisher(payload)
         except Exception as e:  # not inside an engine after all; keep training

@@ -27,6 +27,7 @@ from . import profile as _profile
 from . import resize as _resize
 from . import resume as _resume
 from . import verbs as _train
+from .feed import ProgressFeed
 from .record import SetupCell, SetupRecord
 from .results import ExportResult, ResizeResult, TrainResult
 from .state import TrainingState
@@ -53,6 +54,10 @@ class Cluster(Engines):
         super().__init__(**kwargs)
         self.training = TrainingState()
         self.setup_log = SetupRecord()  # typed steps resume replays, export writes
+        # train's progress events, decoded once (dpnb.core.events), to every subscriber;
+        # JupyterLab's sidebar (the runtime's publication) hears them all
+        self.progress_feed = ProgressFeed()
+        self.subscribe(lambda ev: self.published.progress(ev.as_dict()))
         self.last_profile = None  # dpnb.core.profile.Profiled of the last profiled cell
         self.grade_tries: dict[str, int] = {}  # exercise -> tries so far (hints grow with them)
 
@@ -128,6 +133,11 @@ class Cluster(Engines):
     # ------------------------------------------------------------------
     # What the views read (dpnb.core.viewsource.ViewSource): the session hands
     # them typed data; they never reach the ipyparallel client or its state.
+    def subscribe(self, fn) -> Any:
+        """Call ``fn(event)`` with each :class:`~dpnb.core.events.ProgressEvent` a
+        running ``train`` publishes; returns ``unsubscribe``.  See :mod:`.feed`."""
+        return self.progress_feed.subscribe(fn)
+
     def in_flight(self) -> bool:
         """A cell or call is in flight: ipyparallel still waits on some reply."""
         return bool(getattr(self.client, "outstanding", ()))

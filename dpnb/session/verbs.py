@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from ..compat import result_metadata
+from ..core.events import ProgressEvent
 from ..core.errors import ConfigError
 from ..core.strategies import STRATEGIES, is_fsdp, parse_comm_hook
 from ..engine import entrypoints as ep
@@ -112,14 +113,18 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     def on_poll(ars: dict) -> None:
         sent.update(ars)
         # rank 0's latest datapub payload, kept by the client's I/O thread
-        data = result_metadata(ars[min(ars)]).get("data")
-        if isinstance(data, dict) and data.get("dpnb_progress"):
-            cluster.published.progress(data["dpnb_progress"])  # JupyterLab's sidebar
-            if view is not None:
-                view.update(data["dpnb_progress"])
+        ev = ProgressEvent.decode(result_metadata(ars[min(ars)]).get("data"))
+        if ev is not None:
+            cluster.progress_feed.publish(ev)
 
-    res = cluster.call(ep.TRAIN, timeout=timeout, on_poll=on_poll, raise_errors=False,
-                       **args.to_record())
+    # the live view hears this call's events; the session's other subscribers stay
+    unsubscribe = (cluster.subscribe(lambda ev: view.update(ev.as_dict())) if view is not None
+                   else lambda: None)
+    try:
+        res = cluster.call(ep.TRAIN, timeout=timeout, on_poll=on_poll, raise_errors=False,
+                           **args.to_record())
+    finally:
+        unsubscribe()
     summary = res.values[0] if res.ok else None
     if summary:
         cluster.published.progress({"step": summary.get("last_step"), "loss": summary.get("loss"),
@@ -136,9 +141,9 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     # from it, however its poller's ticks fell.
     finals = {}
     for ar in sent.values():
-        p = (result_metadata(ar).get("data") or {}).get("dpnb_progress")
-        if p and "rank" in p:
-            finals[p["rank"]] = dict(p)
+        ev = ProgressEvent.decode(result_metadata(ar).get("data"))
+        if ev is not None:
+            finals[ev.rank] = ev.as_dict()
     st.last_train = LastTrain(args, summary, finals)
     if summary and summary.get("steps"):
         st.train_log.append(TrainCall.of(summary["steps"], cluster.world_size, args))
