@@ -143,7 +143,7 @@ class Cluster(Engines):
         return bool(getattr(self.client, "outstanding", ()))
 
     def published_progress(self, seen: dict) -> dict[int, dict]:
-        """Each rank's latest ``dpnb_progress`` payload (datapub, read from the
+        """Each rank's latest progress event as a plain dict (datapub, read from the
         client's metadata while the call runs; ``seen`` keeps finished ids)."""
         return progress_from_client(self.client, seen)
 
