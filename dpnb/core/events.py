@@ -37,11 +37,12 @@ class ProgressEvent:
     tokens_per_s: float | None = None
     step_time_s: float | None = None
     compute_s_all: Any = None
-    history: Any = ()
+    history: Any = None
 
     def as_dict(self) -> dict:
-        """The payload as plain values, the keys views and JupyterLab read."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The payload as plain values, the keys views and JupyterLab read (a value
+        not known is left out, as a payload that never carried it)."""
+        return {k: getattr(self, k) for k in _NAMES if getattr(self, k) is not None}
 
     def encode(self) -> dict:
         """What the rank publishes (``ipyparallel.datapub.publish_data``)."""

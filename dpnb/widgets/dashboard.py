@@ -26,6 +26,7 @@ import ipywidgets as w
 from ..core.viewsource import ViewSource
 from ..display import GROUP_ABOVE, byte_span, group_cells, group_status
 from ..engine import entrypoints as ep
+from ..progress import progress_from_client  # noqa: F401  (the decoder the session uses)
 from . import _common as C
 
 log = logging.getLogger(__name__)
