@@ -14,6 +14,7 @@ import logging
 import sys
 import time
 
+from .core.events import ProgressEvent
 from .display import show_widget, widget_bundle
 from .env import RENDER_LOCK, in_kernel
 
@@ -151,8 +152,13 @@ class TrainProgress:
             sys.stdout.flush()
 
 
+def _step(p: dict) -> int:
+    return p["step"] if p.get("step") is not None else -1
+
+
 def progress_from_client(client, also: dict | None = None) -> dict:
-    """Latest ``dpnb_progress`` payload per rank from in-flight ipyparallel requests (read-only).
+    """Latest progress payload per rank (:class:`~dpnb.core.events.ProgressEvent`, as the
+    plain dict views read) from in-flight ipyparallel requests (read-only).
 
     ``also``: message ids seen earlier; their final payload is kept in the
     client's metadata after they finish, so a run shorter than the polling
@@ -173,11 +179,11 @@ def progress_from_client(client, also: dict | None = None) -> dict:
         return out
     for mid in ids:
         md = client.metadata.get(mid)
-        data = md.get("data") if md is not None else None
-        p = data.get("dpnb_progress") if isinstance(data, dict) else None
-        if p and "rank" in p:
+        ev = ProgressEvent.decode(md.get("data") if md is not None else None)
+        if ev is not None:
             if also is not None:
                 also[mid] = None
-            if p["rank"] not in out or p.get("step", -1) >= out[p["rank"]].get("step", -1):
-                out[p["rank"]] = dict(p)
+            p = ev.as_dict()
+            if ev.rank not in out or _step(p) >= _step(out[ev.rank]):
+                out[ev.rank] = p
     return out

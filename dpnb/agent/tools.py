@@ -164,7 +164,7 @@ def train_progress(c) -> dict:
 
 def setup(c) -> dict:
     """``%dp setup``: what ``restart --resume`` would replay now, in order."""
-    if not c.setup_log.has_call(ep.WRAP):
+    if not c.setup_log.wrapped:
         return {"replay": [], **_none("nothing to replay yet: a model must be wrapped first")}
     return {"available": True, "replay": describe_resume(c)}
 

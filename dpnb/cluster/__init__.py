@@ -45,7 +45,7 @@ from .processes import Processes
 from .render import show_result
 from .scripts import run_script as _run_script
 from .status import status_rows
-from .restart import Restarted, SetupLog, restart as _restart
+from .restart import Restarted, restart as _restart
 from .state import World, WorldRef
 from .transport import Transport, _runner_fn, unpack_value, unsendable
 from .types import (BACKENDS, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult, EntryKind, Health,
@@ -91,8 +91,8 @@ class Engines:
                            master_addr=master_addr, timeout_s=timeout_s, threads=threads,
                            local=self.local, env=self.spec.env_dict,
                            watch_pid=engine_launcher.watched_kernel(), seed=seed)
-        self.setup_log = SetupLog()
-        # every cell and push: what restart --resume and %dp export read
+        # every cell and push: what restart --resume and %dp export read (the steps
+        # that built the training state are the session's: dpnb.session.record)
         self.history: collections.deque = collections.deque(maxlen=SETUP_LOG_MAX)
         self.last_failure: CellResult | None = None  # for %dp debug
         self.created = time.time()
@@ -237,8 +237,8 @@ class Engines:
         streams while the cell runs and is then shown grouped by rank, with
         identical output shown once.  ``timeout`` bounds the cell's wall time:
         ranks still running then are interrupted and reported.  ``setup=True``
-        (``%%dp --setup``) records the cell, once it succeeded on every rank,
-        for ``restart --resume`` to replay.  ``unchecked=True`` (``%%dp
+        (``%%dp --setup``) marks the cell in the history, for ``restart
+        --resume`` to replay (the session records it once it succeeded everywhere).  ``unchecked=True`` (``%%dp
         --unchecked``): its collectives skip the mismatch check
         (:mod:`dpnb.engine.cellguard`).  ``history=False``: not recorded (a replay).
         """
@@ -252,8 +252,6 @@ class Engines:
                                   kind=WaitKind.EXECUTE)
         if display:
             show_result(res)
-        if res.ok and setup:
-            self.setup_log.add_cell(code)
         if history:
             self.history.append(CellRecord(EntryKind.CELL, code, None if len(sel) == self.world_size
                                            else tuple(sel), setup, res.ok))
@@ -279,10 +277,6 @@ class Engines:
         if display:
             show_result(res)
         return self._finish(res, raise_errors)
-
-    def record_setup_call(self, label: str, dotted: str, *args, **kwargs) -> None:
-        """Note an engine call that built state (a wrap, a dataset) for ``restart --resume``."""
-        self.setup_log.add_call(label, dotted, args, kwargs)
 
     def _finish(self, res: CellResult, raise_errors: bool) -> CellResult:
         if res.ok:

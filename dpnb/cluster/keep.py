@@ -12,10 +12,10 @@ start time, and removes the profile and the record.
 
 The record -- one JSON file per kept cluster in :func:`state_dir`, readable
 only by its user -- holds what the notebook side knew: ranks, the group's
-port and generation, the setup log ``restart --resume`` and ``export``
-replay, the train calls -- put together from each part's own record
-(``to_record`` of the world, the group, the transport, the launcher, the setup
-log) and read back by each (``from_record`` / ``restore``).  The engines'
+port and generation, the cell history -- put together from each part's own
+record (``to_record`` of the world, the group, the transport, the launcher)
+and read back by each (``from_record`` / ``restore``) -- and the session's part
+(the setup steps ``restart --resume`` and ``export`` replay, the train calls).  The engines'
 namespaces need no record: the engines never stopped.
 """
 
@@ -33,7 +33,6 @@ from .launch import _quiet_ipp_log
 from .group import Group
 from .launchers import from_record as launcher_from_record
 from .processes import same_process, start_time
-from .restart import SetupLog
 from .state import World
 from .types import CellRecord
 
@@ -89,13 +88,13 @@ def checked_ttl(text) -> float:
 def record_of(c, ttl_s: float) -> dict:
     """What a new kernel needs to drive ``c`` (JSON): the cluster's own keys and
     each part's own record -- the world (ranks, port, generation, doors), the
-    group's settings, the transport's token, the launcher's, the setup log --
-    and the layer above's (``session_record``: train_log, last_wrap, ...)."""
+    group's settings, the transport's token, the launcher's -- and the layer
+    above's (``session_record``: setup_log, train_log, last_wrap, ...)."""
     rec = {"id": c.cluster_id, "created": c.created, "ttl_s": ttl_s,
            "profile_dir": c.profile_dir, "cluster_file": c.cluster_file,
            # the cells resume infers its replay from (dpnb.session.resume)
            "history": [h.to_record() for h in c.history]}
-    for part in (c.world, c.group, c.transport, c.engine_launcher, c.setup_log):
+    for part in (c.world, c.group, c.transport, c.engine_launcher):
         own = part.to_record()
         if own.keys() & rec.keys():  # two parts writing one key: one would be lost
             raise AssertionError(f"{type(part).__name__} writes {sorted(own.keys() & rec.keys())}"
@@ -212,8 +211,8 @@ def attach(cls, cluster_id: str | None = None):
 def from_record(cls, rec: dict):
     """A ``cls`` connected to the cluster ``rec`` (:func:`record_of`) describes:
     its controller, its ranks, its group's port and generation, its doors and
-    token, its history and setup log, and the session's part
-    (``restore_session``).  Records of older dpnb lack some keys; they stay empty."""
+    token, its history, and the session's part (setup steps, train calls:
+    ``restore_session``).  Records of older dpnb lack some keys; they stay empty."""
     import ipyparallel as ipp  # zmq and tornado: only when a cluster is driven
 
 
@@ -236,7 +235,6 @@ def from_record(cls, rec: dict):
     c.transport.restore(rec)
     c.group.restore(rec)
     c.created, c.keep_s = float(rec["created"]), float(rec["ttl_s"])
-    c.setup_log = SetupLog.from_record(rec)
     # records of older dpnb have no history
     c.history.extend(CellRecord.from_record(h) for h in rec.get("history") or [])
     c.restore_session(rec)

@@ -12,79 +12,24 @@ this module which ranks were replaced.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..core.cellgraph import cell_summary
 from ..core.timeouts import form_timeout
 from ..ranks import rank_label
 from . import engines
 from .diagnose import kept
 from .group import moved_sentences
 from .transport import Transport
-from .types import SETUP_LOG_MAX, EntryKind, Health, SetupEntry
+from .types import Health
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Engines as Cluster
 
 log = logging.getLogger(__name__)
-
-
-class SetupLog:
-    """What built the ranks' state, replayed by ``restart --resume``; bounded."""
-
-    def __init__(self, limit: int = SETUP_LOG_MAX):
-        self.entries: collections.deque[SetupEntry] = collections.deque(maxlen=limit)
-        self.dropped = 0
-
-    def _add(self, e: SetupEntry) -> None:
-        if len(self.entries) == self.entries.maxlen:
-            self.dropped += 1
-            log.warning("setup log full (%d entries): dropping the oldest", self.entries.maxlen)
-        self.entries.append(e)
-
-    def add_cell(self, code: str) -> None:
-        self._add(SetupEntry(kind=EntryKind.CELL, label=f"cell: {cell_summary(code)}", code=code))
-
-    def add_call(self, label: str, dotted: str, args: tuple = (), kwargs: dict | None = None) -> None:
-        self._add(SetupEntry(kind=EntryKind.CALL, label=label, dotted=dotted, args=tuple(args),
-                             kwargs=dict(kwargs or {})))
-
-    def has_call(self, dotted: str) -> bool:
-        return any(e.dotted == dotted for e in self.entries)
-
-    def describe(self) -> list[str]:
-        out = [f"{i + 1}. {e.label}" for i, e in enumerate(self.entries)]
-        if self.dropped:
-            out.insert(0, f"({self.dropped} older entries were dropped: the log keeps "
-                          f"{self.entries.maxlen})")
-        return out
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.dropped = 0
-
-    def to_record(self) -> dict:
-        """The log as JSON, for a kept cluster's record (:mod:`.keep`)."""
-        return {"setup_log": [{"kind": e.kind, "label": e.label, "code": e.code,
-                               "dotted": e.dotted, "args": list(e.args),
-                               "kwargs": dict(e.kwargs)} for e in self.entries]}
-
-    @classmethod
-    def from_record(cls, rec: dict) -> SetupLog:
-        out = cls()
-        for e in rec["setup_log"]:
-            out._add(SetupEntry(kind=EntryKind(e["kind"]), label=e["label"], code=e["code"],
-                                dotted=e["dotted"], args=tuple(e["args"]),
-                                kwargs=dict(e["kwargs"])))
-        return out
-
-    def __len__(self) -> int:
-        return len(self.entries)
 
 
 def _settle_busy(t: Transport, h: Health, kill: Callable[[int], None], timeout_s: float,

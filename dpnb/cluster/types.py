@@ -23,7 +23,7 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 USER_ENAMES = frozenset({"UserError", "ConfigError", "DpnbError", "NotRunningError", "RankSpecError",
                          "StartError", "RemoteCellError", "TrainError", "ViewError", "AdoptError",
                          "ActionError"})
-#: how many entries ``restart --resume`` may replay (the setup log is bounded)
+#: how many cells and pushes the history keeps (what ``restart --resume`` may replay)
 SETUP_LOG_MAX = 200
 
 
@@ -105,10 +105,9 @@ class Status(Word):
 
 
 class EntryKind(Word):
-    """What one record of the history or the setup log is."""
+    """What one record of the history is."""
 
     CELL = "cell"  # a cell run on the ranks (its code)
-    CALL = "call"  # an engine call by dotted name (a wrap, a dataset)
     PUSH = "push"  # values sent from the notebook
 
 
@@ -190,22 +189,6 @@ class Health:
     dead: dict[int, str] = field(default_factory=dict)
     busy: set[int] = field(default_factory=set)
     group_ok: bool = True
-
-
-@dataclass(frozen=True)
-class SetupEntry:
-    """One step that built the ranks' state, replayed by ``restart --resume``.
-
-    ``kind`` is ``"cell"`` (a ``%%dp --setup`` cell: ``code``) or ``"call"``
-    (an engine function by dotted name with its arguments, e.g. the wrap).
-    """
-
-    kind: EntryKind
-    label: str
-    code: str = ""
-    dotted: str = ""
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ in a test a plain object -- through the methods below only: engine calls by
 name (the ranks answer over ipyparallel, :mod:`dpnb.engine.entrypoints`),
 the runtime's per-rank status rows, whether a call is in flight, the
 progress the ranks published while it runs (ipyparallel's datapub, decoded
-by the session), the last ``%dp train`` as a typed :class:`LastRun`, and a
+once into typed events, :mod:`dpnb.core.events`: read, or subscribed to), the last ``%dp train`` as a typed :class:`LastRun`, and a
 store for the residency measurements the session keeps.  A view never reads
 the ipyparallel client, the session's state object or the runtime's parts;
 ``tests/unit/test_view_contract.py`` holds that.
@@ -62,6 +62,10 @@ class ViewSource(Protocol):
 
     def in_flight(self) -> bool:
         """A cell or call is in flight (a view must not send one now)."""
+
+    def subscribe(self, fn: Any) -> Any:
+        """Call ``fn(event)`` with each progress event (:class:`dpnb.core.events.ProgressEvent`)
+        a running ``train`` publishes; returns ``unsubscribe``."""
 
     def published_progress(self, seen: dict) -> dict[int, dict]:
         """Each rank's latest progress payload of the calls in flight and those in

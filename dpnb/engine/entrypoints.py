@@ -7,8 +7,8 @@ The runtime (:mod:`dpnb.cluster`), the session, the views and the magics
 import these names from here instead of spelling the strings, so a rename
 on the engine side is one edit here and tests/unit/test_entry_points.py
 resolves each of them the way an engine does.  The session's setup record
-(``SetupLog``) stores the same strings, so ``has_call(WRAP)`` compares the
-value a call recorded.
+(:mod:`dpnb.session.record`) holds typed steps, each naming the entry point
+it replays from here.
 
 Plain ``str`` constants (not a ``str`` subclass): the value crosses
 ipyparallel as a bare string, exactly as before, and a kept cluster's JSON

@@ -15,10 +15,12 @@ gives the global mean loss, makes all ranks stop at the same step boundary
 after Ctrl-C / Stop, feeds the straggler view and checks the global batch
 size (the per-rank sample counts must add up to it).
 
-The loop is split torchtitan-style: :func:`plan` validates (no state
-changes), :meth:`_Loop.micro_batches` runs forward/backward,
-:meth:`_Loop.optimizer_step` steps, :meth:`_Loop.issue_stats` starts the
-gather, :meth:`_Loop.finish` completes a step's record and progress.
+The loop is split torchtitan-style: :func:`train` reads as its named steps --
+:func:`plan` validates (no state changes), :func:`_checkpoint_dir`,
+:func:`_apply_lr_scale`, :func:`_run_steps` (per step :meth:`_Loop.one_step`:
+:meth:`_Loop.micro_batches` forward/backward, :meth:`_Loop.optimizer_step`,
+:meth:`_Loop.issue_stats` starts the gather; :meth:`_Loop.finish` completes a
+step's record and progress one step later), :func:`_summary`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import compat
+from ..core.events import ProgressEvent
 from ..core.strategies import is_fsdp
 from . import device, peercopy
 from .microbatch import _split, _to_device, default_loss
@@ -295,11 +298,11 @@ class _Loop:
         now = time.perf_counter()
         if not (now - self.last_pub >= 0.2 or i == self.p.n_steps - 1 or stopping):
             return
-        payload = {"dpnb_progress": {
-            "rank": rec.rank, "step": rec.step, "done": i + 1, "total": self.p.n_steps,
-            "loss": rec.loss, "samples_per_s": rec.samples_per_s,
-            "tokens_per_s": rec.tokens_per_s, "step_time_s": rec.step_time_s,
-            "compute_s_all": rec.compute_s_all, "history": list(self.pub_hist)}}
+        payload = ProgressEvent(
+            rank=rec.rank, step=rec.step, done=i + 1, total=self.p.n_steps, loss=rec.loss,
+            samples_per_s=rec.samples_per_s, tokens_per_s=rec.tokens_per_s,
+            step_time_s=rec.step_time_s, compute_s_all=rec.compute_s_all,
+            history=list(self.pub_hist)).encode()
         try:
             self.publisher(payload)
         except Exception as e:  # not inside an engine after all; keep training
@@ -407,93 +410,91 @@ def train(
     ``global_batch``, ``tokens`` (``seq_len`` per sample, from the argument or
     the dataset's ``seq_len``), ``micro_batch``, ``grad_accum``, ``dp``,
     ``lr``, ``samples_per_s``, ``tokens_per_s``, ``t_start``/``t_end``
-    (``time.time``), ``straggle_delay_s``, ``bytes`` (:func:`state_bytes`
-    right after ``optimizer.step()``, or None when not recording; counted on
-    the first and last step of a call and every ``BYTES_EVERY`` steps, with
-    the allocator's peak over that step; the steps between carry the last
-    count -- the tensors keep their sizes from step to step -- and
-    ``counted_at_step`` says which step it is from) and
-    ``compute_s`` / ``compute_s_all`` (this rank's / every rank's): the time
-    spent in work that waits for no other rank -- the non-final micro-batches,
-    the final forward, the straggle delay and the optimizer step -- so a slow
-    rank shows a larger value and the others' ``step_time_s - compute_s`` is
-    mostly waiting.  (The final backward, which overlaps the gradient
-    all-reduce, is left out; under FSDP forward also all-gathers, and
-    ZeRO-1's step includes its parameter broadcast.)
+    (``time.time``), ``straggle_delay_s``, ``bytes`` and ``counted_at_step``,
+    ``compute_s`` / ``compute_s_all`` (what each means: :class:`StepRecord`).
     ``publish=True`` sends progress through ``ipyparallel.datapub`` (at most
     ~5 times a second); a callable receives the same dict.
     """
-    es = get_state(ns)
-    st = require_bound(ns)
+    es, st = get_state(ns), require_bound(ns)
     data = current_data(es, st)
     P = plan(ns, es, data, steps=steps, epochs=epochs, micro_batch=micro_batch,
              grad_accum=grad_accum, lr_scale=lr_scale, ref_batch=ref_batch, step_fn=step_fn,
              loss_fn=loss_fn)
-    ck_dir = None
-    if checkpoint_every is not None or checkpoint_dir is not None:
-        # lazy: autosave brings DCP (it loads FSDP); only --checkpoint-every pays
-        from . import autosave
-
-        ck_dir = autosave.check(st, checkpoint_dir, checkpoint_every)
+    ck_dir = _checkpoint_dir(st, checkpoint_dir, checkpoint_every)
     note = data.usage_note(P.micro_batch, P.grad_accum, P.world_size, P.n_steps)
     # Everything is validated: from here on the call changes state.
+    lr_now = _apply_lr_scale(st, P)
+    tps = seq_len if seq_len is not None else getattr(data.dataset, "seq_len", None)
+    loop = _Loop(es, st, data, P, record=record, publisher=_make_publisher(publish), tps=tps)
+    st.module.train()
+    loop.align()  # the ranks start the first step together
+    first, t_call = st.step, time.perf_counter()
+    saved = _run_steps(ns, loop, ck_dir, checkpoint_every)
+    wall = time.perf_counter() - t_call
+    return _summary(loop, first, wall, lr_now=lr_now, note=note, saved=saved, ck_dir=ck_dir)
+
+
+def _checkpoint_dir(st, checkpoint_dir: str | None, every: int | None) -> str | None:
+    """Where ``--checkpoint-every`` writes, checked before any step; None when off."""
+    if every is None and checkpoint_dir is None:
+        return None
+    # lazy: autosave brings DCP (it loads FSDP); only --checkpoint-every pays
+    from . import autosave
+
+    return autosave.check(st, checkpoint_dir, every)
+
+
+def _apply_lr_scale(st, P: Plan) -> float:
+    """The optimizer's lr rescaled from the last call's scale to this one's; the lr now."""
     groups = st.optimizer.param_groups
     for g in groups:
         g["lr"] = float(g["lr"]) / st.lr_scale_applied * P.lr_scale
     st.lr_scale_applied = P.lr_scale
-    lr_now = float(groups[0]["lr"])
-    tps = seq_len if seq_len is not None else getattr(data.dataset, "seq_len", None)
-    loop = _Loop(es, st, data, P, record=record, publisher=_make_publisher(publish), tps=tps)
-    st.module.train()
-    loop.align()
-    first = st.step
-    t_call = time.perf_counter()
-    pending = None
-    saved = []
-    with StopRequest(es) as stop, _recorder_off_after(st.recorder), scheduled_gc(), peercopy.Copier(ns) as peer:
-        for i in range(P.n_steps):
+    return float(groups[0]["lr"])
+
+
+def _run_steps(ns: dict, loop: _Loop, ck_dir: str | None, every: int | None) -> list:
+    """The steps: each one's stats gather finished one step later (the stop flags
+    travel with it), a checkpoint every ``every`` steps; the checkpoints written."""
+    st, es = loop.st, loop.es
+    pending, saved = None, []
+    with StopRequest(es) as stop, _recorder_off_after(st.recorder), scheduled_gc(), \
+            peercopy.Copier(ns) as peer:
+        for i in range(loop.p.n_steps):
             issued = peer.after(loop.one_step(i, stop))  # every K steps: the peer copy
             if pending is not None and loop.finish(pending, stop):
                 pending = issued
                 break
             pending = issued
-            if ck_dir is not None and st.step % checkpoint_every == 0:
+            if ck_dir is not None and st.step % every == 0:
                 # lazy: autosave brings DCP (it loads FSDP); only --checkpoint-every pays
                 from . import autosave
 
                 stopping = loop.finish(pending, stop)  # the checkpoint holds finished steps
                 pending = None
-                saved.append(autosave.save_step(ns, ck_dir, st.step, P.rank))
+                saved.append(autosave.save_step(ns, ck_dir, st.step, loop.p.rank))
                 if stopping:
                     break
         if pending is not None:
             loop.finish(pending, stop)
-    wall = time.perf_counter() - t_call
+    return saved
+
+
+def _summary(loop: _Loop, first: int, wall: float, *, lr_now: float, note, saved: list,
+             ck_dir: str | None) -> dict:
+    """What the call returns (rank 0's goes back to the notebook)."""
+    st, P, tps = loop.st, loop.p, loop.tps
     done = st.step - first
     samples_total = done * P.global_batch
     return {
-        "rank": P.rank,
-        "strategy": st.strategy,
-        "steps": done,
-        "requested_steps": P.n_steps,
-        "first_step": first,
-        "last_step": st.step - 1 if done else None,
-        "interrupted": loop.stop_reason is not None,
-        "stop_reason": loop.stop_reason,
-        "loss": loop.losses[-1] if loop.losses else None,
-        "losses": loop.losses,
-        "global_batch": P.global_batch,
-        "micro_batch": P.micro_batch,
-        "grad_accum": P.grad_accum,
-        "dp": P.world_size,
-        "lr": lr_now,
-        "lr_scale": P.lr_mode,
-        "steps_per_epoch": P.steps_per_epoch,
-        "epoch": data.epoch,
-        "time_s": wall,
+        "rank": P.rank, "strategy": st.strategy, "steps": done, "requested_steps": P.n_steps,
+        "first_step": first, "last_step": st.step - 1 if done else None,
+        "interrupted": loop.stop_reason is not None, "stop_reason": loop.stop_reason,
+        "loss": loop.losses[-1] if loop.losses else None, "losses": loop.losses,
+        "global_batch": P.global_batch, "micro_batch": P.micro_batch,
+        "grad_accum": P.grad_accum, "dp": P.world_size, "lr": lr_now, "lr_scale": P.lr_mode,
+        "steps_per_epoch": P.steps_per_epoch, "epoch": loop.data.epoch, "time_s": wall,
         "samples_per_s": samples_total / wall if wall > 0 else None,
         "tokens_per_s": samples_total * tps / wall if (tps and wall > 0) else None,
-        "data_note": note,
-        "checkpoints": saved,
-        "checkpoint_dir": ck_dir,
+        "data_note": note, "checkpoints": saved, "checkpoint_dir": ck_dir,
     }

@@ -197,7 +197,11 @@ class StepRecord:
     and the others' ``step_time_s - compute_s`` is mostly waiting.
     ``bytes`` is :func:`~dpnb.engine.measure.state_bytes` right after
     ``optimizer.step()`` (None when not recording), counted every
-    ``BYTES_EVERY`` steps and carried in between (``counted_at_step``).
+    ``BYTES_EVERY`` steps and on a call's first and last step, with the
+    allocator's peak over that step, and carried in between (``counted_at_step``).
+    The final backward, which overlaps the gradient all-reduce, is not in
+    ``compute_s``; under FSDP forward also all-gathers, and ZeRO-1's step
+    includes its parameter broadcast.
     """
 
     step: int

@@ -8,7 +8,6 @@ from __future__ import annotations
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..engine import entrypoints as ep
 from ..session.resume import describe as describe_resume
 from .options import profile_options, run_options, subcommand
 
@@ -66,7 +65,7 @@ class CellCommands:
             c.setup_log.clear()
             print("dpnb: setup log cleared; restart --resume will replay nothing")
             return
-        lines = describe_resume(c) if c.setup_log.has_call(ep.WRAP) else []
+        lines = describe_resume(c) if c.setup_log.wrapped else []
         print("dpnb: restart --resume would replay, in order:\n  " + "\n  ".join(lines) if lines
               else "dpnb: nothing to replay yet: %dp wrap a model first (the cells that built "
                    "it are then found in this session's history)")

@@ -8,7 +8,9 @@ needs on top, as plain methods: ``wrap``, ``set_data``, ``train``, ``check``,
 :mod:`dpnb.session.resize`, :mod:`dpnb.session.export`, :mod:`.resume`).  What they share --
 the last wrap, the last train call, the batch plan, the train calls since the
 wrap, the automatic checkpoints' folder, the measured residency -- is one
-typed :class:`~.state.TrainingState` on ``cluster.training``, kept with the
+typed :class:`~.state.TrainingState` on ``cluster.training``; what built the
+ranks' state -- setup cells, the wrap, the data -- is the typed steps of
+:class:`~.record.SetupRecord` on ``cluster.setup_log``.  Both are kept with the
 runtime's record when the cluster outlives its kernel.
 """
 
@@ -25,6 +27,9 @@ from . import profile as _profile
 from . import resize as _resize
 from . import resume as _resume
 from . import verbs as _train
+from .feed import ProgressFeed
+from .record import SetupCell, SetupRecord
+from .results import ExportResult, ResizeResult, TrainResult
 from .state import TrainingState
 
 __all__ = ["Cluster", "start", "TrainingState"]
@@ -48,8 +53,22 @@ class Cluster(Engines):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.training = TrainingState()
+        self.setup_log = SetupRecord()  # typed steps resume replays, export writes
+        # train's progress events, decoded once (dpnb.core.events), to every subscriber;
+        # JupyterLab's sidebar (the runtime's publication) hears them all
+        self.progress_feed = ProgressFeed()
+        self.subscribe(lambda ev: self.published.progress(ev.as_dict()))
         self.last_profile = None  # dpnb.core.profile.Profiled of the last profiled cell
         self.grade_tries: dict[str, int] = {}  # exercise -> tries so far (hints grow with them)
+
+    def run(self, code: str, ranks=None, *, setup: bool = False, **kw):
+        """Run a cell (``%%dp``); see :meth:`dpnb.cluster.Engines.run`.  ``setup=True``
+        (``%%dp --setup``): once it succeeded on every rank, the cell is a step of
+        the setup record that ``restart --resume`` replays and ``%dp export`` writes."""
+        res = super().run(code, ranks, setup=setup, **kw)
+        if res.ok and setup:
+            self.setup_log.add(SetupCell(code))
+        return res
 
     def profile(self, code: str, ranks=None, *, out_dir: str | None = None, **run_kw):
         """Run a cell with ``torch.profiler`` on every selected rank (``%%dp --profile``);
@@ -75,7 +94,7 @@ class Cluster(Engines):
         """Train on the dataset named ``dataset`` on every rank; see :func:`dpnb.session.verbs.set_data`."""
         return _train.set_data(self, dataset, **opts)
 
-    def train(self, **opts) -> dict:
+    def train(self, **opts) -> TrainResult | None:
         """Run training steps with live progress; see :func:`dpnb.session.verbs.train`."""
         return _train.train(self, **opts)
 
@@ -92,11 +111,11 @@ class Cluster(Engines):
     def pull_model(self) -> dict:
         return _train.pull_model(self)
 
-    def resize(self, n: int, **opts) -> dict:
+    def resize(self, n: int, **opts) -> ResizeResult:
         """Go on training on ``n`` ranks; see :func:`dpnb.session.resize.resize`."""
         return _resize.resize(self, n, **opts)
 
-    def export(self, out_dir: str, **opts) -> dict:
+    def export(self, out_dir: str, **opts) -> ExportResult:
         """Write this session as a batch job; see :func:`dpnb.session.export.export`."""
         return _export.export(self, out_dir, **opts)
 
@@ -114,12 +133,17 @@ class Cluster(Engines):
     # ------------------------------------------------------------------
     # What the views read (dpnb.core.viewsource.ViewSource): the session hands
     # them typed data; they never reach the ipyparallel client or its state.
+    def subscribe(self, fn) -> Any:
+        """Call ``fn(event)`` with each :class:`~dpnb.core.events.ProgressEvent` a
+        running ``train`` publishes; returns ``unsubscribe``.  See :mod:`.feed`."""
+        return self.progress_feed.subscribe(fn)
+
     def in_flight(self) -> bool:
         """A cell or call is in flight: ipyparallel still waits on some reply."""
         return bool(getattr(self.client, "outstanding", ()))
 
     def published_progress(self, seen: dict) -> dict[int, dict]:
-        """Each rank's latest ``dpnb_progress`` payload (datapub, read from the
+        """Each rank's latest progress event as a plain dict (datapub, read from the
         client's metadata while the call runs; ``seen`` keeps finished ids)."""
         return progress_from_client(self.client, seen)
 
@@ -139,7 +163,8 @@ class Cluster(Engines):
         return dict(st.residency)
 
     def session_record(self) -> dict:
-        return self.training.to_record()
+        return {"setup_log": self.setup_log.to_record(), **self.training.to_record()}
 
     def restore_session(self, rec: dict) -> None:
         self.training = TrainingState.from_record(rec)
+        self.setup_log = SetupRecord.from_record(rec.get("setup_log"))

@@ -35,9 +35,11 @@ from ..cluster.types import EntryKind
 from ..core.cellgraph import cell_summary
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
+from .record import SetupCell, WatchStep
+from .results import ExportResult
 
-#: setup calls the job does not need: they serve notebook views only
-NOTEBOOK_ONLY_CALLS = {ep.WATCH}
+#: setup steps the job does not need: they serve notebook views only
+NOTEBOOK_ONLY_STEPS = (WatchStep,)
 
 
 def _short(code: str) -> str:
@@ -134,16 +136,16 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
     ]
     n_cell = 0
     for e in cluster.setup_log.entries:
-        if e.kind == EntryKind.CELL:
+        if isinstance(e, SetupCell):
             n_cell += 1
             if _setup_cell_problem(e.code, pushed):
                 body += [f"# setup cell {n_cell} left out (see EXPORT.txt): {_short(e.code)}", ""]
                 continue
             body += [f"# ---- setup cell {n_cell} (%%dp --setup) ----", e.code.strip("\n"), ""]
-        elif e.dotted in NOTEBOOK_ONLY_CALLS:
+        elif isinstance(e, NOTEBOOK_ONLY_STEPS):
             body += [f"# ({e.label}: a notebook view's hooks, not needed here)", ""]
         else:
-            body += [f"# ---- {e.label} ----", _call_source(e.dotted, e.args, e.kwargs), ""]
+            body += [f"# ---- {e.label} ----", _call_source(*e.call()), ""]
     schedule = [t.schedule_entry() for t in st.train_log]
     body += ["# The notebook's %dp train calls since the wrap, in order (steps they ran).",
              "SCHEDULE = ["]
@@ -192,14 +194,15 @@ def launch_files(cluster) -> dict[str, str]:
     return {"run.sh": run_sh, "job.sbatch": sbatch}
 
 
-def export(cluster, out_dir: str) -> dict:
+def export(cluster, out_dir: str) -> ExportResult:
     """Write ``train.py``, ``run.sh``, ``job.sbatch`` and ``EXPORT.txt`` into ``out_dir``,
     with a checkpoint of the current state (a collective: every rank writes its shard).
 
-    Returns ``{"dir", "files", "checkpoint", "skipped", "command"}``.
+    Returns an :class:`~.results.ExportResult` (``dir``, ``files``, ``checkpoint``,
+    ``step``, ``skipped``, ``command``).
     """
     cluster.require_running()
-    if not cluster.setup_log.has_call(ep.WRAP):
+    if not cluster.setup_log.wrapped:
         raise DpnbError("nothing to export: no model is wrapped. Build it in %%dp --setup "
                         "cells, %dp wrap it and %dp data, then export")
     if not isinstance(out_dir, str) or not out_dir.strip():
@@ -227,5 +230,5 @@ def export(cluster, out_dir: str) -> dict:
             f.write(text)
         if name.endswith((".sh", ".py")):
             os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
-    return {"dir": out, "files": sorted(files), "checkpoint": ck, "step": saved.get("step"),
-            "skipped": skipped, "command": f"cd {shlex.quote(out)} && ./run.sh"}
+    return ExportResult(dir=out, files=sorted(files), checkpoint=ck, step=saved.get("step"),
+                        skipped=skipped, command=f"cd {shlex.quote(out)} && ./run.sh")

@@ -26,13 +26,13 @@ import os
 from typing import TYPE_CHECKING
 
 from ..cluster.diagnose import first_error
-from ..cluster.types import EntryKind
 from ..core.cellgraph import ResumePlan, cell_summary
 from ..core.peerplan import memory_line
 from ..core.strategies import is_fsdp
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
+from .record import DataStep, WatchStep, WrapStep
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
@@ -114,11 +114,6 @@ def peer_holders(c: "Cluster", infos: list) -> tuple[dict | None, str, int | Non
     return holders, "", step
 
 
-def _last(c: "Cluster", dotted: str):
-    found = [e for e in c.setup_log.entries if e.kind == EntryKind.CALL and e.dotted == dotted]
-    return found[-1] if found else None
-
-
 def _replay(c: "Cluster", p: ResumePlan, ranks: list[int]) -> str:
     """The setup cells on ``ranks`` (a collective one everywhere), the dataset
     choice on the replaced ones; what ran, for the report."""
@@ -136,24 +131,24 @@ def _replay(c: "Cluster", p: ResumePlan, ranks: list[int]) -> str:
 def rebuild(c: "Cluster", src: int | dict, steps: dict, p: ResumePlan, hard: bool) -> str:
     """Steps 2-5 of the module doc; the report's sentences.  ``src`` a rank:
     its replica; a dict: every rank back to the peer copies' step."""
-    wrap = _last(c, ep.WRAP)
+    _, wrap_args, wrap_opts = c.setup_log.last(WrapStep).call()
     done = c.replace_and_reform(hard=hard)
     replaced = list(done.replaced)
     # fully_shard changed every rank's module in place: every rank rebuilds it (as resume.py)
     fsdp = not isinstance(src, int) and is_fsdp(c.training.strategy)
     ranks = list(range(c.world_size)) if fsdp else replaced
     cells = _replay(c, p, ranks)
-    data = _last(c, ep.SET_DATA)
+    data = c.setup_log.last(DataStep)
     if data is not None:
-        c.call(data.dotted, *data.args, ranks=replaced, **data.kwargs)
+        dotted, args, kw = data.call()
+        c.call(dotted, *args, ranks=replaced, **kw)
     if isinstance(src, int):
-        out = c.call(ep.FROM_REPLICA, src, wrap.args, wrap.kwargs).values
+        out = c.call(ep.FROM_REPLICA, src, wrap_args, wrap_opts).values
     else:
-        out = c.call(ep.FROM_PEERS, {str(d): h for d, h in src.items()}, wrap.args,
-                     wrap.kwargs).values
-    watch = _last(c, ep.WATCH)
-    if watch is not None:
-        c.call(watch.dotted, ranks=[o["rank"] for o in out if o.get("fresh", True)])
+        out = c.call(ep.FROM_PEERS, {str(d): h for d, h in src.items()}, wrap_args,
+                     wrap_opts).values
+    if c.setup_log.last(WatchStep) is not None:
+        c.call(WatchStep.entry, ranks=[o["rank"] for o in out if o.get("fresh", True)])
     step = out[0]["step"]
     lost = max(steps.values()) - step  # completed steps a survivor had and lost here
     if isinstance(src, int):

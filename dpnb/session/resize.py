@@ -33,6 +33,7 @@ from ..core.resize import ResizePlan, plan_resize
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from . import resume
+from .results import ResizeResult
 from .state import BatchPlan
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def _check_model(cluster) -> None:
-    if not cluster.setup_log.has_call(ep.WRAP):
+    if not cluster.setup_log.wrapped:
         raise DpnbError("resize moves a training job, and no model was wrapped: %dp wrap one "
                         "first (to change an empty cluster's size, %dp stop and %dp start -n M)")
 
@@ -60,7 +61,7 @@ def plan(cluster, n: int, keep: str = "batch", lr_rule: str = "linear") -> Resiz
 
 
 def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
-           checkpoint_dir: str | None = None) -> dict:
+           checkpoint_dir: str | None = None) -> ResizeResult:
     """Move the wrapped model, its optimizer and the data position to ``n`` ranks.
 
     ``keep="batch"``: the next ``train`` keeps the global batch (grad-accum,
@@ -100,5 +101,5 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     summary = (f"resized {world.old} -> {world.new} ranks at step {step}: {how}; "
                f"model and optimizer resharded from {path}")
     log.info("%s (%s)", summary, loaded)
-    return {"summary": summary, "step": step, "plan": p, "checkpoint": path, "lr": lr,
-            **asdict(world)}
+    return ResizeResult(summary=summary, step=step, plan=p, checkpoint=path, lr=lr,
+                        **asdict(world))

@@ -36,6 +36,7 @@ from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
 from . import replica
+from .record import DataStep, WrapStep
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Cluster
@@ -53,11 +54,11 @@ def needed(c: "Cluster") -> dict[str, str]:
     """name -> what needs it: the wrap's model, the data's dataset, the last
     train's ``--step-fn`` / ``--loss-fn``."""
     out: dict[str, str] = {}
-    for e in c.setup_log.entries:
-        if e.dotted == ep.WRAP and e.args:
-            out[str(e.args[0])] = f"the wrap ({e.label})"
-        elif e.dotted == ep.SET_DATA and e.args:
-            out[str(e.args[0])] = f"the data ({e.label})"
+    for e in c.setup_log.calls():
+        if isinstance(e, WrapStep):
+            out[e.model] = f"the wrap ({e.label})"
+        elif isinstance(e, DataStep):
+            out[e.dataset] = f"the data ({e.label})"
     last = c.training.last_train
     for key in ("step_fn", "loss_fn"):
         name = getattr(last.args, key) if last else None
@@ -98,7 +99,7 @@ def describe(c: "Cluster") -> list[str]:
     lines = [f"cell {r.index}: {_summary(r.code)}  ({r.why}"
              f"{'; runs on every rank: it calls a collective' if r.everywhere else ''})"
              for r in p.cells]
-    lines += [f"{e.label}" for e in c.setup_log.entries if e.kind == EntryKind.CALL]
+    lines += [f"{e.label}" for e in c.setup_log.calls()]
     lines = [f"{i + 1}. {line}" for i, line in enumerate(lines)]
     lines += [f"left out: {what} -- {why}" for what, why in p.left_out]
     lines += [f"cannot rebuild {name!r} ({why}): {advice}" for name, why, advice in p.missing]
@@ -129,9 +130,10 @@ def replay_and_load(c: "Cluster", path: str, p: ResumePlan, replaced: list[int])
             raise DpnbError(f"resume stopped: replaying cell {r.index} ({_summary(r.code)}) "
                             f"failed ({first_error(res)}); fix it and %dp load {path}")
         ran.append(r)
-    calls = [e for e in c.setup_log.entries if e.kind == EntryKind.CALL]
+    calls = c.setup_log.calls()
     for e in calls:
-        c.call(e.dotted, *e.args, **e.kwargs)
+        dotted, args, kw = e.call()
+        c.call(dotted, *args, **kw)
     info = c.call(ep.LOAD, path).values[0]
     cells = "; ".join(f"cell: {_summary(r.code)} ({r.why})" for r in ran) or "none"
     who = (f"Rebuilt on {rank_label(ranks)} ({why}) from {len(ran)} cell"
@@ -172,7 +174,7 @@ def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     if latest:  # from a survivor's replica when there is one: fresher than any checkpoint
         src, why_not, steps = replica.source(c, hard)
         if src is not None:
-            if not c.setup_log.has_call(ep.WRAP):
+            if not c.setup_log.wrapped:
                 raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
                                 "history")
             p = make_plan(c)
@@ -182,7 +184,7 @@ def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     path = os.path.abspath(path)
     if not os.path.isdir(path):
         raise DpnbError(f"no checkpoint folder at {path}: give a folder %dp save wrote")
-    if not c.setup_log.has_call(ep.WRAP):
+    if not c.setup_log.wrapped:
         raise DpnbError("nothing to resume: no model was wrapped in this cluster's "
                         "history; build and %dp wrap it, then %dp load DIR")
     p = make_plan(c)

@@ -15,8 +15,13 @@ read the same JSON keys a kept cluster's record has always had
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from ..core.strategies import LR_SCALES
+from ..core.traincounts import count_problem
+from ..errors import DpnbError
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,12 @@ class BatchArgs:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainArgs(BatchArgs):
-    """One ``train`` call's arguments, as the engines' ``training.train`` takes them."""
+    """One ``train`` call's arguments, as the engines' ``training.train`` takes them.
+
+    Spelled once here: ``Cluster.train`` builds one with :meth:`checked` (the only
+    place the notebook validates them), sends :meth:`to_record` to every rank, keeps
+    it as :attr:`LastTrain.args`, and a batch job replays its :class:`BatchArgs`.
+    """
 
     steps: int | None = None
     epochs: int | None = None
@@ -71,6 +81,31 @@ class TrainArgs(BatchArgs):
     publish: bool = True
     checkpoint_every: int | None = None
     checkpoint_dir: str | None = None
+
+    @classmethod
+    def checked(cls, **kw) -> TrainArgs:
+        """The call's arguments, refused in one line when bad, before anything is sent.
+
+        The counts by the rule every rank applies again (:mod:`dpnb.core.traincounts`);
+        ``checkpoint_dir`` made absolute (the ranks may run elsewhere)."""
+        a = cls(**kw)
+        if a.steps is None and a.epochs is None:
+            raise DpnbError("say how long to train: --steps S or --epochs E")
+        problem = count_problem(steps=a.steps, epochs=a.epochs, micro_batch=a.micro_batch,
+                                grad_accum=a.grad_accum)  # the engine's own rule (trainplan)
+        if problem:
+            raise DpnbError(problem)
+        if a.lr_scale not in LR_SCALES:
+            raise DpnbError(f"--lr-scale must be one of {', '.join(LR_SCALES)} "
+                            f"(got {a.lr_scale!r})")
+        k = a.checkpoint_every
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise DpnbError(f"--checkpoint-every must be a whole number of steps >= 1 "
+                            f"(got {k!r})")
+        if a.checkpoint_dir is None:
+            return a
+        return cls(**{**asdict(a), "checkpoint_dir": os.path.abspath(
+            os.path.expanduser(a.checkpoint_dir))})
 
 
 @dataclass(frozen=True)

@@ -14,20 +14,31 @@ import os
 from typing import Any
 
 from ..compat import result_metadata
+from ..core.events import ProgressEvent
 from ..core.errors import ConfigError
 from ..core.peerplan import parse_every
-from ..core.strategies import LR_SCALES, STRATEGIES, is_fsdp, parse_comm_hook
-from ..core.traincounts import count_problem
+from ..core.strategies import STRATEGIES, is_fsdp, parse_comm_hook
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..progress import TrainProgress
 from ..ranks import rank_label
+from .record import DataStep, WatchStep, WrapStep
+from .results import TrainResult
 from .state import LastTrain, TrainArgs, TrainCall, WrapRecord
 
 
 
 def _rank0(res) -> Any:
     return res.values[0]
+
+
+def _build(cluster, step):
+    """Send a setup step's call to every rank; once it succeeded, it is a step of the
+    session's setup record (what resume replays and export writes)."""
+    dotted, args, kw = step.call()
+    res = cluster.call(dotted, *args, **kw)
+    cluster.setup_log.add(step)
+    return res
 
 
 def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
@@ -58,23 +69,17 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
     if lacking:
         raise DpnbError(f"there is no {model!r} on {rank_label(lacking)}: build the model in a "
                         f"%%dp cell on every rank first (e.g. {model} = torch.nn.Linear(8, 1))")
-    res = cluster.call(ep.WRAP, model, strategy, **opts)
-    info = _rank0(res)
+    info = _rank0(_build(cluster, WrapStep(model, strategy, dict(opts))))
     cluster.training.wrapped(WrapRecord(model, strategy, dict(opts), info))
-    cluster.record_setup_call(f"wrap {model} ({strategy})", ep.WRAP, model, strategy, **opts)
     # Timing hooks for the gradient-sync view (optimizer step, FSDP
     # all-gather / reduce-scatter); local to each rank, no communication.
-    cluster.call(ep.WATCH)
-    cluster.record_setup_call("gradsync timing hooks", ep.WATCH)
+    _build(cluster, WatchStep())
     return info
 
 
 def set_data(cluster, dataset: str, *, seed: int = 0, shuffle: bool = True) -> dict:
     """Use the dataset named ``dataset`` (defined on every rank) for training."""
-    info = _rank0(cluster.call(ep.SET_DATA, dataset, seed=seed, shuffle=shuffle))
-    cluster.record_setup_call(f"data {dataset}", ep.SET_DATA, dataset, seed=seed,
-                              shuffle=shuffle)
-    return info
+    return _rank0(_build(cluster, DataStep(dataset, seed=seed, shuffle=shuffle)))
 
 
 def train(cluster, *, steps: int | None = None, epochs: int | None = None,
@@ -83,7 +88,8 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
           seq_len: int | None = None, step_fn: str | None = None, loss_fn: str | None = None,
           record: bool | None = None, progress: bool = True,
           timeout: float | None = None, checkpoint_every: int | None = None,
-          checkpoint_dir: str | None = None, peer_copy_every: int | str | None = None) -> dict:
+          checkpoint_dir: str | None = None,
+          peer_copy_every: int | str | None = None) -> TrainResult | None:
     """Run training steps on every rank with a live progress display.
 
     Ctrl-C (Jupyter's "interrupt kernel") stops every rank together after the
@@ -96,47 +102,39 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     kept for the session's later calls and set on every rank before each
     call, so a replaced rank copies at the same steps as the survivors.
     """
-    if steps is None and epochs is None:
+    if steps is None and epochs is None:  # before the layout's defaults are chosen
         raise DpnbError("say how long to train: --steps S or --epochs E")
     micro_batch, grad_accum, from_plan = batch_layout(cluster, micro_batch, grad_accum)
-    problem = count_problem(steps=steps, epochs=epochs, micro_batch=micro_batch,
-                            grad_accum=grad_accum)  # the engine's own rule (trainplan)
-    if problem:
-        raise DpnbError(problem)
-    if lr_scale not in LR_SCALES:
-        raise DpnbError(f"--lr-scale must be one of {', '.join(LR_SCALES)} (got {lr_scale!r})")
-    if checkpoint_every is not None and (isinstance(checkpoint_every, bool)
-                                         or not isinstance(checkpoint_every, int)
-                                         or checkpoint_every < 1):
-        raise DpnbError(f"--checkpoint-every must be a whole number of steps >= 1 "
-                        f"(got {checkpoint_every!r})")
-    if checkpoint_dir is not None:
-        checkpoint_dir = os.path.abspath(os.path.expanduser(checkpoint_dir))
-    args = TrainArgs(steps=steps, epochs=epochs, micro_batch=micro_batch, grad_accum=grad_accum,
-                     lr_scale=lr_scale, ref_batch=ref_batch, seq_len=seq_len, step_fn=step_fn,
-                     loss_fn=loss_fn, record=record, publish=bool(progress),
-                     checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir)
+    args = TrainArgs.checked(steps=steps, epochs=epochs, micro_batch=micro_batch,
+                             grad_accum=grad_accum, lr_scale=lr_scale, ref_batch=ref_batch,
+                             seq_len=seq_len, step_fn=step_fn, loss_fn=loss_fn, record=record,
+                             publish=bool(progress), checkpoint_every=checkpoint_every,
+                             checkpoint_dir=checkpoint_dir)
     st = cluster.training
     if peer_copy_every is not None:
         st.peer_copy_every = parse_every(peer_copy_every)
     if st.peer_copy_every is not None:  # every rank alike, a replaced one included
         cluster.call(ep.PEER_SET_EVERY, st.peer_copy_every)
-    if checkpoint_dir is not None:  # restart --resume finds it even if this run dies
-        st.autosave_dir = checkpoint_dir
+    if args.checkpoint_dir is not None:  # restart --resume finds it even if this run dies
+        st.autosave_dir = args.checkpoint_dir
     view = TrainProgress(steps, kernel=None) if progress else None
     sent: dict = {}
 
     def on_poll(ars: dict) -> None:
         sent.update(ars)
         # rank 0's latest datapub payload, kept by the client's I/O thread
-        data = result_metadata(ars[min(ars)]).get("data")
-        if isinstance(data, dict) and data.get("dpnb_progress"):
-            cluster.published.progress(data["dpnb_progress"])  # JupyterLab's sidebar
-            if view is not None:
-                view.update(data["dpnb_progress"])
+        ev = ProgressEvent.decode(result_metadata(ars[min(ars)]).get("data"))
+        if ev is not None:
+            cluster.progress_feed.publish(ev)
 
-    res = cluster.call(ep.TRAIN, timeout=timeout, on_poll=on_poll, raise_errors=False,
-                       **args.to_record())
+    # the live view hears this call's events; the session's other subscribers stay
+    unsubscribe = (cluster.subscribe(lambda ev: view.update(ev.as_dict())) if view is not None
+                   else lambda: None)
+    try:
+        res = cluster.call(ep.TRAIN, timeout=timeout, on_poll=on_poll, raise_errors=False,
+                           **args.to_record())
+    finally:
+        unsubscribe()
     summary = res.values[0] if res.ok else None
     if summary:
         cluster.published.progress({"step": summary.get("last_step"), "loss": summary.get("loss"),
@@ -153,17 +151,17 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     # from it, however its poller's ticks fell.
     finals = {}
     for ar in sent.values():
-        p = (result_metadata(ar).get("data") or {}).get("dpnb_progress")
-        if p and "rank" in p:
-            finals[p["rank"]] = dict(p)
+        ev = ProgressEvent.decode(result_metadata(ar).get("data"))
+        if ev is not None:
+            finals[ev.rank] = ev.as_dict()
     st.last_train = LastTrain(args, summary, finals)
     if summary and summary.get("steps"):
         st.train_log.append(TrainCall.of(summary["steps"], cluster.world_size, args))
-    if from_plan and summary is not None:
-        summary = {**summary, "batch_note": from_plan}
-    elif summary is not None:  # a layout of the user's own: the resize plan is history
+    if summary is None:
+        return None
+    if not from_plan:  # a layout of the user's own: the resize plan is history
         st.batch_plan = None
-    return summary
+    return TrainResult.of(summary, batch_note=from_plan)
 
 
 #: what ``train`` uses when neither the call nor a resize says

@@ -5,9 +5,11 @@ dashboard never sends them anything then.  Training started with
 ``publish=True`` sends a small progress dict from every rank through
 ipyparallel's data channel (``datapub``, at most ~5 per second); the
 notebook's ipyparallel client stores it in its ``metadata`` as messages
-arrive (on its own I/O thread).  The dashboard's poller thread only *reads*
-that, so it updates while the notebook's main thread waits for the training
-call.  When the cluster is idle, the "refresh" button (main thread) asks
+arrive (on its own I/O thread).  The dashboard subscribes to the session's
+progress events (:meth:`ViewSource.subscribe`: each one decoded once,
+:mod:`dpnb.core.events`) and its poller thread also *reads* the published
+progress (a cell that calls ``train`` itself has no session call), so it
+updates while the notebook's main thread waits for the training call.  When the cluster is idle, the "refresh" button (main thread) asks
 every rank for ``%dp status`` and its last records
 (``dpnb.engine.views.live_summary``; no collective).
 """
@@ -239,6 +241,10 @@ def collect(cluster: ViewSource) -> tuple[list[dict], list[dict]]:
     return status, summ
 
 
+def _step(p: dict) -> int:
+    return p["step"] if p.get("step") is not None else -1
+
+
 class _Poller:
     """Background thread: re-reads datapub progress every ``interval`` s and refreshes the view.
 
@@ -257,13 +263,25 @@ class _Poller:
         self.last_sig: tuple | None = None
         self.seen: dict = {}
         self.final_seen: object = None
+        # the latest event per rank the session handed over, merged at the next tick
+        self.pushed: dict[int, dict] = {}
+        self.pushed_lock = threading.Lock()  # the session's thread writes, the poller reads
+        self.unsubscribe = cluster.subscribe(self.on_event)
+
+    def on_event(self, ev) -> None:
+        """A progress event from the session (its thread): kept for the next tick."""
+        with self.pushed_lock:
+            self.pushed[ev.rank] = ev.as_dict()
 
     def run(self) -> None:
-        while not self.stop_evt.wait(self.interval):
-            stopped = not self.cluster.running
-            self.safe_tick()  # once more after a stop: the run's end is still in memory
-            if stopped:
-                break
+        try:
+            while not self.stop_evt.wait(self.interval):
+                stopped = not self.cluster.running
+                self.safe_tick()  # once more after a stop: the run's end is still in memory
+                if stopped:
+                    break
+        finally:
+            self.unsubscribe()
 
     def safe_tick(self) -> None:
         try:
@@ -275,6 +293,11 @@ class _Poller:
     def tick(self) -> None:
         running = self.cluster.in_flight()
         prog = self.cluster.published_progress(self.seen)
+        with self.pushed_lock:
+            pushed, self.pushed = self.pushed, {}
+        for r, p in pushed.items():
+            if r not in prog or _step(p) >= _step(prog[r]):
+                prog[r] = p
         # The payloads a finished %dp train kept (dpnb.session.verbs): authoritative
         # for the end of the run even when no tick fell inside it.
         last = self.cluster.last_run()
@@ -282,7 +305,7 @@ class _Poller:
         if final and final is not self.final_seen:
             self.final_seen = final
             for r, p in final.items():
-                if r not in prog or p.get("step", -1) >= prog[r].get("step", -1):
+                if r not in prog or _step(p) >= _step(prog[r]):
                     prog[r] = p
         for mid in list(self.seen)[:-16]:  # only the latest runs matter
             del self.seen[mid]

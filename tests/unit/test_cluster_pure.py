@@ -13,7 +13,7 @@ from dpnb.cluster.gpuplan import choose_backend, with_devices
 from dpnb.cluster.launch import rank_init_info
 from dpnb.cluster.placement import assign_ranks
 from dpnb.cluster.processes import describe_exit
-from dpnb.cluster.restart import SetupLog
+from dpnb.session.record import DataStep, SetupCell, SetupRecord, WrapStep
 from dpnb.cluster.types import CellResult, RankOutcome
 from dpnb.errors import DpnbError
 
@@ -152,13 +152,13 @@ def test_same_user_error_on_every_rank_is_one_line():
 
 
 def test_setup_log_is_bounded_and_describes_what_it_replays():
-    log = SetupLog(limit=3)
-    log.add_cell("import torch\nnet = torch.nn.Linear(2, 2)\n")
-    log.add_call("wrap net (ddp)", "dpnb.engine.training.wrap", ("net", "ddp"), {"lr": 0.1})
+    log = SetupRecord(limit=3)
+    log.add(SetupCell("import torch\nnet = torch.nn.Linear(2, 2)\n"))
+    log.add(WrapStep("net", "ddp", {"lr": 0.1}))
     assert log.describe() == ["1. cell: import torch (+1 lines)", "2. wrap net (ddp)"]
-    assert log.has_call("dpnb.engine.training.wrap")
-    log.add_call("data ds", "dpnb.engine.training.set_data", ("ds",))
-    log.add_call("data ds2", "dpnb.engine.training.set_data", ("ds2",))
+    assert log.wrapped
+    log.add(DataStep("ds"))
+    log.add(DataStep("ds2"))
     assert len(log) == 3 and log.dropped == 1
     assert log.describe()[0].startswith("(1 older entries were dropped")
     log.clear()

@@ -118,6 +118,9 @@ class _Source:
     def in_flight(self):
         return True
 
+    def subscribe(self, fn):
+        return lambda: None
+
     def published_progress(self, seen):
         return {1: {"rank": 1, "step": 1, "loss": 0.5, "history": [[1, 0.5]]}}
 

@@ -9,7 +9,6 @@ import pytest
 
 from dpnb.cluster import keep
 from dpnb.cluster.launchers import from_record as launcher_from_record, launcher_for
-from dpnb.cluster.restart import SetupLog
 from dpnb.cluster.state import World, WorldRef
 from dpnb.cluster.types import CellRecord, EntryKind, LaunchSpec, RankInfo
 
@@ -36,14 +35,9 @@ def test_a_world_is_replaced_whole_and_fresh_ranks_lose_their_doors():
         ref.set({"ranks": []})
 
 
-def test_the_world_and_the_logs_come_back_from_their_records():
+def test_the_world_the_history_and_the_launcher_come_back_from_their_records():
     w = World(ranks=_ranks(2)).with_doors({1: ("10.0.0.2", 4000)}).formed(29501, 3)
     assert World.from_record(json.loads(json.dumps(w.to_record()))) == w
-    log = SetupLog()
-    log.add_cell("import torch")
-    log.add_call("wrap net (ddp)", "dpnb.engine.training.wrap", ("net",), {"lr": 0.1})
-    back = SetupLog.from_record(json.loads(json.dumps(log.to_record())))
-    assert list(back.entries) == list(log.entries)
     cell = CellRecord(EntryKind.CELL, "x = 1", (0,), True, False)
     assert CellRecord.from_record(json.loads(json.dumps(cell.to_record()))) == cell
     launcher = launcher_from_record(launcher_for(LaunchSpec(env=(("A", "1"),))).to_record())
@@ -52,11 +46,11 @@ def test_the_world_and_the_logs_come_back_from_their_records():
 
 def _cluster(**parts):
     own = dict(cluster_id="1-a", created=1.0, profile_dir="/p", cluster_file="/p/c.json",
-               history=[], world=World(ranks=_ranks(2)), setup_log=SetupLog(),
+               history=[], world=World(ranks=_ranks(2)),
                group=types.SimpleNamespace(to_record=lambda: {"backend": "gloo"}),
                transport=types.SimpleNamespace(to_record=lambda: {"token": "t"}),
                engine_launcher=launcher_for(LaunchSpec()),
-               session_record=lambda: {"train_log": []})
+               session_record=lambda: {"setup_log": [], "train_log": []})
     return types.SimpleNamespace(**{**own, **parts})
 
 

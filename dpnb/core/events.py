@@ -1,0 +1,61 @@
+"""Training progress as one typed event, encoded on a rank and decoded once on the notebook.
+
+While ``train`` runs the engines are busy, so progress travels the one way
+that needs no reply: rank 0 publishes a small payload through ipyparallel's
+data channel (``datapub``) at most ~5 times a second, and the notebook's
+client keeps the latest one in its metadata (on its I/O thread).  The engine
+builds a :class:`ProgressEvent` and sends :meth:`ProgressEvent.encode`; the
+notebook side turns whatever the metadata holds back into an event with
+:meth:`ProgressEvent.decode` -- the only two places the wire key is spelled --
+and the session hands events to its subscribers (the live progress view,
+the dashboard, JupyterLab's sidebar).  :meth:`ProgressEvent.as_dict` is the
+plain payload views render.  Pure: no torch, no IPython.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+#: the datapub key the payload travels under
+WIRE_KEY = "dpnb_progress"
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One rank's progress in a ``train`` call: the step it finished and the numbers
+    every rank agrees on (global loss, every rank's compute time); ``history``
+    carries the recent ``(step, loss, samples/s)`` so a reader polling less often
+    than steps finish still draws every step."""
+
+    rank: int
+    step: int | None = None
+    done: int | None = None
+    total: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    compute_s_all: Any = None
+    history: Any = None
+
+    def as_dict(self) -> dict:
+        """The payload as plain values, the keys views and JupyterLab read (a value
+        not known is left out, as a payload that never carried it)."""
+        return {k: getattr(self, k) for k in _NAMES if getattr(self, k) is not None}
+
+    def encode(self) -> dict:
+        """What the rank publishes (``ipyparallel.datapub.publish_data``)."""
+        return {WIRE_KEY: self.as_dict()}
+
+    @classmethod
+    def decode(cls, data: Any) -> ProgressEvent | None:
+        """The event in a datapub message's ``data`` (or None: no progress, or another
+        payload).  Keys an older or newer dpnb adds or lacks are left out or default."""
+        p = data.get(WIRE_KEY) if isinstance(data, dict) else None
+        if not isinstance(p, dict) or "rank" not in p:
+            return None
+        return cls(**{k: p[k] for k in _NAMES if k in p})
+
+
+_NAMES = tuple(f.name for f in fields(ProgressEvent))
