@@ -45,8 +45,9 @@ class ProgressEvent:
         return {k: getattr(self, k) for k in _NAMES if getattr(self, k) is not None}
 
     def encode(self) -> dict:
-        """What the rank publishes (``ipyparallel.datapub.publish_data``)."""
-        return {WIRE_KEY: self.as_dict()}
+        """What the rank publishes (``ipyparallel.datapub.publish_data``): every
+        key, a value not known as None (readers of the wire see one shape)."""
+        return {WIRE_KEY: {k: getattr(self, k) for k in _NAMES}}
 
     @classmethod
     def decode(cls, data: Any) -> ProgressEvent | None:
