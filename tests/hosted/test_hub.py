@@ -393,10 +393,12 @@ def test_each_user_sees_only_their_clusters_and_no_other_token_gets_in(hub):
 def test_kernel_culling_stops_its_cluster_and_a_kept_one_survives_to_attach(hub):
     h, tok = hub, hub["tokens"]
     api, gone_k = _kernel(h, "bob", "dpnb-cull")
-    _, kept_k = _kernel(h, "bob", "dpnb-cull")
     # each kernel's cells back to back: a culled kernel is idle for CULL_S seconds first
+    # (the second kernel made only now: made beside the first, it was culled, idle,
+    # while a loaded machine ran the first one's start)
     _run(h, "bob", gone_k, "%load_ext dpnb\n%dp start -n 1 --timeout 10")
     plain = _info(h, "bob", gone_k)
+    _, kept_k = _kernel(h, "bob", "dpnb-cull")
     _run(h, "bob", kept_k, "%load_ext dpnb\n%dp start -n 1 --keep 10m --timeout 10")
     _run(h, "bob", kept_k, "%%dp\nmark = 42")
     kept = _info(h, "bob", kept_k)
