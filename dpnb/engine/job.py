@@ -17,6 +17,7 @@ checkpoint is loaded or saved.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 from datetime import timedelta
@@ -146,10 +147,64 @@ def run(ns: dict, schedule: list[dict], args) -> dict:
         say(f"final loss {summary['loss']:.9g} at step {summary['last_step']}; saved {final}")
     else:
         say("nothing to train: the checkpoint is past every training call (add --steps N)")
-    # A process that reaches interpreter teardown with its gloo group alive can
-    # abort there: gloo's worker threads still hold work whose tensors need the
-    # GIL (pytorch/pytorch#179291).  An exported job aborted so in CI, after it
-    # had trained and saved; end the group while Python is whole.  Inside a
-    # dpnb engine this is dpnb's noted no-op (dpnb.engine.lifecycle).
-    dist.destroy_process_group()
+    finish(ns)
     return summary
+
+
+def gloo_workers() -> int:
+    """How many of gloo's C++ threads (a group's work loops, its transport's
+    event loop) this process still runs; 0 where ``/proc`` is missing."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    n = 0
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                n += f.read().startswith(("pt_gloo", "gloo_"))
+        except OSError:  # the thread ended while we listed
+            continue
+    return n
+
+
+def finish(ns: dict) -> None:
+    """End the job's process group while Python is whole, and wait for gloo's threads.
+
+    Why: a gloo group runs each collective on a C++ work thread, which drops
+    its reference to the finished work (and so to the tensors the collective
+    touched) only after the rank's ``wait()`` has returned.  When that last
+    drop races with interpreter teardown it must take the GIL to free a
+    tensor's Python object, finalization ends the thread inside a ``noexcept``
+    destructor, and the process aborts ("terminate called without an active
+    exception", exit -6) -- after it has trained and saved (the mechanism
+    pytorch/pytorch PR #179291, closed unmerged, describes).
+    ``destroy_process_group()`` alone does not help: it only unregisters the
+    group, which lives on in DDP's reducer (``ns[model_out]``) and dpnb's
+    state until teardown.  So: destroy it, drop dpnb's objects that hold it,
+    and let the last reference go from the group's Python handle, whose
+    destructor releases the GIL and joins the work threads.  Nothing is sent:
+    each rank only waits for its own threads.  Inside a dpnb engine the
+    destroy is dpnb's noted no-op (:mod:`dpnb.engine.lifecycle`) and nothing
+    is dropped.
+    """
+    handle = dist.group.WORLD if dist.is_initialized() else None
+    if handle is None:
+        return
+    dist.destroy_process_group()
+    if dist.is_initialized():  # an engine's group: it stays up, and so does its state
+        return
+    es = ns.pop(STATE_NAME, None)
+    st = getattr(es, "train", None)
+    if st is not None:
+        for name, obj in ((st.model_out, st.wrapped), (st.optimizer_out, st.optimizer)):
+            if ns.get(name) is obj:
+                del ns[name]
+    del es, st
+    gc.collect()
+    del handle  # the last reference: ~ProcessGroupGloo joins its threads here, GIL released
+    left = gloo_workers()
+    if left:
+        log.warning("%d gloo thread(s) still run after the job's group ended: something "
+                    "outside dpnb (a group from new_group, a kept reference to the model) "
+                    "holds a group, and the process may abort at exit", left)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.mp import free_port
 from helpers.shell import magics_on
 
 import dpnb
@@ -90,3 +91,36 @@ def test_export_magic_lists_what_it_left_out(c, tmp_path, capsys):
         out = capsys.readouterr().out
         assert "dpnb: wrote EXPORT.txt, job.sbatch, run.sh, train.py" in out, out
         assert "left out 3" in out and "  - cell: scratch = 1: not marked" in out, out
+
+
+# What the end of an exported train.py does (job.run ends with job.finish), in
+# one single-rank process: a gloo broadcast whose work thread still holds the
+# tensor, DDP and dpnb's state holding the group.  The threads are counted by
+# name in the process itself (pt_gloo_runloop, gloo_tcp_loop).
+FINISH = """
+import torch, torch.distributed as dist
+from dpnb.engine import job, training
+ns = {}
+job.init(ns, backend="gloo", timeout_s=30)
+ns["net"] = torch.nn.Linear(4, 2)
+training.wrap(ns, "net", "ddp", optimizer="sgd", lr=0.1)
+dist.broadcast(torch.ones(3), src=0)
+before = job.gloo_workers()
+job.finish(ns)
+print("threads", before, job.gloo_workers(), "model" in ns, "_dpnb" in ns)
+"""
+
+
+def test_job_finish_joins_gloo_threads_before_teardown():
+    """A job whose gloo threads outlive ``run()`` can abort at interpreter
+    teardown (a work thread's last tensor drop needs the GIL): after
+    ``job.finish`` none is left, and dpnb's objects that held the group are gone."""
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", FINISH], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = re.search(r"threads (\d+) (\d+) (\w+) (\w+)", p.stdout)
+    assert m, p.stdout + p.stderr[-2000:]
+    assert int(m.group(1)) >= 2, p.stdout  # the count sees a live group's threads
+    assert m.groups()[1:] == ("0", "False", "False"), p.stdout + p.stderr[-2000:]
