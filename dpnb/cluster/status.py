@@ -62,7 +62,7 @@ def _unchanged_since(t) -> tuple:
     empties it), the group's state, who is dead or busy."""
     hist = t.client.history
     h = t.health
-    return (id(t.client), len(hist), hist[-1] if hist else None, h.generation, h.group_ok,
+    return (id(t.client), len(hist), hist[-1] if hist else None, t.world.generation, h.group_ok,
             tuple(sorted(h.dead)), tuple(sorted(h.busy)))
 
 
