@@ -752,6 +752,10 @@ MUTATIONS = [
   "        self.unsubscribe = cluster.subscribe(self.on_event)",
   "        self.unsubscribe = lambda: None",
   ["tests/unit/test_progress_events.py::test_the_dashboard_shows_an_event_the_session_handed_it"]),
+ # issue 40 (this session): across two hosts, a rank rebuilt from its holder's copy on the other host
+ ("peer: the copies' holders are placed by the ranks' real hostnames", "dpnb/engine/peercopy.py",
+  "    return socket.gethostname()\n", '    return "one-host"\n',
+  ["tests/multihost/test_ssh.py::test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy"]),
 ]
 
 
