@@ -15,12 +15,13 @@ import torch
 import dpnb
 from dpnb.engine import peercopy
 from dpnb.errors import RemoteCellError, StartError
+from helpers import hosts as _hosts
 from helpers.releases import raise_before_all_reduce
 
 
 def _start(hs, n_per_host=2, **kw):
     a, b = hs.hosts
-    kw.setdefault("remote_python", sys.executable)
+    kw.setdefault("remote_python", _hosts.remote_python())  # the checkout's dpnb, there too
     return dpnb.start(2 * n_per_host, engines="ssh", ssh_config=hs.ssh_config, timeout=20,
                       launcher_args=[f"{a.name}={n_per_host}", f"{b.name}={n_per_host}"], **kw)
 
