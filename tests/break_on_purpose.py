@@ -756,6 +756,10 @@ MUTATIONS = [
     ("exit: the job's end drops what holds its group before teardown", "dpnb/engine/job.py",
      "    es = ns.pop(STATE_NAME, None)\n", "    es = ns.get(STATE_NAME)\n",
      ["tests/cluster/test_export.py::test_job_finish_joins_gloo_threads_before_teardown"]),
+ # issue 40 (this session): across two hosts, a rank rebuilt from its holder's copy on the other host
+ ("peer: the copies' holders are placed by the ranks' real hostnames", "dpnb/engine/peercopy.py",
+  "    return socket.gethostname()\n", '    return "one-host"\n',
+  ["tests/multihost/test_ssh.py::test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy"]),
 ]
 
 

@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -69,6 +70,15 @@ def _ancestor_in(pid: int, ancestors: set[int]) -> bool:
         if pid <= 1:
             return False
     return False
+
+
+def remote_python() -> str:
+    """``--remote-python`` that runs this checkout's dpnb on a host: over ssh the
+    agent starts in the remote home with no PYTHONPATH, so this machine's
+    Python would import the editable install's dpnb -- another worktree's code,
+    not the one under test (a break in an engine module would go unseen)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return f"env PYTHONPATH={repo} {sys.executable}"
 
 
 def missing() -> str | None:

@@ -1,22 +1,27 @@
-"""ssh clusters across two hosts: start, addresses, mistakes, restart on the right host, stop."""
+"""ssh clusters across two hosts: start, addresses, mistakes, restart on the right host, stop;
+a rank on the second host rebuilt from its peer copy held on the first."""
 
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
+import torch
 
 import dpnb
-from dpnb.errors import StartError
+from dpnb.engine import peercopy
+from dpnb.errors import RemoteCellError, StartError
+from helpers import hosts as _hosts
 from helpers.releases import raise_before_all_reduce
 
 
 def _start(hs, n_per_host=2, **kw):
     a, b = hs.hosts
-    kw.setdefault("remote_python", sys.executable)
+    kw.setdefault("remote_python", _hosts.remote_python())  # the checkout's dpnb, there too
     return dpnb.start(2 * n_per_host, engines="ssh", ssh_config=hs.ssh_config, timeout=20,
                       launcher_args=[f"{a.name}={n_per_host}", f"{b.name}={n_per_host}"], **kw)
 
@@ -173,5 +178,76 @@ def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
         assert rep.skew_s < 0.005, rep.skew_s  # one kernel's clock underneath: little to correct
         assert rep.straggler.rank == 1 and abs(rep.straggler.typical_late_s - 0.1) < 0.02, rep.straggler
         assert (tmp_path / "rank1.json").is_file() and (tmp_path / "merged.json").is_file()
+    finally:
+        c.stop()
+
+
+def _outer_pid(hs, host, inner: int) -> int:
+    """The PID, as seen from this machine, of what runs as ``inner`` in ``host``'s
+    PID namespace (the rank table's PID): /proc's NSpid lists it outermost first."""
+    for pid in hs.remote_pids(host):
+        with open(f"/proc/{pid}/status") as f:
+            ns = next(ln.split()[1:] for ln in f if ln.startswith("NSpid:"))
+        if int(ns[-1]) == inner:
+            return pid
+    raise AssertionError(f"no process {inner} in {host.name}")
+
+
+def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts):
+    """ZeRO-2 on 2 + 2 ranks with peer copies every K steps: each rank's copy is
+    held on the other host (the hosts told apart by their real hostnames, over
+    the copies' own gloo group across the bridge).  Rank 2, on the second host,
+    is SIGKILLed from outside mid-training, as the OOM killer would; ``restart
+    --resume`` with no checkpoint ever written puts its replacement on that host
+    with its shard from rank 0's copy, the others rolled back to their own
+    snapshots -- byte for byte -- and training goes on in sync."""
+    hs, k, dead = two_hosts, 3, 2
+    a, b = hs.hosts
+    c = _start(hs)
+    try:
+        c.run("import dpnb.data\ntorch.manual_seed(0)\n"
+              "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))\n"
+              "ds = dpnb.data.SyntheticRegression(n=4096, in_dim=8, out_dim=1, seed=0)\n", display=False)
+        c.wrap("net", "zero2", optimizer="adamw", lr=0.01)
+        c.set_data("ds")
+        c.train(steps=k + 1, micro_batch=8, progress=False, peer_copy_every=k)
+        err: list = []
+
+        def train():
+            try:  # far more steps than run before the kill: it ends them
+                c.train(steps=10**6, micro_batch=8, progress=False)
+            except Exception as e:  # asserted below
+                err.append(e)
+
+        t = threading.Thread(target=train)
+        t.start()
+        time.sleep(1.5)
+        os.kill(_outer_pid(hs, b, c.ranks[dead].pid), signal.SIGKILL)
+        t.join(60)
+        assert err and isinstance(err[0], RemoteCellError) and err[0].died, err
+        alive = [r for r in range(4) if r != dead]
+        c.run("_p = _dpnb.peer\npeer = (_p.own, _p.copy, _p.own_step, _p.copy_of, "
+              "_dpnb.train.step, _p.group[2])", ranks=alive, display=False)
+        want = {r: c.pull("peer", rank=r) for r in alive}
+        holders = want[0][5]
+        assert holders == [2, 3, 0, 1], holders  # every copy on the other host
+        assert all(c.ranks[h].host != c.ranks[r].host for r, h in enumerate(holders))
+        step, reached = want[0][2], max(w[4] for w in want.values())
+        # at most K steps lost, K + 1 when the death came with a copy in flight
+        assert want[0][3] == dead and 0 <= reached - step <= k + 1, (step, reached)
+        msg = c.restart(resume=True)
+        assert (f"rank 2 replaced; rebuilt from rank 0's copy of rank 2's shard at step {step:,} "
+                f"({reached - step} steps lost; others rolled back to it)") in msg, msg
+        assert c.ranks[dead].host == b.name
+        expect = {r: want[r][0] for r in alive} | {dead: want[0][1]}
+        c.run("import dpnb.engine.peercopy as _pc\npacked = _pc.pack(_dpnb.train)\n", display=False)
+        for r in range(4):  # every rank's state is the snapshot it rolled back to
+            (meta, off), (meta0, off0) = peercopy.meta_of(got := c.pull("packed", rank=r)), \
+                peercopy.meta_of(expect[r])
+            assert meta == meta0 and meta["step"] == step, r
+            assert torch.equal(got[off:], expect[r][off0:]), r
+        again = c.train(steps=2, micro_batch=8, progress=False)
+        assert again["first_step"] == step and again["steps"] == 2
+        assert c.check()["ok"]
     finally:
         c.stop()
