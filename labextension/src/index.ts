@@ -99,6 +99,7 @@ class Sidebar extends Widget {
     this.node.appendChild(el('h2', '', 'dpnb clusters'));
     this.list = el('div', 'dpnb-list', 'loading...');
     this.message = el('div', 'dpnb-message');
+    this.node.appendChild(this.startForm());
     this.node.appendChild(this.list);
     this.node.appendChild(this.message);
   }
@@ -111,7 +112,7 @@ class Sidebar extends Widget {
     this.last = key;
     this.list.textContent = '';
     if (!clusters.length) {
-      this.list.appendChild(el('div', '', 'No dpnb cluster. Start one in a notebook: %dp start -n 2'));
+      this.list.appendChild(el('div', '', 'No dpnb cluster. Start one above, or in a notebook: %dp start -n 2'));
     }
     for (const c of clusters) {
       this.list.appendChild(this.card(c));
@@ -147,6 +148,56 @@ class Sidebar extends Widget {
     actions.appendChild(this.button('Attach', () => this.attach(c.id)));
     box.appendChild(actions);
     return box;
+  }
+
+  /** Start: a kept cluster of N ranks (POST /api/dpnb/clusters/start), free for
+   * any notebook's %dp attach; ssh hosts (HOST=N ...) or Slurm settings
+   * (KEY=VALUE ...) are checked by the server as %dp start checks them. */
+  private startForm(): HTMLElement {
+    const form = el('form', 'dpnb-start') as HTMLFormElement;
+    const n = el('input', 'dpnb-start-n') as HTMLInputElement;
+    n.type = 'number';
+    n.min = '1';
+    n.value = '2';
+    n.title = 'ranks';
+    const launcher = el('select', 'dpnb-start-launcher') as HTMLSelectElement;
+    for (const name of ['local', 'ssh', 'slurm']) {
+      const opt = el('option', '', name) as HTMLOptionElement;
+      opt.value = name;
+      launcher.appendChild(opt);
+    }
+    const extra = el('input', 'dpnb-start-extra') as HTMLInputElement;
+    extra.placeholder = 'ssh: node1=2 node2=2 · slurm: queue=gpu';
+    const go = el('button', 'jp-mod-styled', 'Start') as HTMLButtonElement;
+    go.type = 'submit';
+    go.dataset.action = 'start';
+    form.append(el('span', '', 'ranks '), n, launcher, extra, go);
+    form.onsubmit = (ev: Event) => {
+      ev.preventDefault();
+      const body: any = { n: Number(n.value), launcher: launcher.value };
+      if (launcher.value === 'ssh') {
+        body.hosts = extra.value;
+      } else if (launcher.value === 'slurm') {
+        body.slurm = Object.fromEntries(
+          extra.value.split(/\s+/).filter(kv => kv).map(kv => [kv.split('=')[0], kv.split('=').slice(1).join('=')])
+        );
+      }
+      void this.start(body, go);
+    };
+    return form;
+  }
+
+  private async start(body: any, go: HTMLButtonElement): Promise<void> {
+    go.disabled = true;
+    this.message.textContent = `starting ${body.n} ranks (${body.launcher})...`;
+    try {
+      const out = await api('start', { method: 'POST', body: JSON.stringify(body) });
+      this.message.textContent = out.message;
+    } catch (e) {
+      this.message.textContent = `start: ${(e as Error).message}`;
+    } finally {
+      go.disabled = false;
+    }
   }
 
   private button(label: string, onClick: () => void): HTMLElement {
