@@ -89,8 +89,44 @@ function progressText(c: ICluster): string {
   return `step ${p.step} · loss ${loss} · ${sps} samples/s`;
 }
 
+/** A cluster's live view in the main area, beside the notebook: its card (ranks,
+ * progress, last error) and every (step, loss) the polls saw while it was open. */
+class ClusterPanel extends Widget {
+  constructor(readonly clusterId: string) {
+    super();
+    this.id = `dpnb-panel-${clusterId}`;
+    this.title.label = `dpnb ${clusterId}`;
+    this.title.closable = true;
+    this.addClass('dpnb-panel');
+  }
+
+  render(c: ICluster | undefined, card: HTMLElement | null): void {
+    this.node.textContent = '';
+    if (!c || !card) {
+      this.node.appendChild(el('div', '', `cluster ${this.clusterId} is gone`));
+      return;
+    }
+    const p = c.progress || {};
+    if (typeof p.step === 'number' && typeof p.loss === 'number' &&
+        !this.seen.some(([s]) => s === p.step)) {
+      this.seen.push([p.step, p.loss]);
+    }
+    this.node.appendChild(card);
+    const table = el('table', 'dpnb-panel-steps');
+    table.appendChild(el('caption', '', 'steps seen while this panel was open'));
+    for (const [step, loss] of this.seen) {
+      const tr = el('tr', '');
+      tr.append(el('td', '', `step ${step}`), el('td', '', loss.toFixed(4)));
+      table.appendChild(tr);
+    }
+    this.node.appendChild(table);
+  }
+
+  private seen: [number, number][] = [];
+}
+
 class Sidebar extends Widget {
-  constructor(private tracker: INotebookTracker | null) {
+  constructor(private tracker: INotebookTracker | null, private app: JupyterFrontEnd) {
     super();
     this.id = 'dpnb-sidebar';
     this.title.icon = icon;
@@ -117,9 +153,27 @@ class Sidebar extends Widget {
     for (const c of clusters) {
       this.list.appendChild(this.card(c));
     }
+    for (const [id, panel] of this.panels) {
+      const c = clusters.find(x => x.id === id);
+      panel.render(c, c ? this.card(c, false) : null);
+    }
   }
 
-  private card(c: ICluster): HTMLElement {
+  /** Open (or show) cluster ``id``'s panel in the main area, split beside the notebook. */
+  private openPanel(id: string): void {
+    let panel = this.panels.get(id);
+    if (!panel || panel.isDisposed) {
+      panel = new ClusterPanel(id);
+      this.panels.set(id, panel);
+      panel.disposed.connect(() => this.panels.delete(id));
+      const nb = this.tracker ? this.tracker.currentWidget : null;
+      this.app.shell.add(panel, 'main', nb ? { mode: 'split-right', ref: nb.id } : {});
+      this.last = ''; // render the new panel at the next poll
+    }
+    this.app.shell.activateById(panel.id);
+  }
+
+  private card(c: ICluster, withActions = true): HTMLElement {
     const box = el('div', 'dpnb-cluster');
     box.dataset.clusterId = c.id;
     box.appendChild(el('div', 'dpnb-cluster-head', `${c.id} · ${c.world_size} ranks`));
@@ -140,12 +194,16 @@ class Sidebar extends Widget {
     if (c.last_error) {
       box.appendChild(el('div', 'dpnb-error', `last error: ${c.last_error}`));
     }
+    if (!withActions) {
+      return box;
+    }
     const actions = el('div', 'dpnb-actions');
     actions.appendChild(this.button('Interrupt', () => this.act(c.id, 'interrupt')));
     actions.appendChild(this.button('Stop', () => this.act(c.id, 'stop')));
     actions.appendChild(this.button('Restart', () => this.act(c.id, 'restart')));
     actions.appendChild(this.button('Restart --resume', () => this.act(c.id, 'restart-resume')));
     actions.appendChild(this.button('Attach', () => this.attach(c.id)));
+    actions.appendChild(this.button('Panel', () => this.openPanel(c.id)));
     box.appendChild(actions);
     return box;
   }
@@ -238,6 +296,7 @@ class Sidebar extends Widget {
 
   private list: HTMLElement;
   private message: HTMLElement;
+  private panels = new Map<string, ClusterPanel>();
   private last = '';
 }
 
@@ -277,7 +336,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     tracker: INotebookTracker | null,
     statusBar: IStatusBar | null
   ) => {
-    const sidebar = new Sidebar(tracker);
+    const sidebar = new Sidebar(tracker, app);
     app.shell.add(sidebar, 'left', { rank: 900 });
     app.commands.addCommand('dpnb:show-clusters', {
       label: 'Show dpnb clusters',

@@ -7,7 +7,8 @@ five training steps, then a cell that fails on every rank.  Checked in the page:
 lists the cluster's two ranks soon after the start cell returned, the status
 bar says 2/2 ranks and follows the training's step, the failure shows as the last error with a red mark,
 Attach inserts ``%dp attach ID`` into the notebook, the Start form's bad input
-comes back as the server's one line, Stop on a cluster its
+comes back as the server's one line, Panel opens the cluster's live view in the
+main area beside the notebook, Stop on a cluster its
 kernel holds says to stop it there.  Playwright's Python package drives
 Debian's Chromium (/usr/bin/chromium; never ``playwright install``).  The
 screenshot goes to test-artifacts/browser/lab-sidebar.png (docs/lab-sidebar.png
@@ -171,6 +172,13 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     sidebar.locator("button[data-action=attach]").click()
     _wait(page, lambda: f"%dp attach {cid}" in page.locator(".jp-Notebook").inner_text(),
           "the attach code in the notebook", 10)
+    # Panel: the cluster's live view in the main area, split beside the notebook
+    sidebar.locator("button[data-action=panel]").click()
+    panel = page.locator(f"#jp-main-dock-panel #dpnb-panel-{cid}")
+    _wait(page, lambda: panel.count() == 1 and "rank 1" in panel.inner_text()
+          and "step 4" in panel.inner_text(), "the cluster's panel beside the notebook", 10)
+    assert page.locator("#jp-main-dock-panel .jp-NotebookPanel").is_visible()
+    page.screenshot(path=str(_artifact("lab-panel.png")))
     page.close()
 
 
