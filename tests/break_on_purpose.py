@@ -760,6 +760,19 @@ MUTATIONS = [
  ("peer: the copies' holders are placed by the ranks' real hostnames", "dpnb/engine/peercopy.py",
   "    return socket.gethostname()\n", '    return "one-host"\n',
   ["tests/multihost/test_ssh.py::test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy"]),
+ # issue 42 (this session): the sidebar's Start (POST /api/dpnb/clusters/start)
+ ("lab start: the ssh HOST=N counts are checked before anything starts", "dpnb/lab/start.py",
+  "        starter.check(n)  # ssh:", "        pass  # ssh:",
+  ["tests/unit/test_lab_start.py::test_bad_input_is_refused_in_one_line_before_anything_starts"]),
+ ("lab start: ssh and slurm are refused for a kept cluster, in one line", "dpnb/lab/start.py",
+  "    if not starter.engines_here:", "    if False:",
+  ["tests/unit/test_lab_start.py::test_good_ssh_and_slurm_profiles_are_refused_for_kept_clusters_with_what_to_do"]),
+ ("lab start: the panel's cluster is kept (outlives its starting process)", "dpnb/lab/start.py",
+  '"launcher_args": args, "keep": ttl}', '"launcher_args": args, "keep": None}',
+  ["tests/cluster/test_lab_server.py::test_a_cluster_started_from_the_panel_is_kept_attachable_and_stopped"]),
+ ("lab start: the server routes POST /api/dpnb/clusters/start", "dpnb/lab/handlers.py",
+  '            (url_path_join(api, "start"), StartHandler),', "",
+  ["tests/cluster/test_lab_server.py::test_a_cluster_started_from_the_panel_is_kept_attachable_and_stopped"]),
 ]
 
 

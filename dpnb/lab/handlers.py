@@ -21,6 +21,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 
 from . import clusters as cl
+from . import start as st
 
 
 class _Base(APIHandler):
@@ -60,8 +61,34 @@ class ActionHandler(_Base):
         self.finish(json.dumps(out, default=str))
 
 
+class StartHandler(_Base):
+    """``POST /api/dpnb/clusters/start`` with ``{"n": 2, "launcher": "local"}``: a kept
+    cluster started in a process of its own (:mod:`dpnb.lab.start`); 400 with one line
+    for a body ``%dp start`` would refuse, nothing started."""
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            body = None  # not JSON: refused by checked() with the line saying what to give
+        try:
+            st.checked(body)  # quick: refuse bad input before the worker thread
+            out = await asyncio.to_thread(st.start, body)
+        except st.StartError as e:
+            self.set_status(400)
+            out = {"message": str(e)}
+        except RuntimeError as e:  # the starting process failed: its last line
+            self.set_status(500)
+            out = {"message": str(e)}
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(out, default=str))
+
+
 def handlers(base_url: str) -> list[tuple]:
     api = url_path_join(base_url, "api", "dpnb", "clusters")
     return [(api, ClustersHandler, {"gpu": cl.GpuMemory()}),
+            (url_path_join(api, "start"), StartHandler),
             (url_path_join(api, r"([\w.-]+)", r"(stop|interrupt|restart-resume|restart|attach-code)"),
              ActionHandler)]

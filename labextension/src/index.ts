@@ -89,8 +89,44 @@ function progressText(c: ICluster): string {
   return `step ${p.step} · loss ${loss} · ${sps} samples/s`;
 }
 
+/** A cluster's live view in the main area, beside the notebook: its card (ranks,
+ * progress, last error) and every (step, loss) the polls saw while it was open. */
+class ClusterPanel extends Widget {
+  constructor(readonly clusterId: string) {
+    super();
+    this.id = `dpnb-panel-${clusterId}`;
+    this.title.label = `dpnb ${clusterId}`;
+    this.title.closable = true;
+    this.addClass('dpnb-panel');
+  }
+
+  render(c: ICluster | undefined, card: HTMLElement | null): void {
+    this.node.textContent = '';
+    if (!c || !card) {
+      this.node.appendChild(el('div', '', `cluster ${this.clusterId} is gone`));
+      return;
+    }
+    const p = c.progress || {};
+    if (typeof p.step === 'number' && typeof p.loss === 'number' &&
+        !this.seen.some(([s]) => s === p.step)) {
+      this.seen.push([p.step, p.loss]);
+    }
+    this.node.appendChild(card);
+    const table = el('table', 'dpnb-panel-steps');
+    table.appendChild(el('caption', '', 'steps seen while this panel was open'));
+    for (const [step, loss] of this.seen) {
+      const tr = el('tr', '');
+      tr.append(el('td', '', `step ${step}`), el('td', '', loss.toFixed(4)));
+      table.appendChild(tr);
+    }
+    this.node.appendChild(table);
+  }
+
+  private seen: [number, number][] = [];
+}
+
 class Sidebar extends Widget {
-  constructor(private tracker: INotebookTracker | null) {
+  constructor(private tracker: INotebookTracker | null, private app: JupyterFrontEnd) {
     super();
     this.id = 'dpnb-sidebar';
     this.title.icon = icon;
@@ -99,6 +135,7 @@ class Sidebar extends Widget {
     this.node.appendChild(el('h2', '', 'dpnb clusters'));
     this.list = el('div', 'dpnb-list', 'loading...');
     this.message = el('div', 'dpnb-message');
+    this.node.appendChild(this.startForm());
     this.node.appendChild(this.list);
     this.node.appendChild(this.message);
   }
@@ -111,14 +148,32 @@ class Sidebar extends Widget {
     this.last = key;
     this.list.textContent = '';
     if (!clusters.length) {
-      this.list.appendChild(el('div', '', 'No dpnb cluster. Start one in a notebook: %dp start -n 2'));
+      this.list.appendChild(el('div', '', 'No dpnb cluster. Start one above, or in a notebook: %dp start -n 2'));
     }
     for (const c of clusters) {
       this.list.appendChild(this.card(c));
     }
+    for (const [id, panel] of this.panels) {
+      const c = clusters.find(x => x.id === id);
+      panel.render(c, c ? this.card(c, false) : null);
+    }
   }
 
-  private card(c: ICluster): HTMLElement {
+  /** Open (or show) cluster ``id``'s panel in the main area, split beside the notebook. */
+  private openPanel(id: string): void {
+    let panel = this.panels.get(id);
+    if (!panel || panel.isDisposed) {
+      panel = new ClusterPanel(id);
+      this.panels.set(id, panel);
+      panel.disposed.connect(() => this.panels.delete(id));
+      const nb = this.tracker ? this.tracker.currentWidget : null;
+      this.app.shell.add(panel, 'main', nb ? { mode: 'split-right', ref: nb.id } : {});
+      this.last = ''; // render the new panel at the next poll
+    }
+    this.app.shell.activateById(panel.id);
+  }
+
+  private card(c: ICluster, withActions = true): HTMLElement {
     const box = el('div', 'dpnb-cluster');
     box.dataset.clusterId = c.id;
     box.appendChild(el('div', 'dpnb-cluster-head', `${c.id} · ${c.world_size} ranks`));
@@ -139,14 +194,68 @@ class Sidebar extends Widget {
     if (c.last_error) {
       box.appendChild(el('div', 'dpnb-error', `last error: ${c.last_error}`));
     }
+    if (!withActions) {
+      return box;
+    }
     const actions = el('div', 'dpnb-actions');
     actions.appendChild(this.button('Interrupt', () => this.act(c.id, 'interrupt')));
     actions.appendChild(this.button('Stop', () => this.act(c.id, 'stop')));
     actions.appendChild(this.button('Restart', () => this.act(c.id, 'restart')));
     actions.appendChild(this.button('Restart --resume', () => this.act(c.id, 'restart-resume')));
     actions.appendChild(this.button('Attach', () => this.attach(c.id)));
+    actions.appendChild(this.button('Panel', () => this.openPanel(c.id)));
     box.appendChild(actions);
     return box;
+  }
+
+  /** Start: a kept cluster of N ranks (POST /api/dpnb/clusters/start), free for
+   * any notebook's %dp attach; ssh hosts (HOST=N ...) or Slurm settings
+   * (KEY=VALUE ...) are checked by the server as %dp start checks them. */
+  private startForm(): HTMLElement {
+    const form = el('form', 'dpnb-start') as HTMLFormElement;
+    const n = el('input', 'dpnb-start-n') as HTMLInputElement;
+    n.type = 'number';
+    n.min = '1';
+    n.value = '2';
+    n.title = 'ranks';
+    const launcher = el('select', 'dpnb-start-launcher') as HTMLSelectElement;
+    for (const name of ['local', 'ssh', 'slurm']) {
+      const opt = el('option', '', name) as HTMLOptionElement;
+      opt.value = name;
+      launcher.appendChild(opt);
+    }
+    const extra = el('input', 'dpnb-start-extra') as HTMLInputElement;
+    extra.placeholder = 'ssh: node1=2 node2=2 · slurm: queue=gpu';
+    const go = el('button', 'jp-mod-styled', 'Start') as HTMLButtonElement;
+    go.type = 'submit';
+    go.dataset.action = 'start';
+    form.append(el('span', '', 'ranks '), n, launcher, extra, go);
+    form.onsubmit = (ev: Event) => {
+      ev.preventDefault();
+      const body: any = { n: Number(n.value), launcher: launcher.value };
+      if (launcher.value === 'ssh') {
+        body.hosts = extra.value;
+      } else if (launcher.value === 'slurm') {
+        body.slurm = Object.fromEntries(
+          extra.value.split(/\s+/).filter(kv => kv).map(kv => [kv.split('=')[0], kv.split('=').slice(1).join('=')])
+        );
+      }
+      void this.start(body, go);
+    };
+    return form;
+  }
+
+  private async start(body: any, go: HTMLButtonElement): Promise<void> {
+    go.disabled = true;
+    this.message.textContent = `starting ${body.n} ranks (${body.launcher})...`;
+    try {
+      const out = await api('start', { method: 'POST', body: JSON.stringify(body) });
+      this.message.textContent = out.message;
+    } catch (e) {
+      this.message.textContent = `start: ${(e as Error).message}`;
+    } finally {
+      go.disabled = false;
+    }
   }
 
   private button(label: string, onClick: () => void): HTMLElement {
@@ -187,6 +296,7 @@ class Sidebar extends Widget {
 
   private list: HTMLElement;
   private message: HTMLElement;
+  private panels = new Map<string, ClusterPanel>();
   private last = '';
 }
 
@@ -226,7 +336,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     tracker: INotebookTracker | null,
     statusBar: IStatusBar | null
   ) => {
-    const sidebar = new Sidebar(tracker);
+    const sidebar = new Sidebar(tracker, app);
     app.shell.add(sidebar, 'left', { rank: 900 });
     app.commands.addCommand('dpnb:show-clusters', {
       label: 'Show dpnb clusters',

@@ -6,7 +6,9 @@ file), one notebook on the default kernel: ``%dp start -n 2 --keep 3m``,
 five training steps, then a cell that fails on every rank.  Checked in the page: ``#dpnb-sidebar``
 lists the cluster's two ranks soon after the start cell returned, the status
 bar says 2/2 ranks and follows the training's step, the failure shows as the last error with a red mark,
-Attach inserts ``%dp attach ID`` into the notebook, Stop on a cluster its
+Attach inserts ``%dp attach ID`` into the notebook, the Start form's bad input
+comes back as the server's one line, Panel opens the cluster's live view in the
+main area beside the notebook, Stop on a cluster its
 kernel holds says to stop it there.  Playwright's Python package drives
 Debian's Chromium (/usr/bin/chromium; never ``playwright install``).  The
 screenshot goes to test-artifacts/browser/lab-sidebar.png (docs/lab-sidebar.png
@@ -127,6 +129,14 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     sidebar, status = page.locator("#dpnb-sidebar"), page.locator("#dpnb-status")
     _wait(page, lambda: "No dpnb cluster" in sidebar.inner_text(), "the empty sidebar", 30)
     assert status.inner_text().strip() == "dpnb: no cluster"
+    # the Start form posts through the page's credentials; a body %dp start would
+    # refuse comes back as the server's one line (nothing started)
+    form = sidebar.locator("form.dpnb-start")
+    form.locator("select").select_option("ssh")
+    form.locator(".dpnb-start-extra").fill("node1=1")
+    form.locator("button[data-action=start]").click()
+    _wait(page, lambda: "start: -n 2 but the hosts take 1 engines" in sidebar.inner_text(),
+          "the Start form's refusal", 10)
 
     page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook is the current widget
     _run_first_cell(page)
@@ -162,6 +172,13 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     sidebar.locator("button[data-action=attach]").click()
     _wait(page, lambda: f"%dp attach {cid}" in page.locator(".jp-Notebook").inner_text(),
           "the attach code in the notebook", 10)
+    # Panel: the cluster's live view in the main area, split beside the notebook
+    sidebar.locator("button[data-action=panel]").click()
+    panel = page.locator(f"#jp-main-dock-panel #dpnb-panel-{cid}")
+    _wait(page, lambda: panel.count() == 1 and "rank 1" in panel.inner_text()
+          and "step 4" in panel.inner_text(), "the cluster's panel beside the notebook", 10)
+    assert page.locator("#jp-main-dock-panel .jp-NotebookPanel").is_visible()
+    page.screenshot(path=str(_artifact("lab-panel.png")))
     page.close()
 
 

@@ -67,12 +67,21 @@ def _wait_for(srv, pred, what: str, timeout: float = 60):
         time.sleep(0.3)
 
 
-def test_the_token_holder_sees_and_stops_what_a_kernel_started(tmp_path):
-    with labserver.running(tmp_path) as srv:
-        try:
-            _check(srv)
-        finally:
-            labserver.stop_clusters(srv)  # whatever a failed assertion left running
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    """One server for the module (starting one costs seconds); each test leaves no cluster."""
+    with labserver.running(tmp_path_factory.mktemp("lab")) as s:
+        yield s
+
+
+@pytest.fixture
+def lab(srv):
+    yield srv
+    labserver.stop_clusters(srv)  # whatever a failed assertion left running
+
+
+def test_the_token_holder_sees_and_stops_what_a_kernel_started(lab):
+    _check(lab)
 
 
 def _check(srv) -> None:
@@ -124,6 +133,48 @@ def _check(srv) -> None:
     status, body = srv.request(f"/api/dpnb/clusters/{c['id']}/stop", method="POST")
     assert status == 200 and "stopped cluster" in body["message"], body
     assert srv.request("/api/dpnb/clusters")[1] == {"clusters": []}
+    _, left = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
+                                timeout=15)
+    assert not left, left
+
+
+def test_a_cluster_started_from_the_panel_is_kept_attachable_and_stopped(lab, monkeypatch):
+    """The sidebar's Start: POST /api/dpnb/clusters/start starts a kept 2-rank cluster in
+    a process of the server's; it is listed, free, and this process takes it up with
+    dpnb.attach(ID) (as %dp attach does in a notebook), runs a collective, lets go;
+    the stop action ends it with nothing left."""
+    import dpnb
+    from dpnb.cluster import keep as keeping
+
+    for token in (None, "0" * 32):  # behind the server's auth like every /api/dpnb route
+        assert lab.request("/api/dpnb/clusters/start", method="POST", token=token,
+                           body={"n": 2})[0] == 403
+    status, body = lab.request("/api/dpnb/clusters/start", method="POST",
+                               body={"n": 2, "launcher": "ssh", "hosts": "a=1"})
+    assert status == 400 and "-n 2 but the hosts take 1" in body["message"], body
+    status, body = lab.request("/api/dpnb/clusters/start", method="POST",
+                               body={"n": 2, "launcher": "local", "keep": "5m"})
+    assert status == 200 and body["world_size"] == 2, body
+    [c] = _wait_for(lab, lambda cs: cs and cs[0]["alive"] == 2, "the started cluster")
+    assert c["id"] == body["id"] and c["kept"] and c["holder"] is None, c
+    assert 0 < c["stops_in_s"] <= 300
+    pids = [r["pid"] for r in c["ranks"]]
+    # usable from code: the records are the server's folders, as a notebook's kernel has them
+    for k in ("DPNB_STATE_DIR", "DPNB_PUBLISH_DIR"):
+        monkeypatch.setenv(k, lab.env[k])
+    status, body = lab.request(f"/api/dpnb/clusters/{c['id']}/attach-code", method="POST")
+    assert body == {"code": f"%dp attach {c['id']}"}
+    d = dpnb.attach(c["id"])
+    try:
+        got = d.run("import torch, torch.distributed as dist\n"
+                    "t = torch.ones(1); dist.all_reduce(t); print(int(t))", display=False)
+        assert got.stdout == {0: "2\n", 1: "2\n"}, got
+    finally:
+        keeping.release(d)  # let go: the server may act on it
+    _wait_for(lab, lambda cs: cs[0]["holder"] is None, "the cluster free again")
+    status, body = lab.request(f"/api/dpnb/clusters/{c['id']}/stop", method="POST")
+    assert status == 200 and "stopped cluster" in body["message"], body
+    assert lab.request("/api/dpnb/clusters")[1] == {"clusters": []}
     _, left = psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
                                 timeout=15)
     assert not left, left
