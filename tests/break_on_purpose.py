@@ -479,7 +479,7 @@ MUTATIONS = [
   "    @web.authenticated\n    @authorized\n    def get(self)", "    def get(self)",
   ["tests/hosted/test_hub.py"]),
  ("lab: behind a Hub, another user's token does not act on a user's cluster", "dpnb/lab/handlers.py",
-  "    @web.authenticated\n    @authorized\n    async def post(", "    async def post(",
+  "    @web.authenticated\n    @authorized\n    async def post(self, cluster_id", "    async def post(self, cluster_id",
   ["tests/hosted/test_hub.py"]),
  ("lab: the sidebar lists a kernel's ranks", "dpnb/lab/clusters.py",
   '"ranks": [_rank(r, bool(rec.get("local")), gpu) for r in rec.get("ranks", [])],', '"ranks": [],',
