@@ -76,7 +76,7 @@ class StartHandler(_Base):
         try:
             st.checked(body)  # quick: refuse bad input before the worker thread
             out = await asyncio.to_thread(st.start, body)
-        except st.StartError as e:
+        except st.StartRequestError as e:
             self.set_status(400)
             out = {"message": str(e)}
         except RuntimeError as e:  # the starting process failed: its last line

@@ -39,7 +39,7 @@ START_TIMEOUT_S = 180
 KEYS = ("n", "launcher", "hosts", "slurm", "keep", "backend")
 
 
-class StartError(UserError):
+class StartRequestError(UserError):
     """A start request the server refuses before anything starts (answered 400)."""
 
 
@@ -51,16 +51,16 @@ def _hosts(hosts) -> list[str]:
         return hosts.replace(",", " ").split()
     if isinstance(hosts, list) and all(isinstance(h, str) for h in hosts):
         return hosts
-    raise StartError("hosts: give HOST=N for each host, e.g. \"node1=2 node2=2\"")
+    raise StartRequestError("hosts: give HOST=N for each host, e.g. \"node1=2 node2=2\"")
 
 
 def _slurm(opts) -> list[str]:
     """``{"queue": "gpu", ...}`` -> the Slurm ``--launcher-arg KEY=VALUE`` list, keys checked."""
     if not isinstance(opts, dict):
-        raise StartError(f"slurm: give an object of settings ({', '.join(SLURM_KEYS)})")
+        raise StartRequestError(f"slurm: give an object of settings ({', '.join(SLURM_KEYS)})")
     bad = sorted(set(opts) - set(SLURM_KEYS))
     if bad:
-        raise StartError(f"slurm setting {bad[0]!r}: slurm takes {', '.join(SLURM_KEYS)}")
+        raise StartRequestError(f"slurm setting {bad[0]!r}: slurm takes {', '.join(SLURM_KEYS)}")
     return [f"{k}={v}" for k, v in opts.items()]
 
 
@@ -71,12 +71,12 @@ PROFILE_ARGS = {"ssh": lambda body: _hosts(body.get("hosts")),
 
 def checked(body) -> dict:
     """The body of a start request -> keyword arguments of :meth:`dpnb.Cluster.start`,
-    or StartError with one line saying what to change."""
+    or StartRequestError with one line saying what to change."""
     if not isinstance(body, dict):
-        raise StartError('give a JSON object, e.g. {"n": 2, "launcher": "local"}')
+        raise StartRequestError('give a JSON object, e.g. {"n": 2, "launcher": "local"}')
     unknown = sorted(set(body) - set(KEYS))
     if unknown:
-        raise StartError(f"unknown setting {unknown[0]!r}: give {', '.join(KEYS)}")
+        raise StartRequestError(f"unknown setting {unknown[0]!r}: give {', '.join(KEYS)}")
     n, engines = body.get("n", 2), body.get("launcher", "local")
     backend, ttl = body.get("backend", "auto"), body.get("keep", DEFAULT_TTL)
     # the launcher's own settings, as --launcher-arg words (by name: only the launcher
@@ -89,16 +89,16 @@ def checked(body) -> dict:
         starter.check(n)  # ssh: HOST=N counts against n, an ssh client here
         keeping.checked_ttl(ttl)
     except DpnbError as e:
-        raise StartError(str(e)) from None
+        raise StartRequestError(str(e)) from None
     if not starter.engines_here:  # engines held by the starting process's connections
-        raise StartError(f"the panel starts kept clusters, which take local engines: start "
+        raise StartRequestError(f"the panel starts kept clusters, which take local engines: start "
                          f"{engines} engines from a notebook (%dp start --engines {engines} ...)")
     return {"n": n, "backend": backend, "engines": engines, "launcher_args": args, "keep": ttl}
 
 
 def start(body) -> dict:
     """Check ``body`` and start the kept cluster in a process of its own:
-    ``{"id", "world_size", "message"}``.  StartError for bad input (nothing
+    ``{"id", "world_size", "message"}``.  StartRequestError for bad input (nothing
     started); RuntimeError with the starting process's last line if it failed."""
     kwargs = checked(body)
     try:

@@ -37,7 +37,7 @@ def test_a_local_start_becomes_a_kept_cluster_of_n_ranks():
     ({"n": 2, "launcher": "slurm", "slurm": "gpu"}, "slurm: give an object"),
 ])
 def test_bad_input_is_refused_in_one_line_before_anything_starts(body, says):
-    with pytest.raises(st.StartError) as e:
+    with pytest.raises(st.StartRequestError) as e:
         st.checked(body)
     assert says in str(e.value) and "\n" not in str(e.value)
 
@@ -46,5 +46,5 @@ def test_good_ssh_and_slurm_profiles_are_refused_for_kept_clusters_with_what_to_
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)  # an ssh client here
     for body in ({"n": 3, "launcher": "ssh", "hosts": ["a=1", "b=2"]},
                  {"n": 2, "launcher": "slurm", "slurm": {"queue": "gpu"}}):
-        with pytest.raises(st.StartError, match="take local engines: start .* from a notebook"):
+        with pytest.raises(st.StartRequestError, match="take local engines: start .* from a notebook"):
             st.checked(body)
