@@ -417,7 +417,9 @@ class Engines:
 
     def replace_and_reform(self, *, hard: bool = False) -> Restarted:
         """:meth:`restart`, answering which ranks were replaced (for a resume on top)."""
-        out = _restart(self, hard=hard)
+        self.require_running()
+        out = _restart(self.transport, self.group, self.engine_launcher, self.worlds, self.health,
+                       self.adopt_ranks, hard=hard)
         self.refresh_keep_record()
         return out
 

@@ -22,12 +22,16 @@ from ..core.timeouts import form_timeout
 from ..ranks import rank_label
 from . import engines
 from .diagnose import kept
-from .group import moved_sentences
+from .group import Group, moved_sentences
+from .state import WorldRef
 from .transport import Transport
 from .types import Health
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import Engines as Cluster
+    from .launchers import EngineLauncher
+
+#: ``Engines.adopt_ranks``: takes a new rank table (``fresh=``, ``new_world=``)
+Adopt = Callable[..., None]
 
 log = logging.getLogger(__name__)
 
@@ -60,24 +64,33 @@ class Restarted:
     message: str
 
 
-def restart(c: Cluster, *, hard: bool = False) -> Restarted:
-    """See :meth:`dpnb.cluster.Engines.restart`."""
-    c.require_running()
-    c.transport.refresh_busy()
-    _settle_busy(c.transport, c.health, c.kill_rank, c.timeout_s, hard)
-    h = c.health
-    h.dead.update(c.transport.find_dead([r for r in range(c.world_size) if r not in h.dead]))
-    replace = list(range(c.world_size)) if hard else sorted(h.dead)
+def restart(t: Transport, group: Group, launcher: EngineLauncher, worlds: WorldRef,
+            health: Health, adopt: Adopt, *, hard: bool = False) -> Restarted:
+    """See :meth:`dpnb.cluster.Engines.restart`.
+
+    Who does what: the transport finds the dead and interrupts the busy, the
+    launcher kills and starts engines, ``adopt`` (``Engines.adopt_ranks``)
+    takes the new rank table, the group re-forms over every rank; ``worlds``
+    is read afresh after each of them, since each replaces the world.
+    """
+    def kill(r: int) -> None:
+        launcher.kill(worlds.now.ranks[r])
+
+    t.refresh_busy()
+    _settle_busy(t, health, kill, group.timeout_s, hard)
+    h, size = health, worlds.now.size
+    h.dead.update(t.find_dead([r for r in range(size) if r not in h.dead]))
+    replace = list(range(size)) if hard else sorted(h.dead)
     if hard:
         for r in replace:
             if r not in h.dead:
-                c.kill_rank(r)
+                kill(r)
     if replace:
-        c.adopt_ranks(engines.replace(c.engine_launcher, c.ranks, replace), fresh=replace)
-    info = c.group.reform_all(new=replace)
+        adopt(engines.replace(launcher, worlds.now.ranks, replace), fresh=replace)
+    info = group.reform_all(new=replace)
     h.busy.clear()  # every rank took part in the new group: none is running an old cell
-    keep = [r for r in range(c.world_size) if r not in replace]
-    msg = f"World back to {c.world_size} ranks, process group re-formed on port {c.master_port}."
+    keep = [r for r in range(size) if r not in replace]
+    msg = f"World back to {size} ranks, process group re-formed on port {worlds.now.master_port}."
     if replace:
         msg += f" {rank_label(replace)} replaced: everything defined there was lost."
     if keep:

@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING
 
 from ..errors import DpnbError
 from . import engines
+from .group import Group
+from .state import World, WorldRef
 
 if TYPE_CHECKING:  # pragma: no cover
-    from . import Engines as Cluster
+    from .launchers import EngineLauncher
+    from .restart import Adopt
 
 log = logging.getLogger(__name__)
 
@@ -48,44 +51,48 @@ class WorldChange:
     removed: list[int]
 
 
-def check_target(c: Cluster, m) -> Target:
-    """One-line errors for a target this cluster cannot take; changes nothing."""
+def check_target(world: World, launcher: EngineLauncher, backend: str, gpus, m) -> Target:
+    """One-line errors for a target this world cannot take (``launcher``: where
+    more engines could go, for ``backend`` on ``gpus``); changes nothing."""
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise DpnbError(f"-n must be a whole number of ranks >= 1 (got {m!r}); to end the job "
                         f"use %dp stop")
-    if m == c.world_size:
+    if m == world.size:
         raise DpnbError(f"the cluster already has {m} ranks: nothing to resize")
-    cap, why = c.engine_launcher.capacity(c.ranks, c.backend, c.gpus)
+    cap, why = launcher.capacity(world.ranks, backend, gpus)
     if m > cap:
-        raise DpnbError(f"-n {m} is more ranks than the {c.launcher} launcher can place here "
+        raise DpnbError(f"-n {m} is more ranks than the {launcher.name} launcher can place here "
                         f"(at most {cap}: {why}); resize to {cap} or fewer")
-    return Target(old=c.world_size, new=m)
+    return Target(old=world.size, new=m)
 
 
-def resize_world(c: Cluster, target: Target) -> WorldChange:
+def resize_world(target: Target, *, worlds: WorldRef, launcher: EngineLauncher, group: Group,
+                 gpus, adopt: Adopt) -> WorldChange:
     """Stop or add engines so that ``target.new`` ranks remain, then form their group.
 
+    The launcher stops the highest ranks' engines or starts new ones, ``adopt``
+    (``Engines.adopt_ranks``) takes the new table, the group forms over it.
     Ranks are assigned afresh from the engines' hosts (contiguous per host);
     on one host the survivors keep their numbers.
     """
-    if target.old != c.world_size:  # the world changed since the check
-        raise DpnbError(f"the cluster has {c.world_size} ranks, not the {target.old} that "
+    n, m = worlds.now.size, target.new
+    if target.old != n:  # the world changed since the check
+        raise DpnbError(f"the cluster has {n} ranks, not the {target.old} that "
                         f"resize checked: run %dp resize again")
-    n, m = c.world_size, target.new
     removed, added_eids = [], []
     if m < n:
         removed = list(range(m, n))
-        for r in removed:  # kill_rank waits until each is gone
-            c.kill_rank(r)
-        keep = c.ranks[:m]
+        for r in removed:  # kill waits until each is gone
+            launcher.kill(worlds.now.ranks[r])
+        keep = worlds.now.ranks[:m]
     else:
-        keep = c.ranks
-        added_eids = engines.start_registered(c.engine_launcher, keep, m - n,
-                                              lambda: c.engine_launcher.start_more(keep, m - n))
-    ranks = engines.replan(c.engine_launcher, c.backend, c.gpus, keep, added_eids, m)
+        keep = worlds.now.ranks
+        added_eids = engines.start_registered(launcher, keep, m - n,
+                                              lambda: launcher.start_more(keep, m - n))
+    ranks = engines.replan(launcher, group.backend, gpus, keep, added_eids, m)
     added = [ri.rank for ri in ranks if ri.engine_id in added_eids]
-    c.adopt_ranks(ranks, fresh=added, new_world=True)
-    c.group.init_ranks(new=added)
-    c.group.regroup(callbacks=False, hint="; try %dp restart --hard")
+    adopt(ranks, fresh=added, new_world=True)
+    group.init_ranks(new=added)
+    group.regroup(callbacks=False, hint="; try %dp restart --hard")
     log.info("resized from %d to %d ranks (added %s, removed %s)", n, m, added, removed)
     return WorldChange(old=n, new=m, added=added, removed=removed)

@@ -72,7 +72,8 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     one host; give shared storage for a cluster on several hosts).
     """
     cluster.require_running()
-    target = check_target(cluster, n)
+    target = check_target(cluster.world, cluster.engine_launcher, cluster.backend,
+                          cluster.gpus, n)
     _check_model(cluster)
     rebuild = resume.make_plan(cluster)
     resume.refuse_if_incomplete(cluster, rebuild)  # before any engine starts or stops
@@ -86,7 +87,8 @@ def resize(cluster, n: int, *, keep: str = "batch", lr_rule: str = "linear",
     path = os.path.abspath(os.path.expanduser(checkpoint_dir))
     saved = cluster.call(ep.SAVE, path).values[0]
     step = saved.get("step")
-    world = resize_world(cluster, target)
+    world = resize_world(target, worlds=cluster.worlds, launcher=cluster.engine_launcher,
+                         group=cluster.group, gpus=cluster.gpus, adopt=cluster.adopt_ranks)
     loaded = resume.replay_and_load(cluster, path, rebuild, world.added)
     lr = None
     last = cluster.training.last_train
