@@ -175,7 +175,11 @@ def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
         rep = c.last_profile.report
         assert {r.host for r in rep.ranks} == {h.name for h in two_hosts.hosts}
         assert "several hosts" in rep.clock_note and rep.skew_s is not None, rep.clock_note
-        assert rep.skew_s < 0.005, rep.skew_s  # one kernel's clock underneath: little to correct
+        # one kernel's clock underneath: little to correct.  The residual is an
+        # estimate from gloo's spans, which a busy CPU closes late: 9.6 ms once with
+        # two test workers on 2 cores; 20 ms still keeps it well under the 0.1 s
+        # lateness the next line must find
+        assert rep.skew_s < 0.02, rep.skew_s
         assert rep.straggler.rank == 1 and abs(rep.straggler.typical_late_s - 0.1) < 0.02, rep.straggler
         assert (tmp_path / "rank1.json").is_file() and (tmp_path / "merged.json").is_file()
     finally:
