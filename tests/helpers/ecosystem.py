@@ -43,10 +43,14 @@ def torchrun(name: str, *args: str, cwd: str, fails: bool = False) -> str:
     if fails:
         assert p.returncode != 0, p.stdout + p.stderr
         return p.stdout + p.stderr
-    if p.returncode != 0 and TEARDOWN_ABORT in p.stderr:
-        # torch 2.13's FSDP2 + gloo teardown: once in a CI run the reference (plain
-        # torchrun, no dpnb) aborted in destroy_process_group after its last step;
-        # the reference is run again rather than blamed on the code under test
+    for _ in range(2):  # bounded: at most two runs more
+        if not (p.returncode != 0 and TEARDOWN_ABORT in p.stderr):
+            break
+        # torch 2.13's gloo teardown: a plain torchrun script (no dpnb) whose DDP
+        # still holds the group can abort at interpreter exit after its last step
+        # (gloo's work thread frees a tensor without the GIL; see dpnb.engine.job's
+        # finish).  Under two test workers it aborted twice in a row once.  The
+        # reference is run again rather than blamed on the code under test.
         log.warning("reference torchrun aborted at teardown; running it again:\n%s", p.stderr[-2000:])
         p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
