@@ -59,7 +59,12 @@ def _scenario(c, strategy: str, tmp_path) -> None:
     c.run(f"!rm -f {side}", display=False)
     c.wrap("net", strategy, optimizer="sgd", lr=0.05)
     c.set_data("ds")
-    c.train(steps=3, micro_batch=8, progress=False)
+    c.train(steps=10, micro_batch=8, progress=False)
+    # never given --peer-copy-every: a sharded strategy copies each shard to its
+    # holder every 10 steps (the first at step 10); DDP's replicas need no copy
+    info = c.call("dpnb.engine.peercopy.info").values
+    want = (10, 10) if strategy != "ddp" else (0, None)
+    assert [(v["every"], v["own_step"]) for v in info] == [want] * c.world_size, info
     ck = str(tmp_path / "ck")
     c.save(ck)
     ref = c.train(steps=1, micro_batch=8, progress=False)["losses"]
@@ -67,7 +72,7 @@ def _scenario(c, strategy: str, tmp_path) -> None:
     pids = [r.pid for r in c.ranks]
     _kill_mid_training(c, c.world_size - 1)
     msg = c.restart(resume=ck)
-    assert f"Resumed from {ck} at step 3" in msg, msg
+    assert f"Resumed from {ck} at step 10" in msg, msg
     assert "cell: HIDDEN = 16 (binds HIDDEN" in msg and "cell: import dpnb.data" in msg, msg
     assert "cell: ds = dpnb.data.SyntheticRegression" in msg, msg
     if strategy in ("zero2", "zero3"):
@@ -77,7 +82,7 @@ def _scenario(c, strategy: str, tmp_path) -> None:
         assert [r.pid for r in c.ranks][:-1] == pids[:-1]  # survivors are the same engines
     assert side.read_text() == "kept"  # neither the os.remove nor the !rm cell ran again
     again = c.train(steps=1, micro_batch=8, progress=False)
-    assert again["first_step"] == 3
+    assert again["first_step"] == 10
     assert again["losses"] == pytest.approx(ref, rel=1e-5, abs=1e-7)
     assert c.check()["ok"]
 

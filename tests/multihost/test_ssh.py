@@ -161,8 +161,8 @@ def test_ranks_land_on_the_hosts_in_the_order_given_every_start(two_hosts):
 
 def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
     """%%dp --profile with a rank on each host: the traces come home over the
-    engines' own connections, the ranks are aligned on their collectives (several
-    hosts), the residual skew is reported, and the late rank is still named."""
+    engines' own connections, the wall clocks are checked against the collectives
+    (several hosts), the residual skew is reported, and the late rank is still named."""
     c = _start(two_hosts, n_per_host=1)
     try:
         c.run("from torch.nn.parallel import DistributedDataParallel as DDP\nimport time\n"
@@ -174,12 +174,11 @@ def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
                   display=False, out_dir=str(tmp_path))
         rep = c.last_profile.report
         assert {r.host for r in rep.ranks} == {h.name for h in two_hosts.hosts}
+        # one kernel's clock underneath: no collective contradicts the wall clocks, so
+        # they are kept, and the late rank keeps its 0.1 s (aligning on gloo's span
+        # ends, which the busy late rank closes late, once took 39 ms off it in CI)
         assert "several hosts" in rep.clock_note and rep.skew_s is not None, rep.clock_note
-        # one kernel's clock underneath: little to correct.  The residual is an
-        # estimate from gloo's spans, which a busy CPU closes late: 9.6 ms once with
-        # two test workers on 2 cores; 20 ms still keeps it well under the 0.1 s
-        # lateness the next line must find
-        assert rep.skew_s < 0.02, rep.skew_s
+        assert "agrees with the wall clocks" in rep.clock_note, rep.clock_note
         assert rep.straggler.rank == 1 and abs(rep.straggler.typical_late_s - 0.1) < 0.02, rep.straggler
         assert (tmp_path / "rank1.json").is_file() and (tmp_path / "merged.json").is_file()
     finally:

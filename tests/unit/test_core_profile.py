@@ -60,16 +60,16 @@ def test_gpu_lanes_overlap_and_exposed_comm():
     assert rep.skew_s is None and "one host" in rep.clock_note
 
 
-def _cpu_rank(arrive_ms, host="h", shift_us=0.0, size=65792):
+def _cpu_rank(arrive_ms, host="h", shift_us=0.0, size=65792, end_us=60_000):
     """Forward/backward ops on the main thread, one all-reduce on gloo's thread."""
     a = arrive_ms * 1000 + shift_us
     return [_x(P.CLOCK_MARKER, shift_us, 1, cat="user_annotation"),
             _x("aten::addmm", shift_us + 100, 900),
             _x("c10d::allreduce_", a, 50),
-            _x("gloo:all_reduce", a + 20, 60_000 + shift_us - a, cat="user_annotation", tid=2,
+            _x("gloo:all_reduce", a + 20, end_us + shift_us - a, cat="user_annotation", tid=2,
                **{"Input Dims": [[size]], "Input type": ["float"]}),
-            _x("aten::add_", 61_000 + shift_us, 500),
-            _x(P.END_MARKER, 62_000 + shift_us, 1, cat="user_annotation")]
+            _x("aten::add_", end_us + 1000 + shift_us, 500),
+            _x(P.END_MARKER, end_us + 2000 + shift_us, 1, cat="user_annotation")]
 
 
 def test_cpu_straggler_named_with_its_lateness():
@@ -100,13 +100,28 @@ def test_a_subset_profile_names_the_late_rank_by_its_rank_not_its_position():
 
 
 def test_several_hosts_are_aligned_on_their_collectives():
-    # rank 1's host clock runs 7 ms ahead; its wall clock says 3 ms (NTP error)
+    # rank 1's host clock runs 70 ms ahead; its wall clock says 3 ms (NTP off by 67 ms):
+    # rank 1 would leave the 59 ms all-reduce before rank 0 entered it
     r0 = P.extract(_cpu_rank(1, host="a"), rank=0, host="a", wall_offset_us=1e9)
-    r1 = P.extract(_cpu_rank(1, host="b", shift_us=7000), rank=1, host="b",
-                   wall_offset_us=1e9 - 4000)
+    r1 = P.extract(_cpu_rank(1, host="b", shift_us=70_000), rank=1, host="b",
+                   wall_offset_us=1e9 - 3_000)
     rep = P.analyze([r0, r1], world_size=2)
-    assert rep.skew_s == pytest.approx(0.0, abs=1e-9) and "several hosts" in rep.clock_note
+    assert rep.skew_s == pytest.approx(0.0, abs=1e-9) and "ranks [1] shifted" in rep.clock_note
     assert rep.collectives[0].lateness_s == pytest.approx(0.0, abs=1e-6)
+
+
+def test_wall_clocks_no_collective_contradicts_are_kept_over_late_closed_spans():
+    """Two hosts, one true clock: rank 1 enters 100 ms late and, with compute waiting
+    right after, closes its span 40 ms after rank 0's (seen on two busy cores).
+    Aligning on the ends would take 40 ms off its lateness; the wall clocks agree
+    with the collective (nobody left before the other entered), so they stay."""
+    r0 = P.extract(_cpu_rank(1, host="a", end_us=101_020), rank=0, host="a", wall_offset_us=1e9)
+    r1 = P.extract(_cpu_rank(101, host="b", end_us=141_020), rank=1, host="b",
+                   wall_offset_us=1e9)
+    rep = P.analyze([r0, r1], world_size=2)
+    assert "agrees with the wall clocks" in rep.clock_note, rep.clock_note
+    assert rep.offsets_s[0] == rep.offsets_s[1]
+    assert rep.straggler.rank == 1 and rep.straggler.typical_late_s == pytest.approx(0.100)
 
 
 def test_the_merged_trace_is_chrome_json_with_one_process_per_rank():
