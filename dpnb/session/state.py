@@ -200,6 +200,11 @@ class TrainingState:
             "batch_plan": self.batch_plan.to_record() if self.batch_plan else None,
             "last_train": self.last_train.to_record() if self.last_train else None,
             "autosave_dir": self.autosave_dir,
+            # the interval every rank copies at: after %dp attach the session sets it
+            # on a replaced rank too (one rank at the default while the others copy
+            # at K would enter the copies' exchange alone); absent when never given
+            **({"peer_copy_every": self.peer_copy_every} if self.peer_copy_every is not None
+               else {}),
         }
 
     @classmethod
@@ -210,4 +215,5 @@ class TrainingState:
                    last_train=LastTrain.from_record(t) if t else None,
                    batch_plan=BatchPlan.from_record(b) if b else None,
                    train_log=[TrainCall.from_record(x) for x in rec.get("train_log") or []],
-                   autosave_dir=rec.get("autosave_dir"))
+                   autosave_dir=rec.get("autosave_dir"),
+                   peer_copy_every=rec.get("peer_copy_every"))

@@ -63,6 +63,15 @@ def test_the_progress_payloads_are_not_kept():
     assert TrainingState.from_record(st.to_record()).last_train.progress == {}
 
 
+def test_the_peer_copy_interval_given_is_kept_for_an_attach():
+    """``--peer-copy-every 5`` survives detach/attach: the attached session sets it on
+    every rank, a replaced one included, so all copy at the same steps."""
+    st = TrainingState.from_record(json.loads(json.dumps(TrainingState(peer_copy_every=5).to_record())))
+    assert st.peer_copy_every == 5
+    off = TrainingState.from_record(TrainingState(peer_copy_every=0).to_record())
+    assert off.peer_copy_every == 0  # "off" is kept as off, not as the default
+
+
 def test_a_new_wrap_starts_the_train_log_again():
     st = TrainingState(train_log=[TrainCall(steps=4, dp=2)])
     st.wrapped(WrapRecord("m", "ddp"))
