@@ -37,14 +37,18 @@ from .state import STATE_NAME, EngineState
 log = logging.getLogger(__name__)
 
 
-def arg_parser(*, description: str, resume: str | None, steps_done: int) -> argparse.ArgumentParser:
-    """The exported script's command line."""
+def arg_parser(*, description: str, resume: str | None, steps_done: int,
+               base: tuple[str, int] | None = None) -> argparse.ArgumentParser:
+    """The exported script's command line.  ``base``: the checkpoint (path, step)
+    the notebook loaded after its wrap, where its training calls start."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--resume", default=resume, metavar="DIR",
                    help=f"checkpoint to start from (default: {resume or 'none: start fresh'})")
+    start = (f"from {base[0]} (step {base[1]}), which the notebook loaded" if base else
+             "from the freshly built model")
     p.add_argument("--from-scratch", action="store_true",
                    help="ignore the checkpoint: replay every training call of the notebook "
-                        f"({steps_done} steps) from the freshly built model")
+                        f"({steps_done} steps) {start}")
     p.add_argument("--steps", type=int, default=0,
                    help="train this many more steps after the notebook's, with its last settings")
     p.add_argument("--out", default="checkpoints", metavar="DIR",
@@ -111,9 +115,26 @@ def remaining(schedule: list[dict], done: int) -> list[dict]:
     return out
 
 
-def run(ns: dict, schedule: list[dict], args) -> dict:
-    """Load the checkpoint (unless ``--from-scratch``), run what is left of the
-    notebook's training calls, then ``--steps`` more; checkpoint at the end.
+def _start(ns: dict, args, base: tuple[str, int] | None) -> int:
+    """Load what the job starts from; the step the schedule's calls count from."""
+    if args.resume and not args.from_scratch:
+        info = checkpoint.load(ns, args.resume)
+        return int(info.get("step") or 0)
+    if base is None:
+        return 0
+    if not os.path.isdir(base[0]):
+        raise SystemExit(f"--from-scratch replays the notebook from {base[0]} (step {base[1]}), "
+                         f"which it loaded, and that folder is gone: copy it back or drop "
+                         f"--from-scratch")
+    checkpoint.load(ns, base[0])
+    return base[1]
+
+
+def run(ns: dict, schedule: list[dict], args, base: tuple[str, int] | None = None) -> dict:
+    """Load the checkpoint (unless ``--from-scratch``: then the one the notebook
+    loaded after its wrap, ``base``, if any), run what is left of the notebook's
+    training calls (counted from ``base``'s step), then ``--steps`` more;
+    checkpoint at the end.
 
     Rank 0 prints each call's steps and losses; every rank returns the last
     summary.  The global batch of each call is the notebook's (micro-batch x
@@ -121,12 +142,12 @@ def run(ns: dict, schedule: list[dict], args) -> dict:
     """
     es = ns[STATE_NAME]
     say = print if es.rank == 0 else (lambda *a, **k: None)
-    done = 0
+    done = _start(ns, args, base)
     if args.resume and not args.from_scratch:
-        info = checkpoint.load(ns, args.resume)
-        done = int(info.get("step") or 0)
         say(f"resumed from {args.resume} at step {done}")
-    calls = remaining(schedule, done)
+    elif base:
+        say(f"loaded {base[0]} at step {done}, as the notebook did")
+    calls = remaining(schedule, done - (base[1] if base else 0))
     if args.steps:
         if not schedule:
             raise SystemExit("--steps needs the settings of a training call, and the notebook "

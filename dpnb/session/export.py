@@ -35,7 +35,7 @@ from ..cluster.types import EntryKind
 from ..core.cellgraph import cell_summary
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
-from .record import SetupCell, WatchStep
+from .record import LoadStep, SetupCell, WatchStep
 from .results import ExportResult
 
 #: setup steps the job does not need: they serve notebook views only
@@ -113,6 +113,7 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
     pushed = {n for rec in cluster.history if rec.kind == EntryKind.PUSH for n in rec.names}
     st = cluster.training
     steps_done = st.steps_done
+    base = cluster.setup_log.base()
     doc = (f"Exported by dpnb from a notebook session on {when}: {cluster.world_size} ranks, "
            f"{cluster.backend}, {st.last_wrap.strategy if st.last_wrap else '?'}.")
     body = [
@@ -129,8 +130,13 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
         "",
         "from dpnb.engine import checkpoint, job, training  # noqa: F401",
         "",
+        "# the checkpoint the notebook loaded after its wrap (path, step): its training",
+        "# calls below start there (None: from the freshly built model)",
+        f"BASE = {(base.path, base.step) if base else None!r}",
+        "",
         "args = job.arg_parser(description=__doc__.splitlines()[0],",
-        f"                      resume={checkpoint!r}, steps_done={steps_done}).parse_args()",
+        f"                      resume={checkpoint!r}, steps_done={steps_done},",
+        "                      base=BASE).parse_args()",
         init_call(cluster.seed),
         "",
     ]
@@ -142,15 +148,19 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
                 body += [f"# setup cell {n_cell} left out (see EXPORT.txt): {_short(e.code)}", ""]
                 continue
             body += [f"# ---- setup cell {n_cell} (%%dp --setup) ----", e.code.strip("\n"), ""]
+        elif isinstance(e, LoadStep):
+            body += [f"# ({e.label}: --from-scratch loads it, see BASE; otherwise the "
+                     f"checkpoint taken at export)" if e is base else
+                     f"# ({e.label}: superseded by a later load or wrap)", ""]
         elif isinstance(e, NOTEBOOK_ONLY_STEPS):
             body += [f"# ({e.label}: a notebook view's hooks, not needed here)", ""]
         else:
             body += [f"# ---- {e.label} ----", _call_source(*e.call()), ""]
     schedule = [t.schedule_entry() for t in st.train_log]
-    body += ["# The notebook's %dp train calls since the wrap, in order (steps they ran).",
+    body += ["# The notebook's %dp train calls since the wrap or BASE, in order (steps they ran).",
              "SCHEDULE = ["]
     body += [f"    {t!r}," for t in schedule]
-    body += ["]", "", "job.run(globals(), SCHEDULE, args)", ""]
+    body += ["]", "", "job.run(globals(), SCHEDULE, args, base=BASE)", ""]
     return "\n".join(body)
 
 

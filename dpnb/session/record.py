@@ -3,8 +3,8 @@
 ``restart --resume`` replays it on rebuilt ranks, ``%dp export`` writes it
 into ``train.py``, ``%dp resize`` and ``%dp setup`` ask whether a model was
 wrapped.  Each step is a frozen record of what the notebook asked for -- a
-``%%dp --setup`` cell, the wrap, the gradient-sync timing hooks, the data --
-so readers match on the step's type (``record.last(WrapStep)``), never on an
+``%%dp --setup`` cell, the wrap, the gradient-sync timing hooks, the data, a
+checkpoint loaded -- so readers match on the step's type (``record.last(WrapStep)``), never on an
 engine function's dotted name.  A call step knows the engine entry point it
 replays (:mod:`dpnb.engine.entrypoints`) and its arguments; nothing here
 communicates: the session sends the call (``cluster.call(*step.call())``).
@@ -117,14 +117,39 @@ class DataStep(_CallStep):
         return self.entry, (self.dataset,), {"seed": self.seed, "shuffle": self.shuffle}
 
 
+@dataclass(frozen=True)
+class LoadStep:
+    """A checkpoint loaded into the wrapped model (``%dp load``, or a resume from
+    disk): from here the state is that checkpoint's, at its step.
+
+    Not replayed: a resume loads its own checkpoint after the replay, and an
+    exported job its own (taken at export).  It is where the training calls
+    since it start counting (``%dp export``'s ``--from-scratch`` loads it first).
+    """
+
+    path: str
+    step: int
+
+    @property
+    def label(self) -> str:
+        return f"load {self.path} (step {self.step:,})"
+
+    def to_record(self) -> dict:
+        return {"kind": "load", "label": self.label, "code": "", "dotted": "",
+                "args": [self.path, self.step], "kwargs": {}}
+
+
 CallStep = WrapStep | WatchStep | DataStep
-Step = SetupCell | CallStep
+Step = SetupCell | CallStep | LoadStep
 
 
 def step_from_record(d: dict) -> Step:
     """One :meth:`to_record` entry (or an older dpnb's ``setup_log`` entry) back as a step."""
     if d.get("kind") == "cell":
         return SetupCell(d.get("code", ""))
+    if d.get("kind") == "load":
+        path, step = d.get("args") or []
+        return LoadStep(str(path), int(step))
     dotted, args, kw = d.get("dotted"), list(d.get("args") or []), dict(d.get("kwargs") or {})
     if dotted == ep.WRAP:
         return WrapStep(args[0], args[1] if len(args) > 1 else kw.pop("strategy", "ddp"), kw)
@@ -152,7 +177,18 @@ class SetupRecord:
         return [e for e in self.entries if isinstance(e, SetupCell)]
 
     def calls(self) -> list[CallStep]:
-        return [e for e in self.entries if not isinstance(e, SetupCell)]
+        """The engine calls a replay sends again, in order (cells and loads are not)."""
+        return [e for e in self.entries if isinstance(e, (WrapStep, WatchStep, DataStep))]
+
+    def base(self) -> LoadStep | None:
+        """The checkpoint the current model's state starts from: the last load
+        after the last wrap (None: the freshly wrapped model)."""
+        for e in reversed(self.entries):
+            if isinstance(e, LoadStep):
+                return e
+            if isinstance(e, WrapStep):
+                return None
+        return None
 
     def last(self, kind: type) -> Step | None:
         """The latest step of type ``kind`` (``WrapStep``, ``DataStep`` ...), or None."""

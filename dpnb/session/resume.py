@@ -35,7 +35,7 @@ from ..core.strategies import is_fsdp
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
-from . import replica
+from . import replica, verbs
 from .record import DataStep, WrapStep
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -117,8 +117,13 @@ def rebuild_ranks(c: "Cluster", replaced: list[int]) -> tuple[list[int], str]:
     return sorted(replaced), "" if not replaced else "they started empty"
 
 
-def replay_and_load(c: "Cluster", path: str, p: ResumePlan, replaced: list[int]) -> str:
-    """Replay ``p`` (cells on the ranks that rebuild, the calls everywhere), then load."""
+def replay_and_load(c: "Cluster", path: str, p: ResumePlan, replaced: list[int],
+                    as_load: bool = False) -> str:
+    """Replay ``p`` (cells on the ranks that rebuild, the calls everywhere), then load.
+
+    ``as_load``: the checkpoint is where the state now starts (a resume from
+    disk: the steps after it are gone), recorded as a load; a resize's own
+    save-and-load (``as_load`` False) changes nothing of the state."""
     ranks, why = rebuild_ranks(c, replaced)
     ran = []
     for r in p.cells:
@@ -135,6 +140,8 @@ def replay_and_load(c: "Cluster", path: str, p: ResumePlan, replaced: list[int])
         dotted, args, kw = e.call()
         c.call(dotted, *args, **kw)
     info = c.call(ep.LOAD, path).values[0]
+    if as_load:
+        verbs.loaded(c, path, info)
     cells = "; ".join(f"cell: {_summary(r.code)} ({r.why})" for r in ran) or "none"
     who = (f"Rebuilt on {rank_label(ranks)} ({why}) from {len(ran)} cell"
            f"{'s' if len(ran) != 1 else ''}: {cells}." if ranks else
@@ -191,4 +198,5 @@ def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     refuse_if_incomplete(c, p)  # before any engine is replaced
     done = c.replace_and_reform(hard=hard)
     disk = f"Not from memory ({why_not}): from the disk checkpoint. " if latest else ""
-    return done.message + " " + disk + replay_and_load(c, path, p, list(done.replaced))
+    return done.message + " " + disk + replay_and_load(c, path, p, list(done.replaced),
+                                                       as_load=True)

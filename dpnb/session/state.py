@@ -192,6 +192,11 @@ class TrainingState:
         self.last_wrap = rec
         self.train_log = []
 
+    def loaded(self) -> None:
+        """A checkpoint loaded (:class:`~dpnb.session.record.LoadStep`): the train
+        calls before it no longer lead to the state, so the log starts again."""
+        self.train_log = []
+
     def to_record(self) -> dict:
         """The keys a kept cluster's record carries for the session (JSON)."""
         return {

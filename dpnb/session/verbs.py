@@ -22,7 +22,7 @@ from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..progress import TrainProgress
 from ..ranks import rank_label
-from .record import DataStep, WatchStep, WrapStep
+from .record import DataStep, LoadStep, WatchStep, WrapStep
 from .results import TrainResult
 from .state import LastTrain, TrainArgs, TrainCall, WrapRecord
 
@@ -204,7 +204,16 @@ def load(cluster, path: str) -> dict:
     path = os.path.abspath(path)
     if not os.path.isdir(path):
         raise DpnbError(f"no checkpoint folder at {path}: give the folder %dp save wrote")
-    return _rank0(cluster.call(ep.LOAD, path))
+    info = _rank0(cluster.call(ep.LOAD, path))
+    loaded(cluster, path, info)
+    return info
+
+
+def loaded(cluster, path: str, info: dict) -> None:
+    """Every rank now holds ``path``'s state: the record says so (a
+    :class:`LoadStep`), and the train calls count again from its step."""
+    cluster.setup_log.add(LoadStep(path, int(info.get("step") or 0)))
+    cluster.training.loaded()
 
 
 def pull_model(cluster) -> dict:

@@ -93,6 +93,39 @@ def test_export_magic_lists_what_it_left_out(c, tmp_path, capsys):
         assert "left out 3" in out and "  - cell: scratch = 1: not marked" in out, out
 
 
+def test_from_scratch_starts_where_the_notebook_loaded_its_checkpoint(c, tmp_path):
+    """The notebook trains 3 steps, saves, trains 2 more, goes back to its save
+    (``%dp load``) and trains 2 steps from there.  The exported job run with
+    ``--from-scratch`` loads that save, as the notebook did, and replays only
+    the 2 steps since: its losses are the notebook's.  (Replaying the 7 steps
+    from the fresh model, or the 2 from it, gives other losses.)"""
+    c.run(SETUP, display=False, setup=True)
+    c.wrap("net", "ddp", optimizer="sgd", lr=0.05, momentum=0.9)
+    c.set_data("ds", seed=3)
+    c.train(steps=3, micro_batch=2, grad_accum=3, progress=False)
+    ck = str(tmp_path / "ck3")
+    c.save(ck)
+    c.train(steps=2, micro_batch=2, grad_accum=3, progress=False)
+    assert c.load(ck)["step"] == 3
+    nb = c.train(steps=2, micro_batch=2, grad_accum=3, progress=False)
+    assert nb["first_step"] == 3
+    job = tmp_path / "job"
+    c.export(str(job))
+    script = (job / "train.py").read_text()
+    assert f"BASE = ({ck!r}, 3)" in script, script
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env.pop("RANK", None)
+    p = subprocess.run(["bash", "run.sh", "--from-scratch", "--out", "ck-fs"], cwd=job, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert f"loaded {ck} at step 3, as the notebook did" in p.stdout, p.stdout
+    m = re.search(r"steps 3-4: global batch 12, loss (\S+) (\S+)\n", p.stdout)
+    assert m, p.stdout
+    job_losses = [float(x) for x in m.groups()]
+    for a, b in zip(job_losses, nb["losses"]):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (job_losses, nb["losses"])
+
+
 # What the end of an exported train.py does (job.run ends with job.finish), in
 # one single-rank process: a gloo broadcast whose work thread still holds the
 # tensor, DDP and dpnb's state holding the group.  The threads are counted by

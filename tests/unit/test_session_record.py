@@ -9,7 +9,7 @@ unchanged, so a cluster kept before and attached after still resumes.
 import json
 
 from dpnb.engine import entrypoints as ep
-from dpnb.session.record import DataStep, SetupCell, SetupRecord, WatchStep, WrapStep
+from dpnb.session.record import DataStep, LoadStep, SetupCell, SetupRecord, WatchStep, WrapStep
 
 #: ``setup_log`` as dpnb wrote it before the session owned the record (2026-11-26)
 OLD_SETUP_LOG = [
@@ -41,3 +41,15 @@ def test_an_unknown_step_in_a_record_is_left_out_not_fatal():
     rec = SetupRecord.from_record(OLD_SETUP_LOG[:1] + [
         {"kind": "call", "label": "x", "dotted": "dpnb.engine.gone.f", "args": [], "kwargs": {}}])
     assert len(rec) == 1 and not rec.wrapped
+
+
+def test_a_load_is_kept_not_replayed_and_is_the_base_until_the_next_wrap():
+    rec = SetupRecord.from_record(OLD_SETUP_LOG)
+    assert rec.base() is None  # the freshly wrapped model
+    rec.add(LoadStep("/ck/step-3", 3))
+    back = SetupRecord.from_record(json.loads(json.dumps(rec.to_record())))
+    assert list(back.entries) == list(rec.entries) and back.base() == LoadStep("/ck/step-3", 3)
+    assert "load /ck/step-3 (step 3)" in back.describe()[-1]
+    assert LoadStep("/ck/step-3", 3) not in back.calls()  # a resume loads its own checkpoint
+    back.add(WrapStep("net2", "ddp"))
+    assert back.base() is None  # a new model does not start from that checkpoint
