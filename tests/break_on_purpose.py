@@ -802,6 +802,16 @@ MUTATIONS = [
 ]
 
 
+def _env() -> dict:
+    """The tests' environment with this checkout first on the path: a process the
+    tests start (``dpnb mcp``, ``dpnb grade``) imports the broken file, not the
+    checkout an editable install points at (seen: 7 breaks missed in a clone
+    whose virtualenv was installed from another checkout)."""
+    env = dict(__import__("os").environ)
+    env["PYTHONPATH"] = ROOT + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def _collects(tests: list[str]) -> str | None:
     """Why the unbroken tree cannot even collect ``tests`` (a missing package, a
     wrong Python), else None: then every break would look caught."""
@@ -846,7 +856,7 @@ def main(words: list[str]) -> int:
             with open(path, "w") as fh:
                 fh.write(text.replace(old, new))
             r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                *tests], cwd=ROOT, capture_output=True, text=True)
+                                *tests], cwd=ROOT, capture_output=True, text=True, env=_env())
         finally:
             with open(path, "w") as fh:
                 fh.write(text)
