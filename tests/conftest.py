@@ -72,6 +72,17 @@ def pytest_unconfigure(config):
     # The folder is this run's alone (mkdtemp); left behind, every run --
     # break_on_purpose.py runs pytest once per entry -- added one to /tmp
     # (1,237 of them here before this).
+    # The shared IPython shell's history database lives in that folder: its exit
+    # hook, run after this, wrote to the removed file ("attempt to write a readonly
+    # database" at the end of every run that used magics).  It is closed now;
+    # the hook skips a shell without one.
+    from IPython.core.interactiveshell import InteractiveShell  # lazy: only at the end
+
+    ip = InteractiveShell.instance() if InteractiveShell.initialized() else None
+    if ip is not None and ip.history_manager is not None:
+        ip.history_manager.end_session()
+        ip.history_manager.close()
+        ip.history_manager = None
     shutil.rmtree(tempfile.tempdir if _worker else _home, ignore_errors=True)
 
 
