@@ -22,16 +22,29 @@ from typing import Any
 from ..core.strategies import LR_SCALES
 from ..core.traincounts import count_problem
 from ..errors import DpnbError
+from .record import WrapStep
 
 
 @dataclass(frozen=True)
 class WrapRecord:
-    """The last ``%dp wrap``: which model, which strategy, its options, rank 0's summary."""
+    """The last ``%dp wrap``: the step that made it -- the setup record holds the
+    same step, so model, strategy and options are written once -- and rank 0's
+    summary of the result."""
 
-    model: str
-    strategy: str
-    opts: dict = field(default_factory=dict)
+    step: WrapStep
     summary: dict | None = None
+
+    @property
+    def model(self) -> str:
+        return self.step.model
+
+    @property
+    def strategy(self) -> str:
+        return self.step.strategy
+
+    @property
+    def opts(self) -> dict:
+        return self.step.opts
 
     def to_record(self) -> dict:
         return {"model": self.model, "strategy": self.strategy, **self.opts,
@@ -40,8 +53,7 @@ class WrapRecord:
     @classmethod
     def from_record(cls, d: dict) -> WrapRecord:
         rest = {k: v for k, v in d.items() if k not in ("model", "strategy", "summary")}
-        return cls(model=d["model"], strategy=d.get("strategy", "ddp"), opts=rest,
-                   summary=d.get("summary"))
+        return cls(WrapStep(d["model"], d.get("strategy", "ddp"), rest), summary=d.get("summary"))
 
 
 @dataclass(frozen=True, kw_only=True)

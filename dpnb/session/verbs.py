@@ -69,8 +69,9 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
     if lacking:
         raise DpnbError(f"there is no {model!r} on {rank_label(lacking)}: build the model in a "
                         f"%%dp cell on every rank first (e.g. {model} = torch.nn.Linear(8, 1))")
-    info = _rank0(_build(cluster, WrapStep(model, strategy, dict(opts))))
-    cluster.training.wrapped(WrapRecord(model, strategy, dict(opts), info))
+    step = WrapStep(model, strategy, dict(opts))
+    info = _rank0(_build(cluster, step))
+    cluster.training.wrapped(WrapRecord(step, info))
     # Timing hooks for the gradient-sync view (optimizer step, FSDP
     # all-gather / reduce-scatter); local to each rank, no communication.
     _build(cluster, WatchStep())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from dpnb.session.record import WrapStep
 from dpnb.session.state import (BatchPlan, LastTrain, TrainArgs, TrainCall, TrainingState,
                                 WrapRecord)
 
@@ -37,7 +38,7 @@ OLD_RECORD = {
 
 def test_an_old_record_reads_back_into_typed_state_and_writes_the_same_keys():
     st = TrainingState.from_record(json.loads(json.dumps(OLD_RECORD)))
-    assert st.last_wrap == WrapRecord("net", "zero2", {"lr": 0.01, "bucket_cap_mb": 1},
+    assert st.last_wrap == WrapRecord(WrapStep("net", "zero2", {"lr": 0.01, "bucket_cap_mb": 1}),
                                       {"params": 1234, "strategy": "zero2"})
     assert st.strategy == "zero2"
     assert st.batch_plan == BatchPlan(8, 2, 48)
@@ -74,7 +75,7 @@ def test_the_peer_copy_interval_given_is_kept_for_an_attach():
 
 def test_a_new_wrap_starts_the_train_log_again():
     st = TrainingState(train_log=[TrainCall(steps=4, dp=2)])
-    st.wrapped(WrapRecord("m", "ddp"))
+    st.wrapped(WrapRecord(WrapStep("m", "ddp")))
     assert st.train_log == [] and st.last_wrap.model == "m"
 
 
