@@ -245,16 +245,24 @@ def _causal_bounds(cols: Sequence[Collective], i: int) -> tuple[float, float]:
     return lo, hi
 
 
+#: how far two hosts' wall clocks may disagree and still be taken as right
+#: (NTP on a LAN), besides each rank's own uncertainty in reading its clock
+NTP_SLACK_S = 0.001
+
+
 def _align(ranks: Sequence[RankTrace]) -> tuple[list[float], float | None, str]:
     """Offsets (s) from each trace clock to the common clock; the skew; how.
 
-    Several hosts: the wall clocks (NTP) are kept where every collective agrees
-    with them; a rank whose wall clock a collective contradicts is shifted so that
-    its collectives end with the first rank's (median).  The wall clock comes
-    first because the ends are noisy one way: measured on two busy cores, the
-    late rank -- compute waiting right after its collective -- closed its spans
-    ~40 ms after the rank that had waited, and aligning on the ends took 40 ms
-    off a 100 ms lateness.
+    Several hosts: the wall clocks (NTP) come first, and the collectives check
+    them (:func:`_causal_bounds`).  A rank none of them contradicts keeps its
+    wall clock; one they contradict by no more than the clocks' own precision
+    (the wall read beside the marker, :data:`NTP_SLACK_S`) is moved the least
+    that makes every collective causal; one they contradict by more has a wall
+    clock that is off, and is shifted so that its collectives end with the first
+    rank's (median).  The ends come last because they are noisy one way:
+    measured on two busy cores, the late rank -- compute waiting right after its
+    collective -- closed its spans ~40 ms after the rank that had waited, and
+    aligning on the ends took 40 ms off a 100 ms lateness.
     """
     offs = [r.wall_offset_us * 1e-6 for r in ranks]
     t0 = min(r.start_us * 1e-6 + o for r, o in zip(ranks, offs))
@@ -265,17 +273,28 @@ def _align(ranks: Sequence[RankTrace]) -> tuple[list[float], float | None, str]:
     if not cols:
         return offs, None, ("several hosts, aligned on their wall clocks (NTP); no collective "
                             "to check the skew against")
-    moved = []
+    nudged, moved = [], []
     for i in range(1, len(ranks)):
         lo, hi = _causal_bounds(cols, i)
-        if not lo <= 0.0 <= hi:
+        if lo <= 0.0 <= hi:
+            continue
+        least = lo if lo > 0.0 else hi
+        slack = NTP_SLACK_S + (ranks[0].wall_err_us + ranks[i].wall_err_us) * 1e-6
+        if lo <= hi and abs(least) <= slack:
+            offs[i] += least
+            nudged.append(ranks[i].rank)
+        else:
             offs[i] += statistics.median(c.end_s[0] - c.end_s[i] for c in cols)
             moved.append(ranks[i].rank)
     cols, _ = _match(ranks, offs)
     skew = statistics.median(max(c.end_s) - min(c.end_s) for c in cols)
-    how = (f"ranks {moved} shifted so that their collectives end with rank {ranks[0].rank}'s "
-           f"(median), their wall clocks had one leave a collective before another entered it"
-           if moved else "every collective agrees with the wall clocks (NTP), kept")
+    how = "every collective agrees with the wall clocks (NTP), kept" if not (nudged or moved) \
+        else "; ".join(
+            ([f"ranks {nudged} moved the least that makes every collective causal (their wall "
+              f"clocks were off by less than their precision)"] if nudged else []) +
+            ([f"ranks {moved} shifted so that their collectives end with rank "
+              f"{ranks[0].rank}'s (median), their wall clocks had one leave a collective "
+              f"before another entered it"] if moved else []))
     return offs, skew, f"several hosts: {how}; residual skew {skew * 1e6:.0f} µs"
 
 

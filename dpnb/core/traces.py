@@ -110,6 +110,9 @@ class RankTrace:
     trace_file: str = ""
     trace_bytes: int = 0
     error: str = ""  # what went wrong on this rank while profiling ("" when nothing)
+    # the wall clock was read inside the clock marker's span: its place on the
+    # trace clock is known to within half that span (µs; long on a busy CPU)
+    wall_err_us: float = 0.0
 
 
 def merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -299,7 +302,8 @@ def extract(events: list[dict], *, rank: int, host: str, wall_offset_us: float =
                 or str(e.get("name", "")).startswith("FSDP::root_pre_forward"))
     return RankTrace(rank, host, "cuda" if on_device else "cpu", wall_offset_us, start, stop,
                      tuple(merged[:MAX_COMPUTE_INTERVALS]), tuple(comm[:MAX_COMM_EVENTS]), steps,
-                     dropped, trace_file, trace_bytes, error)
+                     dropped, trace_file, trace_bytes, error,
+                     float(clock[0].get("dur", 0.0)) / 2 if clock else 0.0)
 
 
 def wall_offset(events: list[dict], wall_us: float) -> float:

@@ -174,11 +174,11 @@ def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
                   display=False, out_dir=str(tmp_path))
         rep = c.last_profile.report
         assert {r.host for r in rep.ranks} == {h.name for h in two_hosts.hosts}
-        # one kernel's clock underneath: no collective contradicts the wall clocks, so
-        # they are kept, and the late rank keeps its 0.1 s (aligning on gloo's span
-        # ends, which the busy late rank closes late, once took 39 ms off it in CI)
+        # one kernel's clock underneath: the wall clocks are kept, or moved by less
+        # than their precision, never aligned on gloo's span ends (which the busy
+        # late rank closes late: that once took 39 ms off its 0.1 s in CI)
         assert "several hosts" in rep.clock_note and rep.skew_s is not None, rep.clock_note
-        assert "agrees with the wall clocks" in rep.clock_note, rep.clock_note
+        assert "collectives end with" not in rep.clock_note, rep.clock_note
         assert rep.straggler.rank == 1 and abs(rep.straggler.typical_late_s - 0.1) < 0.02, rep.straggler
         assert (tmp_path / "rank1.json").is_file() and (tmp_path / "merged.json").is_file()
     finally:

@@ -60,10 +60,10 @@ def test_gpu_lanes_overlap_and_exposed_comm():
     assert rep.skew_s is None and "one host" in rep.clock_note
 
 
-def _cpu_rank(arrive_ms, host="h", shift_us=0.0, size=65792, end_us=60_000):
+def _cpu_rank(arrive_ms, host="h", shift_us=0.0, size=65792, end_us=60_000, marker_us=1):
     """Forward/backward ops on the main thread, one all-reduce on gloo's thread."""
     a = arrive_ms * 1000 + shift_us
-    return [_x(P.CLOCK_MARKER, shift_us, 1, cat="user_annotation"),
+    return [_x(P.CLOCK_MARKER, shift_us, marker_us, cat="user_annotation"),
             _x("aten::addmm", shift_us + 100, 900),
             _x("c10d::allreduce_", a, 50),
             _x("gloo:all_reduce", a + 20, end_us + shift_us - a, cat="user_annotation", tid=2,
@@ -122,6 +122,25 @@ def test_wall_clocks_no_collective_contradicts_are_kept_over_late_closed_spans()
     assert "agrees with the wall clocks" in rep.clock_note, rep.clock_note
     assert rep.offsets_s[0] == rep.offsets_s[1]
     assert rep.straggler.rank == 1 and rep.straggler.typical_late_s == pytest.approx(0.100)
+
+
+@pytest.mark.parametrize("wall_off_us,marker_us", [(500, 1), (2500, 6000)],
+                         ids=["off-by-less-than-ntp", "off-within-a-long-marker-read"])
+def test_a_wall_clock_off_by_less_than_its_precision_is_moved_the_least(wall_off_us, marker_us):
+    """As above (rank 1 100 ms late, its span closed 40 ms late), but rank 1's wall
+    clock reads ``wall_off_us`` late: rank 1 seems to enter after rank 0 left.
+    Within the clocks' precision -- 1 ms (NTP) plus half of each rank's marker
+    span, inside which it read the wall clock (6 ms on a busy CPU) -- the least
+    shift that makes the collective causal is taken, not the late-closed ends."""
+    r0 = P.extract(_cpu_rank(1, host="a", end_us=101_020), rank=0, host="a", wall_offset_us=1e9)
+    r1 = P.extract(_cpu_rank(101, host="b", end_us=141_020, marker_us=marker_us), rank=1,
+                   host="b", wall_offset_us=1e9 + wall_off_us)
+    rep = P.analyze([r0, r1], world_size=2)
+    assert "ranks [1] moved the least" in rep.clock_note, rep.clock_note
+    # rank 1's entry lands on rank 0's end: ~100 ms after rank 0's entry (the ends
+    # would have made it 60)
+    assert rep.straggler.rank == 1
+    assert rep.straggler.typical_late_s == pytest.approx(0.100, abs=1e-4)
 
 
 def test_the_merged_trace_is_chrome_json_with_one_process_per_rank():
