@@ -786,7 +786,8 @@ MUTATIONS = [
  # issue 42 (this session): the last profile in the sidebar's panel beside the notebook
  ("lab profile: the kernel's publication carries the last profile's summary", "dpnb/cluster/publish.py",
   '                "last_profile": self._profile}', '                "last_profile": None}',
-  ["tests/unit/test_lab_records.py::test_the_last_profile_is_published_in_the_cell_views_words", "tests/cluster/test_profile.py::test_the_late_rank_is_named_with_its_lateness"]),
+  ["tests/unit/test_lab_records.py::test_the_last_profile_is_published_in_the_cell_views_words",
+   "tests/cluster/test_profile.py::test_the_late_rank_is_named_with_its_lateness"]),
  ("lab profile: the session hands the runtime its last profile's summary", "dpnb/session/__init__.py",
   "        self.published.profile(None if prof is None else summarize(prof))",
   "        self.published.profile(None)",
