@@ -5,10 +5,13 @@ user on this server, the ones a kernel started in code as well as the kept
 ones, without asking any kernel anything.  So the kernel holding a cluster
 publishes a record of it -- cluster id, profile folder, the kernel's PID and
 start time, each rank's host/PID/start time/device and whether the notebook
-side saw it die, the latest training progress (step, loss, samples/s) and
-the last failed cell's one-line summary -- in this user's private folder
-(:func:`dpnb.engine.private.private_dir`, mode 0700, files 0600): the server
-runs as the same user and reads it; nobody else can.
+side saw it die, the latest training progress (step, loss, samples/s),
+the last failed cell's one-line summary and the last profiled cell's summary
+(:class:`dpnb.core.profilesummary.ProfileSummary`: the sentences the cell's
+view prints, two numbers per rank, the traces' folder; never their contents)
+-- in this user's private folder (:func:`dpnb.engine.private.private_dir`,
+mode 0700, files 0600): the server runs as the same user and reads it; nobody
+else can.
 
 Who writes when: a daemon thread in the kernel rewrites the file at most
 once a second, only when its contents changed; :meth:`Publication.remove`
@@ -16,8 +19,9 @@ deletes it when the cluster stops (or a kernel lets go of a kept cluster).
 A kernel that dies without its ``atexit`` leaves the file behind, so readers
 (:func:`published`) drop records whose kernel process is gone.  Nothing
 here talks to the engines: progress comes from what the layer above hands
-:meth:`Publication.progress` (rank 0's datapub payload), liveness from the
-notebook side's health and the readers' own PID checks.
+:meth:`Publication.progress` (rank 0's datapub payload), the profile from what it
+hands :meth:`Publication.profile`, liveness from the notebook side's health and the
+readers' own PID checks.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import threading
 import time
 import weakref
 
+from ..core.profilesummary import ProfileSummary
 from ..engine.private import private_dir
 from .processes import same_process, start_time
 from .types import Status
@@ -85,6 +90,7 @@ class Publication:
         self.path = os.path.join(publish_dir(), f"{self.cluster_id}.json")
         self.period_s = period_s
         self._progress: dict = {}
+        self._profile: dict | None = None
         self._written = ""
         self._starts: dict[int, float | None] = {}
         self._kernel = {"pid": os.getpid(), "start": start_time(os.getpid()),
@@ -101,6 +107,10 @@ class Publication:
             self._progress = {k: data[k] for k in _PROGRESS_KEYS if data.get(k) is not None}
             self._progress["at"] = time.time()
 
+    def profile(self, summary: ProfileSummary | None) -> None:
+        """The layer above's last profiled cell (None: none yet, or a new one under way)."""
+        self._profile = None if summary is None else summary.as_dict()
+
     def record(self, c) -> dict:
         """What the sidebar shows of ``c`` (JSON)."""
         ranks = []
@@ -114,7 +124,8 @@ class Publication:
                 "profile_dir": c.profile_dir, "created": c.created, "backend": c.backend,
                 "launcher": c.launcher, "local": c.local, "kept": bool(c.keep_s),
                 "generation": c.generation, "group_ok": c.group_ok, "ranks": ranks,
-                "progress": dict(self._progress), "last_error": error_summary(c.last_failure)}
+                "progress": dict(self._progress), "last_error": error_summary(c.last_failure),
+                "last_profile": self._profile}
 
     def write(self) -> bool:
         """Rewrite the file if the record changed; False once the cluster is gone or stopped."""

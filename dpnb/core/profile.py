@@ -39,6 +39,7 @@ traces with :func:`analyze`.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
@@ -172,6 +173,7 @@ class Profiled:
     folder: str  # rank<R>.json and merged.json
     what: str  # "cell", "train"
     failure: str = ""  # its one-line error ("" when it succeeded)
+    at: float = field(default_factory=time.time)  # when it was analysed (seconds since the epoch)
 
     @property
     def merged_path(self) -> str:

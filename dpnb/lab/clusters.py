@@ -2,8 +2,8 @@
 
 Two sources, both private files of this user, both written by the clusters'
 holders: each running kernel's publication (:func:`dpnb.cluster.publish.published`:
-ranks, progress, last error, dropped once its kernel is gone) and the kept
-clusters' records (:func:`dpnb.cluster.keep.kept`: who holds them, when the
+ranks, progress, last error, the last profile's summary, dropped once its kernel
+is gone) and the kept clusters' records (:func:`dpnb.cluster.keep.kept`: who holds them, when the
 reaper stops them).  A kept cluster held by a running kernel is in both; it
 is listed once, with both parts.  Secrets of the records (the side doors'
 token, ports) never leave this module: each cluster becomes a small JSON
@@ -95,7 +95,8 @@ def _from_kernel(rec: dict, gpu: GpuMemory) -> dict:
             "holder": rec["kernel"]["pid"], "stops_in_s": None, "backend": rec.get("backend"),
             "launcher": rec.get("launcher"), "created": rec.get("created"),
             "ranks": [_rank(r, bool(rec.get("local")), gpu) for r in rec.get("ranks", [])],
-            "progress": rec.get("progress") or {}, "last_error": rec.get("last_error")}
+            "progress": rec.get("progress") or {}, "last_error": rec.get("last_error"),
+            "last_profile": rec.get("last_profile")}
 
 
 def _kept_progress(rec: dict) -> dict:
@@ -112,7 +113,7 @@ def _from_keep(rec: dict, gpu: GpuMemory) -> dict:
             "kernel_id": None, "kept": True, "holder": rec.get("holder"),
             "stops_in_s": rec.get("stops_in_s"), "backend": rec.get("backend"),
             "launcher": "local", "created": rec.get("created"), "ranks": ranks,
-            "progress": _kept_progress(rec), "last_error": None}
+            "progress": _kept_progress(rec), "last_error": None, "last_profile": None}
 
 
 def clusters(gpu: GpuMemory | None = None) -> list[dict]:

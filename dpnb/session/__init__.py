@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..cluster import Engines
+from ..core.profile import Profiled
+from ..core.profilesummary import summarize
 from ..core.viewsource import LastRun
 from ..progress import progress_from_client
 from . import export as _export
@@ -58,8 +60,20 @@ class Cluster(Engines):
         # JupyterLab's sidebar (the runtime's publication) hears them all
         self.progress_feed = ProgressFeed()
         self.subscribe(lambda ev: self.published.progress(ev.as_dict()))
-        self.last_profile = None  # dpnb.core.profile.Profiled of the last profiled cell
+        self.last_profile = None  # the property below: published too
         self.grade_tries: dict[str, int] = {}  # exercise -> tries so far (hints grow with them)
+
+    @property
+    def last_profile(self) -> Profiled | None:
+        """The last profiled cell's analysis and traces (``%%dp --profile``; None before one)."""
+        return self._last_profile
+
+    @last_profile.setter
+    def last_profile(self, prof: Profiled | None) -> None:
+        # JupyterLab's panel shows it beside the notebook: the runtime publishes the plain
+        # summary it is handed (the cell's view's sentences; no trace contents)
+        self._last_profile = prof
+        self.published.profile(None if prof is None else summarize(prof))
 
     def run(self, code: str, ranks=None, *, setup: bool = False, **kw):
         """Run a cell (``%%dp``); see :meth:`dpnb.cluster.Engines.run`.  ``setup=True``

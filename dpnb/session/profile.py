@@ -25,6 +25,7 @@ import uuid
 
 from ..core.errors import ConfigError
 from ..core.profile import Profiled, RankTrace, analyze, merged_trace
+from ..core.profilesummary import failure_note
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 
@@ -94,7 +95,7 @@ def profiled(cluster, run, *, ranks=None, what: str = "cell", out_dir: str | Non
     ranks_got, traces = _gather([o.value for o in ended.outcomes.values() if o.ok], folder, notes)
     failure = ((str(err).splitlines() or [type(err).__name__])[0]) if err is not None else ""
     if failure:
-        notes.append(f"the {what} failed: {failure} (what ran before is shown)")
+        notes.append(failure_note(what, failure))
     try:
         report = analyze(ranks_got, cluster.world_size, notes=notes)
     except ConfigError as e:

@@ -24,7 +24,8 @@ from typing import Any
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from dpnb.core.profile import Profiled, RankStats, lanes
+from dpnb.core.profile import Profiled, lanes
+from dpnb.core.profilesummary import ms, sentences
 from dpnb.core.units import fmt_bytes
 from dpnb.ranks import parse_ranks
 
@@ -77,14 +78,10 @@ def data(profiled: Profiled | None = None, cluster=None, ranks=None) -> ProfileV
 
 
 # ----------------------------------------------------------------- tables
-def _ms(s: float | None) -> str:
-    return "—" if s is None else f"{s * 1e3:.2f} ms"
-
-
 def rank_rows(d: ProfileView) -> list[list[str]]:
     """Per rank: window, compute, communication, hidden %, exposed, idle, forwards."""
-    return [[str(s.rank), _ms(s.window_s), _ms(s.compute_s), _ms(s.comm_s), f"{s.overlap_pct:.0f} %",
-             _ms(s.exposed_s), _ms(s.idle_s), str(s.steps or "—")] for s in d.profiled.report.stats]
+    return [[str(s.rank), ms(s.window_s), ms(s.compute_s), ms(s.comm_s), f"{s.overlap_pct:.0f} %",
+             ms(s.exposed_s), ms(s.idle_s), str(s.steps or "—")] for s in d.profiled.report.stats]
 
 
 RANK_HEADERS = ("rank", "window", "compute", "comm", "comm hidden", "exposed comm", "idle", "forwards")
@@ -93,33 +90,15 @@ OP_HEADERS = ("collective", "size", "count", "transfer (median)", "bus bw", "α�
 
 def op_rows(d: ProfileView) -> list[list[str]]:
     """Per op and size: count, transfer time, bus bandwidth, the model's time."""
-    return [[o.op, fmt_bytes(o.nbytes) if o.nbytes else "?", str(o.count), _ms(o.transfer_s),
-             f"{o.busbw_Bps / 1e9:.3g} GB/s" if o.busbw_Bps else "—", _ms(o.model_s)]
+    return [[o.op, fmt_bytes(o.nbytes) if o.nbytes else "?", str(o.count), ms(o.transfer_s),
+             f"{o.busbw_Bps / 1e9:.3g} GB/s" if o.busbw_Bps else "—", ms(o.model_s)]
             for o in d.profiled.report.ops]
 
 
 def summary(d: ProfileView) -> list[str]:
-    """The sentences above the tables: the straggler, the slowest rank, the clock, the files."""
-    p = d.profiled
-    rep = p.report
-    out = [f"Profiled {p.what} on {len(rep.ranks)} of {rep.world_size} ranks."]
-    st = rep.straggler
-    if st is not None and st.total_late_s > 0:
-        out.append(f"Straggler: rank {st.rank} entered {st.last_at} of {st.of} collectives last, "
-                   f"typically {st.typical_late_s * 1e3:.2f} ms after the first rank (median), up to "
-                   f"{st.max_late_s * 1e3:.2f} ms ({st.total_late_s * 1e3:.1f} ms in all, waited "
-                   f"by every other rank).")
-    busy: RankStats | None = rep.busiest()
-    if busy is not None:
-        out.append(f"Most compute: rank {busy.rank}, {_ms(busy.compute_s)} of a "
-                   f"{_ms(busy.window_s)} window ({_ms(busy.exposed_s)} exposed communication, "
-                   f"{_ms(busy.idle_s)} idle).")
-    if rep.link is not None:
-        out.append(f"Model link: {rep.link.name} (β {rep.link.bandwidth_Bps / 1e9:.3g} GB/s, "
-                   f"α {rep.link.latency_s * 1e6:.3g} µs; {rep.link.note}).")
-    out.append(f"Clock: {rep.clock_note}.")
-    out.append(f"Traces: {p.folder} (rank<R>.json; merged.json opens in ui.perfetto.dev).")
-    return out
+    """The sentences above the tables: the straggler, the slowest rank, the clock, the files
+    (:func:`dpnb.core.profilesummary.sentences`, the words JupyterLab's panel shows too)."""
+    return sentences(d.profiled)
 
 
 def text(d: ProfileView) -> str:

@@ -32,6 +32,23 @@ interface IRank {
   gpu_mb: number | null;
 }
 
+/** The last profiled cell, as the kernel published it (dpnb/core/profilesummary.py):
+ * the sentences the cell's view prints, two numbers per rank, where the traces are. */
+interface IProfileSummary {
+  folder: string;
+  merged: string;
+  what: string;
+  at: number;
+  world_size: number;
+  profiled_ranks: number;
+  straggler: string | null;
+  clock: string;
+  failure: string;
+  lines: string[];
+  ranks: { rank: number; compute_s: number; exposed_s: number }[];
+  more_ranks: number;
+}
+
 interface ICluster {
   id: string;
   source: string;
@@ -44,6 +61,7 @@ interface ICluster {
   alive: number;
   progress: { step?: number; loss?: number; samples_per_s?: number };
   last_error: string | null;
+  last_profile: IProfileSummary | null;
 }
 
 const icon = new LabIcon({
@@ -89,8 +107,50 @@ function progressText(c: ICluster): string {
   return `step ${p.step} · loss ${loss} · ${sps} samples/s`;
 }
 
+function ms(s: number): string {
+  return `${(s * 1e3).toFixed(2)} ms`; // as the cell's view writes them
+}
+
+/** The last profile's summary: the view's sentences (the straggler's marked), each
+ * rank's compute and exposed communication, the folder and the merged trace's name. */
+function profileSection(p: IProfileSummary): HTMLElement {
+  const box = el('div', 'dpnb-profile');
+  const when = new Date(p.at * 1000).toLocaleTimeString();
+  box.appendChild(el('h3', '', `Last profile (${p.what}, ${when})`));
+  if (p.failure) {
+    box.appendChild(el('div', 'dpnb-error', p.failure));
+  }
+  for (const line of p.lines) {
+    const cls = line === p.straggler ? 'dpnb-profile-straggler' : 'dpnb-profile-line';
+    box.appendChild(el('div', cls, line));
+  }
+  const table = el('table', 'dpnb-profile-ranks');
+  const head = el('tr', '');
+  head.append(el('th', '', 'rank'), el('th', '', 'compute'), el('th', '', 'exposed comm'));
+  table.appendChild(head);
+  for (const r of p.ranks) {
+    const tr = el('tr', '');
+    tr.append(el('td', '', `rank ${r.rank}`), el('td', '', ms(r.compute_s)), el('td', '', ms(r.exposed_s)));
+    table.appendChild(tr);
+  }
+  if (p.more_ranks) {
+    table.appendChild(el('caption', '', `and ${p.more_ranks} more ranks (in the cell's view)`));
+  }
+  box.appendChild(table);
+  const files = el('div', 'dpnb-profile-files');
+  const perfetto = el('a', '', 'ui.perfetto.dev') as HTMLAnchorElement;
+  perfetto.href = 'https://ui.perfetto.dev';
+  perfetto.target = '_blank';
+  perfetto.rel = 'noopener';
+  files.append(el('span', '', `folder: ${p.folder} · merged trace: ${p.merged} (open it in `), perfetto,
+    el('span', '', ')'));
+  box.appendChild(files);
+  return box;
+}
+
 /** A cluster's live view in the main area, beside the notebook: its card (ranks,
- * progress, last error) and every (step, loss) the polls saw while it was open. */
+ * progress, last error), the last profile's summary, and every (step, loss) the
+ * polls saw while it was open. */
 class ClusterPanel extends Widget {
   constructor(readonly clusterId: string) {
     super();
@@ -112,6 +172,9 @@ class ClusterPanel extends Widget {
       this.seen.push([p.step, p.loss]);
     }
     this.node.appendChild(card);
+    if (c.last_profile) {
+      this.node.appendChild(profileSection(c.last_profile));
+    }
     const table = el('table', 'dpnb-panel-steps');
     table.appendChild(el('caption', '', 'steps seen while this panel was open'));
     for (const [step, loss] of this.seen) {

@@ -3,13 +3,14 @@
 One JupyterLab server (:mod:`helpers.labserver`: the built labextension found
 on ``JUPYTER_PATH``, the server extension enabled by dpnb's shipped config
 file), one notebook on the default kernel: ``%dp start -n 2 --keep 3m``,
-five training steps, then a cell that fails on every rank.  Checked in the page: ``#dpnb-sidebar``
+five training steps, a ``%%dp --profile`` cell where rank 1 is late, then a
+cell that fails on every rank.  Checked in the page: ``#dpnb-sidebar``
 lists the cluster's two ranks soon after the start cell returned, the status
 bar says 2/2 ranks and follows the training's step, the failure shows as the last error with a red mark,
 Attach inserts ``%dp attach ID`` into the notebook, the Start form's bad input
 comes back as the server's one line, Panel opens the cluster's live view in the
-main area beside the notebook, Stop on a cluster its
-kernel holds says to stop it there.  Playwright's Python package drives
+main area beside the notebook (with the last profile's straggler line,
+folder and merged trace), Stop on a cluster its kernel holds says to stop it there.  Playwright's Python package drives
 Debian's Chromium (/usr/bin/chromium; never ``playwright install``).  The
 screenshot goes to test-artifacts/browser/lab-sidebar.png (docs/lab-sidebar.png
 is a copy of one, looked at).
@@ -38,6 +39,11 @@ CELLS = ["%load_ext dpnb\n%dp start -n 2 --keep 3m --timeout 10",
          "      'ds = dpnb.data.SyntheticRegression(n=64, in_dim=8, out_dim=2, seed=1)\\n'\n"
          "      'net = torch.nn.Linear(8, 2)', display=False, setup=True)\n"
          "c.wrap('net', 'ddp', lr=0.05)\nc.set_data('ds')\nc.train(steps=5, micro_batch=4);",
+         # rank 1 enters the all-reduce 0.2 s after rank 0: the profile's straggler.  Unchecked:
+         # the check before a cell's collective is itself a wait, outside the c10d op the
+         # profile reads arrivals from (checked, rank 0 was named, 0.2 ms "late")
+         ("%%dp --profile --unchecked\nimport time, torch, torch.distributed as dist\n"
+          "time.sleep(0.2 * rank)\ndist.all_reduce(torch.ones(4))"),
          "%%dp\nraise ValueError(f'boom on rank {rank}')"]
 #: the issue's bound for the sidebar after ``%dp start`` returns (it polls every second)
 SIDEBAR_S = 20
@@ -157,6 +163,8 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     assert "step 4 · loss" in sidebar.inner_text()
 
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell-and-select-next')")
+    _wait(page, lambda: _prompts(page)[2].strip() == "[3]:", "the profiled cell returned", 120)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell-and-select-next')")
     _wait(page, lambda: "last error: rank 0: ValueError: boom on rank 0 (and 1 more)"
           in sidebar.inner_text(), "the failed cell in the sidebar", 60)
     _wait(page, lambda: page.locator("#dpnb-status .dpnb-status-fail").count() == 1,
@@ -178,6 +186,16 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     _wait(page, lambda: panel.count() == 1 and "rank 1" in panel.inner_text()
           and "step 4" in panel.inner_text(), "the cluster's panel beside the notebook", 10)
     assert page.locator("#jp-main-dock-panel .jp-NotebookPanel").is_visible()
+    # the last profile's summary, as the profiled cell's view says it, and where its traces are
+    said = re.search(r"Straggler: rank 1 entered [^\n]*",
+                     page.locator(".jp-Notebook .jp-Cell").nth(2).inner_text())
+    assert said, "the profiled cell's view names rank 1 the straggler"
+    _wait(page, lambda: said.group(0) in panel.inner_text(),
+          "the cell view's straggler line in the panel", 10)
+    shown = panel.locator(".dpnb-profile").inner_text()
+    assert "Last profile (cell" in shown and "dpnb-profiles/" in shown, shown
+    assert "merged trace: merged.json" in shown and "ui.perfetto.dev" in shown, shown
+    assert re.search(r"rank 0\s+[\d.]+ ms\s+[\d.]+ ms", shown), shown  # compute, exposed comm
     page.screenshot(path=str(_artifact("lab-panel.png")))
     page.close()
 

@@ -8,6 +8,8 @@
   backward, one big bucket only after it);
 * the traces come home: one Chrome trace per rank and a merged one that
   loads as JSON with one process per rank;
+* the kernel's publication for JupyterLab carries no profile before the
+  profiled cell and its summary (the view's sentences, the folder) after;
 * a cell that fails while profiled: the partial profile is kept, the error
   raised, and nothing is left profiling on the ranks.
 """
@@ -54,12 +56,26 @@ def _wrap(c, cap_mb: float) -> None:
     c.run(_step(None, 2), display=False)  # DDP rebuilds its buckets after the first step
 
 
+def _published_profile(c) -> dict | None:
+    c.published.write()  # now, not at the publication thread's next look
+    with open(c.published.path) as f:
+        return json.load(f)["last_profile"]
+
+
 def test_the_late_rank_is_named_with_its_lateness(tmp_path):
     with dpnb.start(3) as c:
         c.run(MODEL, display=False)
         _wrap(c, 0.25)
+        assert _published_profile(c) is None  # JupyterLab's panel: no profile yet
         c.profile(_step(late_rank=1), display=False, out_dir=str(tmp_path / "p"))
         p = c.last_profile
+        # the kernel's publication (what /api/dpnb/clusters serves the panel) carries the
+        # summary in the view's own words, with where the traces are
+        pub = _published_profile(c)
+        assert pub["lines"] == view.summary(view.data(p)) and pub["straggler"] in pub["lines"]
+        assert pub["straggler"].startswith("Straggler: rank 1 entered"), pub
+        assert pub["folder"] == str(tmp_path / "p") and pub["merged"] == "merged.json"
+        assert [r["rank"] for r in pub["ranks"]] == [0, 1, 2]
         rep = p.report
         assert [r.rank for r in rep.ranks] == [0, 1, 2] and p.failure == ""
         st = rep.straggler

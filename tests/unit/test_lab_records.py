@@ -19,8 +19,12 @@ import pytest
 from dpnb.cluster import publish
 from dpnb.cluster.processes import start_time
 from dpnb.cluster.types import CellResult, RankInfo, RankOutcome, Status
+from dpnb.core import profile as P
+from dpnb.core import profilesummary as PS
+from dpnb.core.profilesummary import summarize
 from dpnb.lab import act as lab_act
 from dpnb.lab import clusters as lab
+from dpnb.widgets import profile as V
 
 
 def _rank(r: int, pid: int) -> RankInfo:
@@ -210,3 +214,59 @@ def test_interrupt_sends_sigint_to_the_live_local_ranks(dirs):
     finally:
         child.kill()
         child.wait()
+
+
+def _profiled(n: int, late: int) -> P.Profiled:
+    """``n`` ranks entering one all-reduce, rank ``late`` 30 ms after the others."""
+    def rank(r: int) -> P.RankTrace:
+        a = 1000 + (30_000 if r == late else 0)
+        return P.extract([
+            {"ph": "X", "name": P.CLOCK_MARKER, "cat": "user_annotation", "ts": 0, "dur": 1, "tid": 1},
+            {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 10, "dur": 500, "tid": 1},
+            {"ph": "X", "name": "c10d::allreduce_", "cat": "cpu_op", "ts": a, "dur": 5, "tid": 1},
+            {"ph": "X", "name": "gloo:all_reduce", "cat": "user_annotation", "ts": a + 1,
+             "dur": 60_000 - a, "tid": 2, "args": {"Input Dims": [[1024]], "Input type": ["float"]}}],
+            rank=r, host="h")
+    return P.Profiled(P.analyze([rank(r) for r in range(n)], n), "/p/dpnb-profiles/t", "cell")
+
+
+def test_the_last_profile_is_published_in_the_cell_views_words(dirs):
+    """None before a profiled cell; after, the file and the API carry the summary the
+    session hands over: the view's own sentences (its straggler line among them), each
+    rank's compute and exposed seconds, the folder and the merged trace's name."""
+    c = _cluster(os.getpid())  # held here: the publication holds it weakly
+    pub = publish.Publication(c, period_s=60)
+    path = dirs / "pub" / "1700000000-abcd.json"
+    assert json.loads(path.read_text())["last_profile"] is None
+    assert lab.clusters()[0]["last_profile"] is None
+    p = _profiled(2, late=1)
+    pub.profile(summarize(p))
+    pub.write()
+    got = json.loads(path.read_text())["last_profile"]
+    view = V.data(p)
+    assert got["lines"] == V.summary(view)  # one wording: the cell's view prints these
+    assert got["straggler"].startswith("Straggler: rank 1 entered 1 of 1 collectives last, "
+                                       "typically 30.00 ms") and got["straggler"] in V.text(view)
+    assert got["clock"] in V.text(view) and got["failure"] == ""
+    assert (got["folder"], got["merged"], got["what"]) == ("/p/dpnb-profiles/t", "merged.json", "cell")
+    assert [(r["rank"], r["compute_s"], r["exposed_s"]) for r in got["ranks"]] == [
+        (s.rank, s.compute_s, s.exposed_s) for s in p.report.stats]
+    assert got["ranks"][0]["exposed_s"] > 0.02  # rank 0 waited ~30 ms for rank 1
+    assert abs(got["at"] - time.time()) < 600 and got["more_ranks"] == 0
+    assert lab.clusters()[0]["last_profile"] == got
+    pub.profile(None)  # a new profiled cell under way: the old one is not shown as the last
+    pub.write()
+    assert json.loads(path.read_text())["last_profile"] is None
+    pub.remove()
+
+
+def test_the_published_profile_is_bounded_and_carries_the_failure():
+    """A large cluster's summary keeps MAX_RANKS ranks' numbers (the rest counted), a
+    failed cell its note as the session wrote it, and never the traces' events."""
+    p = _profiled(PS.MAX_RANKS + 6, late=3)
+    p = dataclasses.replace(p, failure="ValueError: boom")
+    s = summarize(p)
+    assert len(s.ranks) == PS.MAX_RANKS and s.more_ranks == 6
+    assert s.failure == "the cell failed: ValueError: boom (what ran before is shown)"
+    assert len(json.dumps(s.as_dict())) < 12_000  # a few lines and two numbers per rank
+    assert "aten::mm" not in json.dumps(s.as_dict())
