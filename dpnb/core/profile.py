@@ -46,6 +46,7 @@ from typing import Any, Sequence
 from .comm import Link, busbw, collective_bytes, collective_steps, collective_time, fit_link_ols
 from .errors import ConfigError
 from .traces import (  # noqa: F401  (re-exported: one import for the notebook side)
+    CHECK_MARKER,
     CLOCK_MARKER,
     END_MARKER,
     MAX_COMM_EVENTS,

@@ -17,7 +17,7 @@ it on synthetic ones.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Sequence
 
@@ -25,6 +25,10 @@ from typing import Iterable, Sequence
 #: the marker each rank records beside its wall clock when profiling starts
 CLOCK_MARKER = "dpnb:clock"
 END_MARKER = "dpnb:end"
+#: the span around a checked collective's check (dpnb.engine.cellguard): the
+#: rank entered the collective when the check began -- it waits there, on the
+#: check's own connections, for the ranks that have not called it yet
+CHECK_MARKER = "dpnb:check"
 #: caps on what one rank sends back (a long cell can record millions of ops)
 MAX_COMPUTE_INTERVALS = 20_000
 MAX_COMM_EVENTS = 20_000
@@ -250,6 +254,27 @@ def _pair(comm_raw: list, enq: list[tuple[float, str]], on_device: bool) -> list
     return out
 
 
+def _entered_at_checks(enq: list[tuple[float, str]],
+                       checks: list[tuple[float, float]]) -> list[tuple[float, str]]:
+    """Each c10d call's entry, moved back to the start of the check that just
+    preceded it (the check ended before the call, after the previous call).
+
+    In a checked cell the waiting for a late rank happens in the check, so the
+    c10d calls of every rank start together, after the last one arrived: read
+    from them, the rank that waited looked late and the late one on time.
+    """
+    out, j, prev = [], 0, float("-inf")
+    for at, op in enq:
+        found = None
+        while j < len(checks) and checks[j][1] <= at:
+            if checks[j][0] >= prev:
+                found = checks[j][0]
+            j += 1
+        out.append((found if found is not None else at, op))
+        prev = at
+    return out
+
+
 def extract(events: list[dict], *, rank: int, host: str, wall_offset_us: float = 0.0,
             trace_file: str = "", trace_bytes: int = 0, error: str = "") -> RankTrace:
     """Bound one rank's Chrome-trace events to a :class:`RankTrace`.
@@ -273,10 +298,13 @@ def extract(events: list[dict], *, rank: int, host: str, wall_offset_us: float =
     inside: dict = {}  # thread -> its spans inside a c10d call
     comm_raw: list = []
     enq: list[tuple[float, str]] = []  # (start, op) of each c10d call
+    checks: list[tuple[float, float]] = []  # (start, end) of each collective's check
     for e, k in kinds:
         s, d = float(e["ts"]), float(e["dur"])
         cat = e.get("cat")
-        if k is Kind.COMM and (cat == "kernel") == on_device:
+        if str(e.get("name", "")).startswith(CHECK_MARKER):
+            checks.append((s, s + d))  # waiting for the peers: never compute
+        elif k is Kind.COMM and (cat == "kernel") == on_device:
             comm_raw.append((e, s, s + d, launched.get(id(e)) or op_of(str(e["name"]))))
         elif k is Kind.ENQUEUE:
             if e.get("name") != "record_param_comms":
@@ -288,7 +316,11 @@ def extract(events: list[dict], *, rank: int, host: str, wall_offset_us: float =
             if not on_device and e.get("tid") in comm_threads:
                 continue
             compute.setdefault(e.get("tid") if not on_device else "gpu", []).append((s, s + d))
-    comm = _pair(sorted(comm_raw, key=lambda x: x[1]), sorted(enq), on_device)
+    entered = _entered_at_checks(sorted(enq), sorted(checks)) if checks else sorted(enq)
+    comm = _pair(sorted(comm_raw, key=lambda x: x[1]), entered, on_device)
+    if checks:  # from its check on, a rank is in the collective: its wait is communication
+        at_check = {a for a, _ in entered} & {c[0] for c in checks}
+        comm = [replace(c, start_us=c.arrive_us) if c.arrive_us in at_check else c for c in comm]
     # time a thread spends inside a c10d call is waiting for communication,
     # even where a parent op (autograd's AccumulateGrad hook) spans it
     merged = merge(iv for tid, ivs in compute.items()

@@ -87,6 +87,13 @@ def test_the_late_rank_is_named_with_its_lateness(tmp_path):
         # the ranks that waited show it as exposed communication, the late one barely
         by = {s.rank: s for s in rep.stats}
         assert by[0].exposed_s > 2 * SLEEP_S and by[1].exposed_s < by[0].exposed_s / 2
+        # a plain all_reduce in a checked cell: the ranks wait for the late one in
+        # dpnb's check, before gloo: it is still named, with its lateness
+        c.profile(f"t = torch.ones(4)\nif dist.get_rank() == 2:\n    time.sleep({SLEEP_S})\n"
+                  "dist.all_reduce(t)", display=False, out_dir=str(tmp_path / "checked"))
+        st2 = c.last_profile.report.straggler
+        assert st2 is not None and st2.rank == 2, view.text(view.data(c.last_profile))
+        assert abs(st2.typical_late_s - SLEEP_S) <= 0.2 * SLEEP_S, st2
         # files people can take elsewhere
         for r in range(3):
             one = json.loads((tmp_path / "p" / f"rank{r}.json").read_text())

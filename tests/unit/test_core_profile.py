@@ -143,6 +143,32 @@ def test_a_wall_clock_off_by_less_than_its_precision_is_moved_the_least(wall_off
     assert rep.straggler.typical_late_s == pytest.approx(0.100, abs=1e-4)
 
 
+def _checked_rank(check_ms: tuple[float, float]):
+    """A checked all-reduce: dpnb's check on the main thread (where a rank waits
+    for the late one), then the c10d call and gloo's span, alike on every rank."""
+    c0, c1 = (x * 1000 for x in check_ms)
+    return [_x(P.CLOCK_MARKER, 0, 1, cat="user_annotation"),
+            _x("aten::ones", 100, 50),
+            _x(f"{P.CHECK_MARKER} all_reduce", c0, c1 - c0, cat="user_annotation"),
+            _x("c10d::allreduce_", 201_100, 30),
+            _x("gloo:all_reduce", 201_150, 300, cat="user_annotation", tid=2,
+               **{"Input Dims": [[4]], "Input type": ["float"]}),
+            _x(P.END_MARKER, 202_000, 1, cat="user_annotation")]
+
+
+def test_a_checked_collective_is_entered_where_its_check_began():
+    """Rank 1 calls the all_reduce 200 ms late; in a checked cell rank 0 waits in
+    dpnb's check, so both c10d calls start together.  The entry is the check's
+    start: rank 1 is the straggler, 200 ms late, and rank 0's wait is its
+    exposed communication, not compute and not idle."""
+    r0 = P.extract(_checked_rank((1, 201)), rank=0, host="h")
+    r1 = P.extract(_checked_rank((201, 201.05)), rank=1, host="h")
+    rep = P.analyze([r0, r1], world_size=2)
+    assert rep.straggler.rank == 1 and rep.straggler.typical_late_s == pytest.approx(0.200)
+    s0 = rep.stats[0]
+    assert s0.compute_s == pytest.approx(50e-6) and s0.exposed_s == pytest.approx(0.20045)
+
+
 def test_the_merged_trace_is_chrome_json_with_one_process_per_rank():
     evs = {0: _cpu_rank(1), 1: _cpu_rank(3)}
     ranks = [P.extract(e, rank=r, host="h", wall_offset_us=5e6) for r, e in evs.items()]
