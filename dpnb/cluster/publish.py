@@ -45,6 +45,26 @@ PUBLISH_ENV = "DPNB_PUBLISH_DIR"
 #: seconds between two looks at the cluster (the sidebar polls about as often)
 PERIOD_S = 1.0
 _PROGRESS_KEYS = ("step", "loss", "samples_per_s", "tokens_per_s", "total", "done")
+#: the loss curve JupyterLab's panel draws: the latest steps' (step, loss)
+CURVE_MAX = 500
+
+
+def extend_curve(curve: list[list], data: dict) -> None:
+    """Add a progress payload's steps to ``curve`` (``[step, loss]``, steps rising).
+
+    The payload's ``history`` carries the recent steps (a reader polling less
+    often than steps finish still gets each); a step at or before the curve's
+    last -- a resume that rolled back, a new model's step 0 -- drops what came
+    after it, so the curve goes on from there as the training does.
+    """
+    pts = [(h[0], h[1]) for h in data.get("history") or [] if len(h) >= 2]
+    for step, loss in pts or [(data.get("step"), data.get("loss"))]:
+        if not isinstance(step, int) or not isinstance(loss, (int, float)):
+            continue
+        while curve and curve[-1][0] >= step:
+            curve.pop()
+        curve.append([step, float(loss)])
+    del curve[:-CURVE_MAX]
 
 
 def publish_dir() -> str:
@@ -90,6 +110,7 @@ class Publication:
         self.path = os.path.join(publish_dir(), f"{self.cluster_id}.json")
         self.period_s = period_s
         self._progress: dict = {}
+        self._curve: list[list] = []
         self._profile: dict | None = None
         self._written = ""
         self._starts: dict[int, float | None] = {}
@@ -106,6 +127,7 @@ class Publication:
         if data:
             self._progress = {k: data[k] for k in _PROGRESS_KEYS if data.get(k) is not None}
             self._progress["at"] = time.time()
+            extend_curve(self._curve, data)
 
     def profile(self, summary: ProfileSummary | None) -> None:
         """The layer above's last profiled cell (None: none yet, or a new one under way)."""
@@ -124,7 +146,8 @@ class Publication:
                 "profile_dir": c.profile_dir, "created": c.created, "backend": c.backend,
                 "launcher": c.launcher, "local": c.local, "kept": bool(c.keep_s),
                 "generation": c.generation, "group_ok": c.group_ok, "ranks": ranks,
-                "progress": dict(self._progress), "last_error": error_summary(c.last_failure),
+                "progress": dict(self._progress), "curve": [list(x) for x in self._curve],
+                "last_error": error_summary(c.last_failure),
                 "last_profile": self._profile}
 
     def write(self) -> bool:

@@ -95,7 +95,8 @@ def _from_kernel(rec: dict, gpu: GpuMemory) -> dict:
             "holder": rec["kernel"]["pid"], "stops_in_s": None, "backend": rec.get("backend"),
             "launcher": rec.get("launcher"), "created": rec.get("created"),
             "ranks": [_rank(r, bool(rec.get("local")), gpu) for r in rec.get("ranks", [])],
-            "progress": rec.get("progress") or {}, "last_error": rec.get("last_error"),
+            "progress": rec.get("progress") or {}, "curve": rec.get("curve") or [],
+            "last_error": rec.get("last_error"),
             "last_profile": rec.get("last_profile")}
 
 
@@ -113,7 +114,8 @@ def _from_keep(rec: dict, gpu: GpuMemory) -> dict:
             "kernel_id": None, "kept": True, "holder": rec.get("holder"),
             "stops_in_s": rec.get("stops_in_s"), "backend": rec.get("backend"),
             "launcher": "local", "created": rec.get("created"), "ranks": ranks,
-            "progress": _kept_progress(rec), "last_error": None, "last_profile": None}
+            "progress": _kept_progress(rec), "curve": [], "last_error": None,
+            "last_profile": None}
 
 
 def clusters(gpu: GpuMemory | None = None) -> list[dict]:

@@ -62,6 +62,7 @@ interface ICluster {
   progress: { step?: number; loss?: number; samples_per_s?: number };
   last_error: string | null;
   last_profile: IProfileSummary | null;
+  curve: [number, number][];
 }
 
 const icon = new LabIcon({
@@ -148,9 +149,41 @@ function profileSection(p: IProfileSummary): HTMLElement {
   return box;
 }
 
+/** The loss curve the kernel publishes (the latest steps, from the run's start or
+ * the step it resumed at), as an SVG line with its step and loss ranges. */
+function curveSection(curve: [number, number][]): HTMLElement {
+  const box = el('div', 'dpnb-curve');
+  if (!curve.length) {
+    box.appendChild(el('div', '', 'no loss curve yet: train a few steps'));
+    return box;
+  }
+  const steps = curve.map(([s]) => s);
+  const losses = curve.map(([, l]) => l);
+  const [s0, s1] = [Math.min(...steps), Math.max(...steps)];
+  const [l0, l1] = [Math.min(...losses), Math.max(...losses)];
+  const W = 320;
+  const H = 120;
+  const x = (s: number) => (s1 > s0 ? ((s - s0) / (s1 - s0)) * W : W / 2);
+  const y = (l: number) => (l1 > l0 ? H - ((l - l0) / (l1 - l0)) * H : H / 2);
+  const ns = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('viewBox', `-4 -4 ${W + 8} ${H + 8}`);
+  svg.setAttribute('width', `${W + 8}`);
+  svg.setAttribute('height', `${H + 8}`);
+  const line = document.createElementNS(ns, 'polyline');
+  line.setAttribute('points', curve.map(([s, l]) => `${x(s).toFixed(1)},${y(l).toFixed(1)}`).join(' '));
+  line.setAttribute('fill', 'none');
+  line.setAttribute('stroke', 'var(--jp-brand-color1, #1976d2)');
+  line.setAttribute('stroke-width', '1.5');
+  svg.appendChild(line);
+  box.appendChild(el('div', 'dpnb-curve-title',
+    `loss, steps ${s0}–${s1} (${curve.length} points): ${l1.toFixed(4)} → ${losses[losses.length - 1].toFixed(4)}, min ${l0.toFixed(4)}`));
+  box.appendChild(svg);
+  return box;
+}
+
 /** A cluster's live view in the main area, beside the notebook: its card (ranks,
- * progress, last error), the last profile's summary, and every (step, loss) the
- * polls saw while it was open. */
+ * progress, last error), its loss curve and the last profile's summary. */
 class ClusterPanel extends Widget {
   constructor(readonly clusterId: string) {
     super();
@@ -166,26 +199,12 @@ class ClusterPanel extends Widget {
       this.node.appendChild(el('div', '', `cluster ${this.clusterId} is gone`));
       return;
     }
-    const p = c.progress || {};
-    if (typeof p.step === 'number' && typeof p.loss === 'number' &&
-        !this.seen.some(([s]) => s === p.step)) {
-      this.seen.push([p.step, p.loss]);
-    }
     this.node.appendChild(card);
+    this.node.appendChild(curveSection(c.curve || []));
     if (c.last_profile) {
       this.node.appendChild(profileSection(c.last_profile));
     }
-    const table = el('table', 'dpnb-panel-steps');
-    table.appendChild(el('caption', '', 'steps seen while this panel was open'));
-    for (const [step, loss] of this.seen) {
-      const tr = el('tr', '');
-      tr.append(el('td', '', `step ${step}`), el('td', '', loss.toFixed(4)));
-      table.appendChild(tr);
-    }
-    this.node.appendChild(table);
   }
-
-  private seen: [number, number][] = [];
 }
 
 class Sidebar extends Widget {

@@ -186,6 +186,12 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     _wait(page, lambda: panel.count() == 1 and "rank 1" in panel.inner_text()
           and "step 4" in panel.inner_text(), "the cluster's panel beside the notebook", 10)
     assert page.locator("#jp-main-dock-panel .jp-NotebookPanel").is_visible()
+    # the loss curve from the run's first step, drawn from what the kernel published
+    # (not only the steps this panel happened to see: it opened after training)
+    title = panel.locator(".dpnb-curve-title").inner_text()
+    assert title.startswith("loss, steps 0–4 (5 points)"), title
+    points = panel.locator(".dpnb-curve polyline").get_attribute("points")
+    assert len(points.split()) == 5, points
     # the last profile's summary, as the profiled cell's view says it, and where its traces are
     said = re.search(r"Straggler: rank 1 entered [^\n]*",
                      page.locator(".jp-Notebook .jp-Cell").nth(2).inner_text())

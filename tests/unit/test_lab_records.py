@@ -270,3 +270,21 @@ def test_the_published_profile_is_bounded_and_carries_the_failure():
     assert s.failure == "the cell failed: ValueError: boom (what ran before is shown)"
     assert len(json.dumps(s.as_dict())) < 12_000  # a few lines and two numbers per rank
     assert "aten::mm" not in json.dumps(s.as_dict())
+
+
+def test_the_published_loss_curve_takes_each_step_once_and_follows_a_rollback():
+    """The panel's curve: every step the payloads' history carries, once, in order;
+    a resume that rolled back to step 3 (or a new model's step 0) drops what came
+    after, so the curve goes on from there; at most CURVE_MAX points."""
+    curve: list = []
+    publish.extend_curve(curve, {"step": 2, "loss": 0.7,
+                                 "history": [[0, 0.9, 5.0], [1, 0.8, 5.0], [2, 0.7, 5.0]]})
+    publish.extend_curve(curve, {"step": 5, "loss": 0.4,
+                                 "history": [[2, 0.7, 5.0], [3, 0.6, 5.0], [4, 0.5, 5.0], [5, 0.4, 5.0]]})
+    assert curve == [[0, 0.9], [1, 0.8], [2, 0.7], [3, 0.6], [4, 0.5], [5, 0.4]]
+    publish.extend_curve(curve, {"step": 3, "loss": 0.65})  # rolled back to step 3, redone
+    assert curve == [[0, 0.9], [1, 0.8], [2, 0.7], [3, 0.65]]
+    publish.extend_curve(curve, {"step": 0, "loss": 2.0, "history": []})  # a new model
+    assert curve == [[0, 2.0]]
+    publish.extend_curve(curve, {"history": [[i, 1.0, None] for i in range(1, 600)]})
+    assert len(curve) == publish.CURVE_MAX and curve[-1] == [599, 1.0]
