@@ -63,8 +63,9 @@ class ActionHandler(_Base):
 
 class StartHandler(_Base):
     """``POST /api/dpnb/clusters/start`` with ``{"n": 2, "launcher": "local"}``: a kept
-    cluster started in a process of its own (:mod:`dpnb.lab.start`); 400 with one line
-    for a body ``%dp start`` would refuse, nothing started."""
+    cluster started in a process of its own (:mod:`dpnb.lab.start`); for ssh or Slurm,
+    the ``%dp start`` line the sidebar runs in the notebook; 400 with one line for a
+    body ``%dp start`` would refuse, nothing started."""
 
     @web.authenticated
     @authorized

@@ -14,13 +14,16 @@ has passed with nobody holding it.
 
 A kept cluster takes local engines only (its engines must outlive the
 process that started them; ssh agents and Slurm jobs are held by that
-process's connections), so an ssh or Slurm profile is checked and then
-refused with one line saying to start those from a notebook.
+process's connections).  So an ssh or Slurm profile is checked here and
+answered with the ``%dp start`` line the sidebar runs in the current
+notebook (:func:`magic_line`): that kernel holds the connections, and the
+cluster is the notebook's, in its code, from the first cell.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -91,16 +94,35 @@ def checked(body) -> dict:
     except DpnbError as e:
         raise StartRequestError(str(e)) from None
     if not starter.engines_here:  # engines held by the starting process's connections
-        raise StartRequestError(f"the panel starts kept clusters, which take local engines: start "
-                         f"{engines} engines from a notebook (%dp start --engines {engines} ...)")
+        if "keep" in body:
+            raise StartRequestError(f"a kept cluster takes local engines: leave keep out, and "
+                                    f"the panel starts the {engines} engines in your notebook's "
+                                    f"kernel, which holds their connections")
+        ttl = None  # the notebook's kernel holds it: not kept
     return {"n": n, "backend": backend, "engines": engines, "launcher_args": args, "keep": ttl}
+
+
+def magic_line(kwargs: dict) -> str:
+    """The ``%dp start`` line that starts :func:`checked`'s cluster in a kernel."""
+    words = ["%dp", "start", "-n", str(kwargs["n"]), "--engines", kwargs["engines"]]
+    if kwargs["backend"] != "auto":
+        words += ["--backend", kwargs["backend"]]
+    for a in kwargs["launcher_args"]:
+        words += ["--launcher-arg", shlex.quote(a)]
+    return " ".join(words)
 
 
 def start(body) -> dict:
     """Check ``body`` and start the kept cluster in a process of its own:
-    ``{"id", "world_size", "message"}``.  StartRequestError for bad input (nothing
+    ``{"id", "world_size", "message"}``; for ssh or Slurm engines, start nothing
+    and answer ``{"in_kernel": True, "code", "message"}`` (the line to run).  StartRequestError for bad input (nothing
     started); RuntimeError with the starting process's last line if it failed."""
     kwargs = checked(body)
+    if kwargs["keep"] is None:  # ssh, Slurm: the notebook's kernel starts and holds it
+        code = magic_line(kwargs)
+        return {"in_kernel": True, "code": code,
+                "message": f"{kwargs['engines']} engines are held by a kernel's connections: "
+                           f"running {code} in your notebook"}
     try:
         proc = subprocess.run([sys.executable, "-m", "dpnb.lab.start", json.dumps(kwargs)],
                               capture_output=True, text=True, timeout=START_TIMEOUT_S,

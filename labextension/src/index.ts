@@ -292,7 +292,8 @@ class Sidebar extends Widget {
 
   /** Start: a kept cluster of N ranks (POST /api/dpnb/clusters/start), free for
    * any notebook's %dp attach; ssh hosts (HOST=N ...) or Slurm settings
-   * (KEY=VALUE ...) are checked by the server as %dp start checks them. */
+   * (KEY=VALUE ...) are checked by the server as %dp start checks them and
+   * started in the current notebook (the server answers the line to run). */
   private startForm(): HTMLElement {
     const form = el('form', 'dpnb-start') as HTMLFormElement;
     const n = el('input', 'dpnb-start-n') as HTMLInputElement;
@@ -332,7 +333,11 @@ class Sidebar extends Widget {
     this.message.textContent = `starting ${body.n} ranks (${body.launcher})...`;
     try {
       const out = await api('start', { method: 'POST', body: JSON.stringify(body) });
-      this.message.textContent = out.message;
+      if (out.in_kernel) {
+        await this.runInNotebook(out.code, out.message);
+      } else {
+        this.message.textContent = out.message;
+      }
     } catch (e) {
       this.message.textContent = `start: ${(e as Error).message}`;
     } finally {
@@ -355,6 +360,23 @@ class Sidebar extends Widget {
     } catch (e) {
       this.message.textContent = `${action} ${id}: ${(e as Error).message}`;
     }
+  }
+
+  /** ssh or Slurm: the checked %dp start line, run in the current notebook (its
+   * kernel holds the engines' connections; the cluster is that notebook's). */
+  private async runInNotebook(code: string, message: string): Promise<void> {
+    const panel = this.tracker ? this.tracker.currentWidget : null;
+    if (!panel) {
+      this.message.textContent = `open a notebook, then run: ${code}`;
+      return;
+    }
+    NotebookActions.insertBelow(panel.content);
+    const cell = panel.content.activeCell;
+    if (cell) {
+      cell.model.sharedModel.setSource(code);
+    }
+    this.message.textContent = message;
+    await NotebookActions.run(panel.content, panel.sessionContext);
   }
 
   private async attach(id: string): Promise<void> {

@@ -203,6 +203,16 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     assert "merged trace: merged.json" in shown and "ui.perfetto.dev" in shown, shown
     assert re.search(r"rank 0\s+[\d.]+ ms\s+[\d.]+ ms", shown), shown  # compute, exposed comm
     page.screenshot(path=str(_artifact("lab-panel.png")))
+    # Start with ssh hosts: held by a kernel's connections, so the server answers the
+    # checked %dp start line and the sidebar runs it in this notebook (whose kernel
+    # already holds a cluster: the line's own refusal shows that it ran there)
+    form.locator("input.dpnb-start-n").fill("1")
+    form.locator(".dpnb-start-extra").fill("nosuchhost=1")
+    form.locator("button[data-action=start]").click()
+    line = "%dp start -n 1 --engines ssh --launcher-arg nosuchhost=1"
+    _wait(page, lambda: line in page.locator(".jp-Notebook").inner_text()
+          and "a dpnb cluster is already running" in page.locator(".jp-Notebook").inner_text(),
+          "the Start line run in the notebook", 30)
     page.close()
 
 

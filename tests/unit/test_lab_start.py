@@ -42,9 +42,16 @@ def test_bad_input_is_refused_in_one_line_before_anything_starts(body, says):
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
-def test_good_ssh_and_slurm_profiles_are_refused_for_kept_clusters_with_what_to_do(monkeypatch):
+def test_good_ssh_and_slurm_profiles_are_answered_with_the_line_the_notebook_runs(monkeypatch):
+    """ssh agents and Slurm jobs are held by the starting process's connections, so
+    the panel starts them in the notebook's kernel: nothing starts here, the
+    answer is the checked ``%dp start`` line; asked to keep one, it says why not."""
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)  # an ssh client here
-    for body in ({"n": 3, "launcher": "ssh", "hosts": ["a=1", "b=2"]},
-                 {"n": 2, "launcher": "slurm", "slurm": {"queue": "gpu"}}):
-        with pytest.raises(st.StartRequestError, match="take local engines: start .* from a notebook"):
-            st.checked(body)
+    out = st.start({"n": 3, "launcher": "ssh", "hosts": ["a=1", "b=2"], "backend": "gloo"})
+    assert out["in_kernel"] and out["code"] == (
+        "%dp start -n 3 --engines ssh --backend gloo --launcher-arg a=1 --launcher-arg b=2")
+    out = st.start({"n": 2, "launcher": "slurm", "slurm": {"queue": "gpu", "timelimit": "1:00:00"}})
+    assert out["code"] == ("%dp start -n 2 --engines slurm --launcher-arg queue=gpu "
+                           "--launcher-arg timelimit=1:00:00"), out
+    with pytest.raises(st.StartRequestError, match="a kept cluster takes local engines: leave keep out"):
+        st.checked({"n": 2, "launcher": "ssh", "hosts": "a=2", "keep": "1h"})
