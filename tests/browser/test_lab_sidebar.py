@@ -39,10 +39,9 @@ CELLS = ["%load_ext dpnb\n%dp start -n 2 --keep 3m --timeout 10",
          "      'ds = dpnb.data.SyntheticRegression(n=64, in_dim=8, out_dim=2, seed=1)\\n'\n"
          "      'net = torch.nn.Linear(8, 2)', display=False, setup=True)\n"
          "c.wrap('net', 'ddp', lr=0.05)\nc.set_data('ds')\nc.train(steps=5, micro_batch=4);",
-         # rank 1 enters the all-reduce 0.2 s after rank 0: the profile's straggler.  Unchecked:
-         # the check before a cell's collective is itself a wait, outside the c10d op the
-         # profile reads arrivals from (checked, rank 0 was named, 0.2 ms "late")
-         ("%%dp --profile --unchecked\nimport time, torch, torch.distributed as dist\n"
+         # rank 1 enters the all-reduce 0.2 s after rank 0: the profile's straggler (a
+         # checked cell: rank 0 waits in dpnb's check, where the profile reads its entry)
+         ("%%dp --profile\nimport time, torch, torch.distributed as dist\n"
           "time.sleep(0.2 * rank)\ndist.all_reduce(torch.ones(4))"),
          "%%dp\nraise ValueError(f'boom on rank {rank}')"]
 #: the issue's bound for the sidebar after ``%dp start`` returns (it polls every second)
