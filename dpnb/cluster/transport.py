@@ -18,8 +18,8 @@ from typing import Any
 
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
-from ..compat import result_metadata, shell_ignores_engine_comms
-from ..engine import runner, setup
+from ..compat import output_event, reply_content, result_metadata, shell_ignores_engine_comms
+from ..engine import outcount, runner, setup
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .launchers import EngineLauncher
@@ -37,6 +37,41 @@ def _setup_fn(name: str):
 
 def _runner_fn(name: str):
     return getattr(runner, name)
+
+
+#: how often a rank's collected output is compared with its reply's counts
+#: while the last of it is still on its way
+OUTPUT_POLL_S = 0.002
+
+
+def has_all_output(md: dict, promised: dict) -> bool:
+    """True when ipyparallel has collected (``md``) everything the engine said
+    it published for the cell (``promised``, :mod:`dpnb.engine.outcount`)."""
+    return (len(md.get("stdout") or "") >= promised.get("stdout", 0)
+            and len(md.get("stderr") or "") >= promised.get("stderr", 0)
+            and len(md.get("outputs") or ()) >= promised.get("displays", 0)
+            and (not promised.get("result") or md.get("execute_result") is not None))
+
+
+def wait_for_output(ar, timeout: float) -> bool:
+    """Wait until a finished rank's output is all here.
+
+    Output travels apart from the reply (IOPub).  When the reply carries the
+    engine's counts of what the cell published, this returns once that much
+    has arrived (at once for a cell with no output); otherwise, as
+    ipyparallel's ``wait_for_output``, when the engine's "idle" status, sent
+    after everything else, has arrived.  False if ``timeout`` passed first."""
+    promised = reply_content(ar).get(outcount.KEY)
+    if not isinstance(promised, dict):
+        return ar.wait_for_output(timeout)
+    md, idle = result_metadata(ar), output_event(ar)
+    deadline = time.monotonic() + timeout
+    while not has_all_output(md, promised):
+        if idle.wait(OUTPUT_POLL_S):
+            return True
+        if time.monotonic() > deadline:
+            return False
+    return True
 
 
 def unsendable(name: str, why: str) -> DpnbError:
@@ -227,8 +262,8 @@ class Transport:
         prior = o.status
         try:
             # results travel on a different socket than printed output; wait
-            # for the engine's "idle" so no late stdout is lost
-            ar.wait_for_output(5)
+            # until all the cell's output is here, so no late stdout is lost
+            wait_for_output(ar, 5)
         except Exception as e:  # output may be cut short; the result still counts
             log.info("rank %s: late output not awaited: %s: %s", r, type(e).__name__, e)
         self._copy_streams(ar, o)
