@@ -19,7 +19,12 @@ returns a rank's result once its collected output reaches the counts -- at
 once for a cell with no output -- and waits for "idle" as before whenever the
 counts are missing: an error, an ``apply`` call, a message it cannot count
 (a ``\\r`` in a stream, which ipyparallel's client rewrites; widgets' comm
-messages; anything else but the cell's input echo and status).
+messages; anything else but status).
+
+The kernel's echo of each cell's source (``execute_input``), which dpnb's
+notebook never shows, is not published at all: at N ranks it was N copies
+of the cell through the controller per cell (dropping it took 7 % off a
+``pass`` cell at N = 8, measured alternating on one cluster).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import logging
 import sys
 import threading
 from typing import Any
+
+from ..compat import drop_input_echo
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +120,7 @@ def install(kernel: Any) -> bool:
             reply_content[KEY] = got
         return md
 
+    drop_input_echo(kernel)  # never shown: not published, nothing to count or carry
     setattr(finish_metadata, MARK, True)
     session.send = counting_send
     kernel.init_metadata, kernel.finish_metadata = init_metadata, finish_metadata

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dpnb.cluster import transport
-from dpnb.compat import reply_content
+from dpnb.compat import reply_content, result_metadata
 from dpnb.engine import outcount
 from dpnb.errors import DpnbError, RemoteCellError
 
@@ -86,6 +86,16 @@ def test_every_output_is_in_when_a_cell_returns(healthy, monkeypatch):
             assert o.execute_result["data"]["text/plain"] == str(r * 10)
     # the counts were what it waited for, and they match what arrived
     assert promised == [{"stdout": stdout_chars, "stderr": 9, "displays": 1, "result": True}] * 10
+
+
+def test_the_engines_do_not_echo_a_cell_s_source(healthy):
+    """Issue 45: the notebook never shows the engines' echo of a cell's code
+    (``execute_input``); N copies of it per cell cost 7-12 % of a ``pass``
+    cell at N = 8 and 16."""
+    ar = healthy.transport.view(1).execute("echoed = 1", silent=False, block=False)
+    ar.get(10)
+    assert ar.wait_for_output(10)  # idle: everything the engine published is in
+    assert result_metadata(ar).get("execute_input") is None
 
 
 def test_a_print_before_an_error_and_a_silent_cell_arrive(healthy):
