@@ -109,6 +109,7 @@ class Transport:
         self.launcher = launcher  # how an engine's death is seen, how it is interrupted
         self.timeout_s = timeout_s
         self._views: dict[int, Any] = {}  # engine id -> its DirectView
+        self._many: tuple | None = None  # (engine ids, their DirectView): cells to several ranks
         self.token = secrets.token_hex(16)  # opens the engines' side doors
         self._flags: list = []  # the --unchecked flags sent ahead of the current cell
         self.status_seen: tuple | None = None  # the last %dp status answers (cluster/status.py)
@@ -144,7 +145,21 @@ class Transport:
             self._flags = [self.view(r).apply_async(
                 _runner_fn("call"), ep.SKIP_CHECKS_NEXT_CELL, (), {})
                 for r in sel]
-        return {r: self.view(r).execute(code, silent=False, block=False) for r in sel}
+        if len(sel) == 1:
+            return {sel[0]: self.view(sel[0]).execute(code, silent=False, block=False)}
+        # one view for all: its requests leave in one tight loop, and each
+        # rank's own result is split off afterwards.  Sent rank by rank, each
+        # request woke the client's IO thread while the next one was being
+        # built, and the two threads traded the GIL: 10 ms to send a cell to
+        # 16 ranks, against 2.4 ms this way (cProfile, issue 45)
+        many = self.many_view(tuple(self.ranks[r].engine_id for r in sel))
+        return dict(zip(sel, many.execute(code, silent=False, block=False).split()))
+
+    def many_view(self, eids: tuple):
+        """The DirectView of these engines, made once per selection (the last one kept)."""
+        if self._many is None or self._many[0] != eids:
+            self._many = (eids, self.client[list(eids)])
+        return self._many[1]
 
     def _settle_flags(self) -> None:
         """Say (in the log) if a rank did not take an ``--unchecked`` flag; it ran

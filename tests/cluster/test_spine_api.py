@@ -98,6 +98,24 @@ def test_the_engines_do_not_echo_a_cell_s_source(healthy):
     assert result_metadata(ar).get("execute_input") is None
 
 
+def test_a_cell_leaves_for_every_rank_before_any_result_is_built(healthy, monkeypatch):
+    """Issue 45: a cell's requests are sent in one loop, each rank's result
+    split off after; built rank by rank between sends, the notebook's and the
+    client's IO threads traded the GIL (10 ms to send to 16 ranks, 2.4 raw)."""
+    from ipyparallel.client.asyncresult import AsyncResult  # lazy: the notebook side's client
+
+    events = []
+    client = healthy.transport.client
+    send, init = client.send_execute_request, AsyncResult.__init__
+    monkeypatch.setattr(client, "send_execute_request",
+                        lambda *a, **k: events.append("send") or send(*a, **k))
+    monkeypatch.setattr(AsyncResult, "__init__",
+                        lambda self, *a, **k: events.append("result") or init(self, *a, **k))
+    res = healthy.run("print(rank)", display=False)
+    assert events[:2] == ["send", "send"]
+    assert [res.outcomes[r].stdout for r in (0, 1)] == ["0\n", "1\n"]
+
+
 def test_a_print_before_an_error_and_a_silent_cell_arrive(healthy):
     res = healthy.run("print('before', rank)\nraise ValueError('after a print')",
                       display=False, raise_errors=False)
