@@ -810,7 +810,8 @@ MUTATIONS = [
   "    drop_input_echo(kernel)", "    pass  # drop_input_echo(kernel)",
   ["tests/cluster/test_spine_api.py::test_the_engines_do_not_echo_a_cell_s_source"]),
  ("cells: a cell is sent to every rank before any rank's result is built", "dpnb/cluster/transport.py",
-  "        if len(sel) == 1:\n            return {sel[0]:", "        if True:\n            return {sel[0]:",
+  "        return dict(zip(sel, many.execute(code, silent=False, block=False).split()))",
+  "        return {r: self.view(r).execute(code, silent=False, block=False) for r in sel}",
   ["tests/cluster/test_spine_api.py::test_a_cell_leaves_for_every_rank_before_any_result_is_built"]),
 ]
 
