@@ -813,6 +813,9 @@ MUTATIONS = [
   "        return dict(zip(sel, many.execute(code, silent=False, block=False).split()))",
   "        return {r: self.view(r).execute(code, silent=False, block=False) for r in sel}",
   ["tests/cluster/test_spine_api.py::test_a_cell_leaves_for_every_rank_before_any_result_is_built"]),
+ ("cells: the first look for dead engines waits DEATH_POLL_S", "dpnb/cluster/waiting.py",
+  "        self.deaths_looked_at = self.t0", "        self.deaths_looked_at = 0.0",
+  ["tests/unit/test_waiting.py::test_a_cell_done_within_the_death_poll_never_asks_for_deaths"]),
 ]
 
 
