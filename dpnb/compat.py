@@ -51,6 +51,36 @@ def result_metadata(ar: Any) -> dict:
     return md if isinstance(md, dict) else {}
 
 
+def reply_content(ar: Any) -> dict:
+    """The content of a single-engine ``AsyncResult``'s finished
+    ``execute_reply`` (ipyparallel keeps it on its ``ExecuteReply``, in the
+    result's ``_raw_results``); ``{}`` for an error, an ``apply`` call, or a
+    reply not in yet."""
+    raw = getattr(ar, "_raw_results", None) or [None]
+    content = getattr(raw[0], "_content", None)
+    return content if isinstance(content, dict) else {}
+
+
+def drop_input_echo(kernel: Any) -> bool:
+    """Stop an engine's kernel echoing each cell's source on IOPub.
+
+    ipykernel publishes ``execute_input`` (the cell's code) for frontends that
+    show what runs; ipyparallel's client keeps it and dpnb never reads it.
+    At N ranks it was N copies of the cell's source through the controller
+    and the notebook's IO thread, for every cell."""
+    if not callable(getattr(kernel, "_publish_execute_input", None)):
+        log.warning("ipykernel has no _publish_execute_input: cells' source is echoed back")
+        return False
+    kernel._publish_execute_input = lambda *args, **kwargs: None
+    return True
+
+
+def output_event(ar: Any):
+    """The event a single-engine ``AsyncResult`` sets when the engine's
+    "idle" status came (``wait_for_output`` waits on it)."""
+    return ar._output_event
+
+
 def shell_ignores_engine_comms() -> None:
     """Let a shell that is no Jupyter kernel ignore widget messages from engines.
 
@@ -356,6 +386,16 @@ def check_ipyparallel() -> list[str]:
     if "_metadata" not in AsyncResult.__init__.__code__.co_names:
         probs.append("ipyparallel AsyncResult no longer keeps _metadata: result_metadata falls "
                      "back to the slower .metadata")
+    if "_output_event" not in AsyncResult.__init__.__code__.co_names:
+        probs.append("ipyparallel AsyncResult no longer has _output_event: output_event fails")
+    # lazy: as above
+    from ipykernel.kernelbase import Kernel
+
+    if not callable(getattr(Kernel, "_publish_execute_input", None)):
+        probs.append("ipykernel's Kernel has no _publish_execute_input: cells' source is echoed")
+    if "_raw_results" not in AsyncResult._resolve_result.__code__.co_names:
+        probs.append("ipyparallel AsyncResult no longer keeps _raw_results: a cell's reply "
+                     "counts are not read, the notebook waits for each engine's idle")
     return probs
 
 

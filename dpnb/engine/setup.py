@@ -14,9 +14,8 @@ The notebook calls these by name on every engine.  The order is:
 4. after a collective error, :func:`reform_group` on every engine, again all
    at once, on a fresh port: a gloo/NCCL group whose collective timed out or
    whose peer vanished cannot be trusted again, so it is destroyed and a new
-   one is formed; the user's objects stay in the namespace, and callbacks
-   registered in ``EngineState.on_reform`` re-bind wrappers (DDP, ZeRO, FSDP)
-   to the new group.
+   one formed; the user's objects stay, and ``EngineState.on_reform``'s
+   callbacks re-bind wrappers (DDP, ZeRO, FSDP) to the new group.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from datetime import timedelta
 from .. import compat
 from ..core.timeouts import form_timeout
 from .. import log as dpnb_log
-from . import process, seeding, tbtext
+from . import outcount, process, seeding, tbtext
 from .lifecycle import torch_fn  # torch-free at import, like this module
 from .netplan import (backend_env, data_interface, group_backend, interface_of, launch_rank,
                       route_address)
@@ -219,6 +218,7 @@ def init_rank(info: dict) -> dict:
     process.setup_inline_figures()
     process.forward_display_updates()
     tbtext.install(_shell())  # a failed cell's traceback without IPython's module scans
+    outcount.install(_shell().kernel)  # the notebook stops waiting once a cell's output is in
     if info.get("widgets") is False:  # a terminal notebook: no widgets from engines
         process.text_progress_bars()
     door = None

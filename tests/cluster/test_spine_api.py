@@ -7,6 +7,9 @@ import time
 
 import pytest
 
+from dpnb.cluster import transport
+from dpnb.compat import reply_content, result_metadata
+from dpnb.engine import outcount
 from dpnb.errors import DpnbError, RemoteCellError
 
 GROUP_TIMEOUT = 6.0  # matches tests/cluster/conftest.py
@@ -52,6 +55,75 @@ def test_different_output_is_grouped_per_rank(healthy, capsys):
     healthy.run("print('hello from', rank)")
     out = capsys.readouterr().out
     assert out == "[rank 0]\nhello from 0\n[rank 1]\nhello from 1\n"
+
+
+OUTPUTS_CELL = """from IPython.display import HTML, display
+import sys
+for i in range(3):
+    print(f'line {i} of rank {rank}')
+print('x' * 100_000)
+display(HTML(f'<b>{rank}</b>'))
+print('warned', rank, file=sys.stderr)
+rank * 10"""
+
+
+def test_every_output_is_in_when_a_cell_returns(healthy, monkeypatch):
+    """Issue 45: a rank's result is taken once the output its reply counts
+    has arrived, not at the engine's idle message; every print, display,
+    stderr line and value of every rank is there, in order, each time."""
+    promised = []
+    wait = transport.wait_for_output
+    monkeypatch.setattr(transport, "wait_for_output", lambda ar, t: promised.append(
+        reply_content(ar).get(outcount.KEY)) or wait(ar, t))
+    for _ in range(5):
+        res = healthy.run(OUTPUTS_CELL, display=False)
+        for r in (0, 1):
+            o = res.outcomes[r]
+            assert o.stdout == "".join(f"line {i} of rank {r}\n" for i in range(3)) + "x" * 100_000 + "\n"
+            stdout_chars = len(o.stdout)
+            assert o.stderr == f"warned {r}\n"
+            assert [d["data"]["text/html"] for d in o.outputs] == [f"<b>{r}</b>"]
+            assert o.execute_result["data"]["text/plain"] == str(r * 10)
+    # the counts were what it waited for, and they match what arrived
+    assert promised == [{"stdout": stdout_chars, "stderr": 9, "displays": 1, "result": True}] * 10
+
+
+def test_the_engines_do_not_echo_a_cell_s_source(healthy):
+    """Issue 45: the notebook never shows the engines' echo of a cell's code
+    (``execute_input``); N copies of it per cell cost 7-12 % of a ``pass``
+    cell at N = 8 and 16."""
+    ar = healthy.transport.view(1).execute("echoed = 1", silent=False, block=False)
+    ar.get(10)
+    assert ar.wait_for_output(10)  # idle: everything the engine published is in
+    assert result_metadata(ar).get("execute_input") is None
+
+
+def test_a_cell_leaves_for_every_rank_before_any_result_is_built(healthy, monkeypatch):
+    """Issue 45: a cell's requests are sent in one loop, each rank's result
+    split off after; built rank by rank between sends, the notebook's and the
+    client's IO threads traded the GIL (10 ms to send to 16 ranks, 2.4 raw)."""
+    from ipyparallel.client.asyncresult import AsyncResult  # lazy: the notebook side's client
+
+    events = []
+    client = healthy.transport.client
+    send, init = client.send_execute_request, AsyncResult.__init__
+    monkeypatch.setattr(client, "send_execute_request",
+                        lambda *a, **k: events.append("send") or send(*a, **k))
+    monkeypatch.setattr(AsyncResult, "__init__",
+                        lambda self, *a, **k: events.append("result") or init(self, *a, **k))
+    res = healthy.run("print(rank)", display=False)
+    assert events[:2] == ["send", "send"]
+    assert [res.outcomes[r].stdout for r in (0, 1)] == ["0\n", "1\n"]
+
+
+def test_a_print_before_an_error_and_a_silent_cell_arrive(healthy):
+    res = healthy.run("print('before', rank)\nraise ValueError('after a print')",
+                      display=False, raise_errors=False)
+    assert [res.outcomes[r].stdout for r in (0, 1)] == ["before 0\n", "before 1\n"]
+    assert all(res.outcomes[r].ename == "ValueError" for r in (0, 1))
+    res = healthy.run("pass", display=False)  # nothing published: nothing waited for
+    assert all(not o.stdout and not o.outputs and o.execute_result is None
+               for o in res.outcomes.values())
 
 
 @pytest.mark.parametrize("spec,expected", [("0", [0]), ("1:", [1]), ("0,1", [0, 1]),

@@ -105,3 +105,12 @@ def test_finishing_ranks_are_released_after_the_bound_and_calls_release_at_once(
     w2.step(w2.t0 + 1.0)
     w2.step(w2.t0 + 1.2)
     assert t2.released
+
+
+def test_a_cell_done_within_the_death_poll_never_asks_for_deaths():
+    """Issue 45: the first look for dead engines comes DEATH_POLL_S into the
+    wait, not at its first wake-up (a `pass` cell at 16 ranks paid ~0.4 ms)."""
+    w = W.Waiting(FakeTransport(ANSWERS), [0, 1, 2], WaitKind.EXECUTE, timeout=None)
+    assert not w.time_to_look_for_deaths(w.t0 + 0.01)
+    assert w.time_to_look_for_deaths(w.t0 + W.DEATH_POLL_S + 0.01)
+    assert not w.time_to_look_for_deaths(w.t0 + W.DEATH_POLL_S + 0.02)
