@@ -169,7 +169,7 @@ def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
               "torch.manual_seed(0)\n"
               "m = DDP(torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)]))\n"
               "x = torch.randn(128, 128)\nm(x).sum().backward()", display=False)
-        c.profile("for _ in range(3):\n    loss = m(x).square().mean()\n"
+        c.profile("for _ in range(6):\n    loss = m(x).square().mean()\n"
                   "    if rank == 1:\n        time.sleep(0.1)\n    loss.backward()",
                   display=False, out_dir=str(tmp_path))
         rep = c.last_profile.report
@@ -179,7 +179,10 @@ def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
         # late rank closes late: that once took 39 ms off its 0.1 s in CI)
         assert "several hosts" in rep.clock_note and rep.skew_s is not None, rep.clock_note
         assert "collectives end with" not in rep.clock_note, rep.clock_note
-        assert rep.straggler.rank == 1 and abs(rep.straggler.typical_late_s - 0.1) < 0.02, rep.straggler
+        # six all-reduces late by 0.1 s each: the median stays near it when a busy CPU
+        # delays rank 0's own entry into one or two of them (one read 0.054 in CI
+        # with three steps, the median being the smallest of the three)
+        assert rep.straggler.rank == 1 and abs(rep.straggler.typical_late_s - 0.1) < 0.03, rep.straggler
         assert (tmp_path / "rank1.json").is_file() and (tmp_path / "merged.json").is_file()
     finally:
         c.stop()
