@@ -896,6 +896,15 @@ MUTATIONS = [
  ("cells: the first look for dead engines waits DEATH_POLL_S", "dpnb/cluster/waiting.py",
   "        self.deaths_looked_at = self.t0", "        self.deaths_looked_at = 0.0",
   ["tests/unit/test_waiting.py::test_a_cell_done_within_the_death_poll_never_asks_for_deaths"]),
+ # issue 41 (fourth session): a resume from disk is a load in the record
+ ("record: a resume from disk is recorded as a load", "dpnb/session/resume.py",
+  "    return done.message + \" \" + disk + replay_and_load(c, path, p, list(done.replaced),\n                                                       as_load=True)",
+  "    return done.message + \" \" + disk + replay_and_load(c, path, p, list(done.replaced),\n                                                       as_load=False)",
+  ["tests/cluster/test_resume_inferred.py::test_resume_rebuilds_from_the_cells_that_built_the_model[ddp]"]),
+ # issue 39 (fourth session): a full run's failures
+ ("dead: an engine the controller dropped is dead before its exit is reported", "dpnb/cluster/transport.py",
+  "                if registered and self.ranks[r].engine_id not in registered:\n", "                if False:\n",
+  ["tests/unit/test_find_dead.py::test_an_engine_the_controller_dropped_is_dead_before_its_exit_is_reported"]),
 ]
 
 

@@ -328,13 +328,33 @@ class Transport:
             time.sleep(0.05)
 
     def find_dead(self, ranks: Iterable[int]) -> dict[int, str]:
-        """Ranks whose engine is gone, with how it ended if known."""
+        """Ranks whose engine is gone, with how it ended if known.
+
+        The launcher says how an engine ended once it has seen it (a host agent
+        reports each exit over its connection, a moment later); an engine the
+        controller has already dropped is gone too, and sending to it would
+        fail deep in ipyparallel ("No such engine"): seen with two ranks
+        SIGKILLed one after the other, the second's exit not yet reported when
+        ``restart --resume`` asked the survivors."""
         dead: dict[int, str] = {}
+        registered: set | None = None
         for r in ranks:
             how = self.launcher.exit_of(self.ranks[r], self.doors.get(r))
+            if how is None:
+                registered = self._registered() if registered is None else registered
+                if registered and self.ranks[r].engine_id not in registered:
+                    how = "its engine left the controller (its exit not yet reported)"
             if how is not None:
                 dead[r] = how
         return dead
+
+    def _registered(self) -> set:
+        """The engine ids the controller lists now (empty: it could not say)."""
+        try:
+            return set(self.client.ids)
+        except Exception as e:  # the controller is unreachable: nobody is taken for dead
+            log.warning("listing the controller's engines failed: %s: %s", type(e).__name__, e)
+            return set()
 
     def refresh_busy(self) -> None:
         """Forget ``busy`` marks of ranks whose engine queue has drained (or that died)."""

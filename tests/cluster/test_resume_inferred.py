@@ -12,6 +12,7 @@ import time
 import pytest
 
 import dpnb
+from dpnb.session.record import LoadStep
 import dpnb.session.resume
 from dpnb.errors import DpnbError, RemoteCellError
 
@@ -73,6 +74,10 @@ def _scenario(c, strategy: str, tmp_path) -> None:
     _kill_mid_training(c, c.world_size - 1)
     msg = c.restart(resume=ck)
     assert f"Resumed from {ck} at step 10" in msg, msg
+    # the state is that checkpoint's now: a load in the record, where the train
+    # calls count from (an export's --from-scratch starts there)
+    assert c.setup_log.base() == LoadStep(os.path.abspath(ck), 10)
+    assert c.training.train_log == []
     assert "cell: HIDDEN = 16 (binds HIDDEN" in msg and "cell: import dpnb.data" in msg, msg
     assert "cell: ds = dpnb.data.SyntheticRegression" in msg, msg
     if strategy in ("zero2", "zero3"):
