@@ -905,6 +905,9 @@ MUTATIONS = [
  ("dead: an engine the controller dropped is dead before its exit is reported", "dpnb/cluster/transport.py",
   "                if registered and self.ranks[r].engine_id not in registered:\n", "                if False:\n",
   ["tests/unit/test_find_dead.py::test_an_engine_the_controller_dropped_is_dead_before_its_exit_is_reported"]),
+ ("a failed cell does not cancel the cells queued behind it", "dpnb/engine/process.py",
+  "            content.setdefault(\"stop_on_error\", False)\n", "            pass\n",
+  ["tests/cluster/test_spine_api.py::test_a_cell_sent_right_behind_a_failing_one_still_runs"]),
 ]
 
 

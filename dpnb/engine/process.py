@@ -8,6 +8,7 @@ import atexit
 import contextlib
 import gc
 import importlib.util
+import inspect
 import logging
 import os
 import resource
@@ -15,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +200,33 @@ class _TextTqdm:
 
         module.tqdm, module.trange = tqdm, trange
         module.__all__ = ["tqdm", "trange"]
+
+
+def keep_queued_cells_after_an_error(kernel: Any) -> bool:
+    """A cell that fails must not cancel the cells sent after it.
+
+    ipykernel aborts every execute request queued behind one that failed
+    unless the request says ``stop_on_error: False`` -- ipyparallel's do not.
+    In a notebook the next cell comes seconds later; a script, an agent or a
+    test sends it at once: seen in a full test run, the cell after a released
+    point-to-point failure came back "rank 2 raised TaskAborted".  The notebook
+    already decides what runs next (a failed cell stops nothing on its own), so
+    each request here defaults to not aborting the queue.  Once per process."""
+    handlers = getattr(kernel, "shell_handlers", None)
+    run = handlers.get("execute_request") if isinstance(handlers, dict) else None
+    if run is None or getattr(run, "__dpnb_keeps_queue__", False):
+        return False
+
+    async def execute_request(stream, ident, parent):
+        content = parent.get("content")
+        if isinstance(content, dict):
+            content.setdefault("stop_on_error", False)
+        out = run(stream, ident, parent)
+        return (await out) if inspect.isawaitable(out) else out
+
+    execute_request.__dpnb_keeps_queue__ = True  # type: ignore[attr-defined]
+    handlers["execute_request"] = execute_request
+    return True
 
 
 def text_progress_bars() -> None:

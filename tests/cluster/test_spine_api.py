@@ -126,6 +126,21 @@ def test_a_print_before_an_error_and_a_silent_cell_arrive(healthy):
                for o in res.outcomes.values())
 
 
+def test_a_cell_sent_right_behind_a_failing_one_still_runs(healthy):
+    """ipykernel aborts the requests queued behind a failed one unless told not to;
+    a script or an agent sends the next cell at once (a full run saw "rank 2 raised
+    TaskAborted" after a released failure).  Both cells go out before the first
+    has run: the second runs on every rank."""
+    c = healthy
+    first = c.transport.execute("import time\ntime.sleep(0.3)\nraise ValueError('first')", [0, 1])
+    second = c.transport.execute("after_failure = rank + 1", [0, 1])
+    for r in (0, 1):
+        with pytest.raises(Exception, match="first"):
+            first[r].get(timeout=30)
+        second[r].get(timeout=30)  # TaskAborted here when the queue was cancelled
+    assert c.pull("after_failure") == [1, 2]
+
+
 @pytest.mark.parametrize("spec,expected", [("0", [0]), ("1:", [1]), ("0,1", [0, 1]),
                                            (":1", [0]), ("all", [0, 1])])
 def test_rank_selection(healthy, spec, expected):
