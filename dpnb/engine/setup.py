@@ -366,11 +366,10 @@ def wait_preload(*_ignored) -> None:
     """Block until this engine's background imports are done.
 
     Two threads importing the same modules at once can hand one of them a
-    partly initialised module (Python's answer to concurrent circular
-    imports), so every dpnb entry point on the engine -- and every cell,
-    through a ``pre_run_cell`` hook -- waits for them first.  The threads are
-    found by name: the boot thread of :mod:`dpnb.engine.boot` and the one
-    :func:`_start_preload` starts.
+    partly initialised module (Python's answer to concurrent circular imports),
+    so every dpnb entry point on the engine -- and every cell, through a
+    ``pre_run_cell`` hook -- waits for them first: the threads, by name, of
+    :mod:`dpnb.engine.boot` and of :func:`_start_preload`.
     """
     me = threading.current_thread()
     for t in _preloading():
