@@ -908,6 +908,9 @@ MUTATIONS = [
  ("a failed cell does not cancel the cells queued behind it", "dpnb/engine/process.py",
   "            content.setdefault(\"stop_on_error\", False)\n", "            pass\n",
   ["tests/cluster/test_spine_api.py::test_a_cell_sent_right_behind_a_failing_one_still_runs"]),
+ ("dead: a gone engine's exit reported a moment later is the cause given", "dpnb/cluster/transport.py",
+  "                    how = self._exit_reported(r) or (", "                    how = None or (",
+  ["tests/unit/test_find_dead.py::test_a_gone_engine_s_exit_reported_a_moment_later_is_the_cause_given"]),
 ]
 
 

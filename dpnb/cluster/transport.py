@@ -343,10 +343,22 @@ class Transport:
             if how is None:
                 registered = self._registered() if registered is None else registered
                 if registered and self.ranks[r].engine_id not in registered:
-                    how = "its engine left the controller (its exit not yet reported)"
+                    how = self._exit_reported(r) or ("its engine left the controller "
+                                                     "(its exit not yet reported)")
             if how is not None:
                 dead[r] = how
         return dead
+
+    def _exit_reported(self, r: int, wait_s: float = 2.0) -> str | None:
+        """How rank ``r``'s gone engine ended, once its launcher reports it (the
+        agent's report follows the exit by a moment); None after ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            how = self.launcher.exit_of(self.ranks[r], self.doors.get(r))
+            if how is not None:
+                return how
+        return None
 
     def _registered(self) -> set:
         """The engine ids the controller lists now (empty: it could not say)."""

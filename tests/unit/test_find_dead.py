@@ -29,6 +29,7 @@ def _transport(exits: dict, registered):
 
 def test_an_engine_the_controller_dropped_is_dead_before_its_exit_is_reported():
     t = _transport({1: "killed by SIGKILL"}, registered=[10])  # rank 2's engine (12) gone too
+    t._exit_reported = lambda r: None  # its agent never reports in time
     assert t.find_dead([0, 1, 2]) == {
         1: "killed by SIGKILL", 2: "its engine left the controller (its exit not yet reported)"}
 
@@ -37,3 +38,16 @@ def test_a_controller_that_cannot_say_takes_nobody_for_dead():
     t = _transport({}, registered=OSError("controller gone"))
     assert t.find_dead([0, 1, 2]) == {}
     assert _transport({}, registered=[10, 11, 12]).find_dead([0, 1, 2]) == {}
+
+
+def test_a_gone_engine_s_exit_reported_a_moment_later_is_the_cause_given():
+    exits = {}
+    t = _transport(exits, registered=[10, 11])  # rank 2's engine gone, its exit not yet seen
+    calls = []
+
+    def exit_of(ri, door):
+        calls.append(ri.rank)
+        return "signal 15" if ri.rank == 2 and calls.count(2) > 2 else None
+
+    t.launcher = SimpleNamespace(exit_of=exit_of)
+    assert t.find_dead([0, 1, 2]) == {2: "signal 15"}
