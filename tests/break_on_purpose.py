@@ -911,6 +911,10 @@ MUTATIONS = [
  ("dead: a gone engine's exit reported a moment later is the cause given", "dpnb/cluster/transport.py",
   "                    how = self._exit_reported(r) or (", "                    how = None or (",
   ["tests/unit/test_find_dead.py::test_a_gone_engine_s_exit_reported_a_moment_later_is_the_cause_given"]),
+ # issue 39 (CI): the multihost profile is held to the lateness the shared kernel clock saw
+ ("profile: a collective's lateness is read from the entries, not the ends", "dpnb/core/profile.py",
+  "        return max(self.arrive_s) - min(self.arrive_s)\n", "        return max(self.end_s) - min(self.end_s)\n",
+  ["tests/multihost/test_ssh.py::test_a_profile_across_two_hosts_is_put_on_one_clock"]),
 ]
 
 
