@@ -915,6 +915,23 @@ MUTATIONS = [
  ("profile: a collective's lateness is read from the entries, not the ends", "dpnb/core/profile.py",
   "        return max(self.arrive_s) - min(self.arrive_s)\n", "        return max(self.end_s) - min(self.end_s)\n",
   ["tests/multihost/test_ssh.py::test_a_profile_across_two_hosts_is_put_on_one_clock"]),
+ # issue 39 (CI): a SIGINT that lands after a request's code ended cost its reply (a rank busy for good)
+ ("engine: a SIGINT after the cell's code does not cost its reply", "dpnb/engine/process.py",
+  "    keep_queued_cells_after_an_error(kernel)\n    interrupts_reach_only_the_code(kernel)\n",
+  "    keep_queued_cells_after_an_error(kernel)\n",
+  ["tests/cluster/test_spine_api.py::test_an_interrupt_that_lands_after_the_cells_code_does_not_cost_its_reply"]),
+ ("engine: only the kernel's own work after the code is spared a SIGINT", "dpnb/engine/process.py",
+  "        if frame.f_code is cell_code:\n            return True\n",
+  "        if frame.f_code is cell_code:\n            return True\n        return True\n",
+  ["tests/cluster/test_spine_api.py::test_an_interrupt_that_lands_after_the_cells_code_does_not_cost_its_reply"]),
+ ("engine: a SIGINT inside the cell's code still stops it", "dpnb/engine/process.py",
+  "        if frame.f_code is cell_code:\n            return True\n",
+  "        if frame.f_code is cell_code:\n            return False\n",
+  ["tests/cluster/test_spine_api.py::test_an_interrupt_that_lands_after_the_cells_code_does_not_cost_its_reply"]),
+ ("engine: an apply's own work around the function is spared a SIGINT", "dpnb/engine/process.py",
+  '            return child is not None and child.f_code.co_filename == "<string>"\n',
+  "            return True\n",
+  ["tests/unit/test_sigint_scope.py::test_inside_the_applied_function_is_the_code_and_the_kernels_own_work_is_not"]),
 ]
 
 

@@ -229,6 +229,63 @@ def keep_queued_cells_after_an_error(kernel: Any) -> bool:
     return True
 
 
+def every_request_is_answered(kernel: Any) -> None:
+    """The kernel's two habits that cost a cell its reply, mended (once per process):
+    :func:`keep_queued_cells_after_an_error` and :func:`interrupts_reach_only_the_code`."""
+    keep_queued_cells_after_an_error(kernel)
+    interrupts_reach_only_the_code(kernel)
+
+
+def in_the_code(frame, cell_code, apply_code) -> bool:
+    """True when ``frame`` (where the main thread is) is inside a request's code: a
+    cell's statements (IPython's ``run_ast_nodes``, which turns a KeyboardInterrupt
+    into the cell's error, between statements too) or the function an ``apply``
+    runs (the ``exec`` right under ipyparallel's ``do_apply``).  Not the kernel's
+    own work before or after it: building and sending the reply."""
+    child = None
+    while frame is not None:
+        if frame.f_code is cell_code:
+            return True
+        if frame.f_code is apply_code:
+            return child is not None and child.f_code.co_filename == "<string>"
+        child, frame = frame, frame.f_back
+    return False
+
+
+def interrupts_reach_only_the_code(kernel: Any) -> bool:
+    """A SIGINT that comes after a request's code has ended must not cost its reply.
+
+    ipykernel raises KeyboardInterrupt wherever a SIGINT lands while it handles a
+    request, and one that lands after the code -- while the reply is built and
+    sent -- is caught as "KeyboardInterrupt caught in kernel" with no reply sent:
+    the engine is idle, the controller counts the request as running for good,
+    and every later cell is refused ("rank 3 still running an earlier cell").
+    dpnb interrupts ranks that are still running when a peer failed; measured
+    here, one of them had just left a released point-to-point wait and was
+    sending its reply (1 in ~40 tries; more with a busy CPU).  So while a
+    request is handled, SIGINT raises KeyboardInterrupt only inside its code
+    (:func:`in_the_code`); elsewhere it is logged and dropped -- the code it
+    was meant to stop has already ended."""
+    if getattr(kernel, "__dpnb_sigint__", False) or getattr(kernel, "shell", None) is None:
+        return False
+    cell_code = type(kernel.shell).run_ast_nodes.__code__
+    apply = getattr(type(kernel), "do_apply", None)
+    apply_code = getattr(apply, "__code__", None)
+
+    def on_sigint(signum, frame):
+        if in_the_code(frame, cell_code, apply_code):
+            raise KeyboardInterrupt
+        log.info("SIGINT after the code of the request it was meant for had ended: dropped, "
+                 "so the request's reply still reaches the notebook")
+
+    def pre_handler_hook():  # ipykernel's sets default_int_handler; post_handler_hook restores
+        kernel.saved_sigint_handler = signal.signal(signal.SIGINT, on_sigint)
+
+    kernel.pre_handler_hook = pre_handler_hook
+    kernel.__dpnb_sigint__ = True
+    return True
+
+
 def text_progress_bars() -> None:
     """Make ``tqdm.auto`` bars text bars on this engine (once)."""
 

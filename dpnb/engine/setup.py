@@ -219,7 +219,7 @@ def init_rank(info: dict) -> dict:
     process.forward_display_updates()
     tbtext.install(_shell())  # a failed cell's traceback without IPython's module scans
     outcount.install(_shell().kernel)  # the notebook stops waiting once a cell's output is in
-    process.keep_queued_cells_after_an_error(_shell().kernel)
+    process.every_request_is_answered(_shell().kernel)  # failed or interrupted cells too
     if info.get("widgets") is False:  # a terminal notebook: no widgets from engines
         process.text_progress_bars()
     door = None

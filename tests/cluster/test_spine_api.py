@@ -141,6 +141,27 @@ def test_a_cell_sent_right_behind_a_failing_one_still_runs(healthy):
     assert c.pull("after_failure") == [1, 2]
 
 
+def test_an_interrupt_that_lands_after_the_cells_code_does_not_cost_its_reply(healthy):
+    """A rank interrupted just as it left the cell's code (a full run: a rank freed
+    from a released point-to-point wait, SIGINT'd as still running) sent no reply
+    and was "still running an earlier cell" for good.  Here the SIGINT lands in a
+    post_run_cell callback, after the code, every time: the reply comes back, and a
+    SIGINT inside the code still stops it."""
+    c = healthy
+    late = ("import os, signal, time\nfrom IPython import get_ipython\n"
+            "def _late_sigint(result):\n    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    time.sleep(0.05)\n    get_ipython().events.unregister('post_run_cell', _late_sigint)\n"
+            "get_ipython().events.register('post_run_cell', _late_sigint)\nlate = rank")
+    ars = c.transport.execute(late, [0, 1])
+    for r in (0, 1):
+        ars[r].get(timeout=15)  # a TimeoutError here: the reply was lost
+    assert c.pull("late") == [0, 1]
+    res = c.run("import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n"
+                "not_reached = True", ranks=[0], display=False, raise_errors=False)
+    assert res.outcomes[0].ename == "KeyboardInterrupt", res.outcomes[0]
+    assert c.run("after = rank", display=False).ok
+
+
 @pytest.mark.parametrize("spec,expected", [("0", [0]), ("1:", [1]), ("0,1", [0, 1]),
                                            (":1", [0]), ("all", [0, 1])])
 def test_rank_selection(healthy, spec, expected):
