@@ -144,14 +144,18 @@ def test_a_cell_sent_right_behind_a_failing_one_still_runs(healthy):
 def test_an_interrupt_that_lands_after_the_cells_code_does_not_cost_its_reply(healthy):
     """A rank interrupted just as it left the cell's code (a full run: a rank freed
     from a released point-to-point wait, SIGINT'd as still running) sent no reply
-    and was "still running an earlier cell" for good.  Here the SIGINT lands in a
-    post_run_cell callback, after the code, every time: the reply comes back, and a
+    and was "still running an earlier cell" for good.  Here the SIGINT lands in
+    the kernel's own flush before the reply, every time: the reply comes back, and a
     SIGINT inside the code still stops it."""
     c = healthy
-    late = ("import os, signal, time\nfrom IPython import get_ipython\n"
-            "def _late_sigint(result):\n    os.kill(os.getpid(), signal.SIGINT)\n"
-            "    time.sleep(0.05)\n    get_ipython().events.unregister('post_run_cell', _late_sigint)\n"
-            "get_ipython().events.register('post_run_cell', _late_sigint)\nlate = rank")
+    # after the cell (post_run_cell), the next flush of stdout -- ipykernel's own,
+    # right before it sends the reply -- sends this engine a SIGINT
+    late = ("import os, signal, sys\nfrom IPython import get_ipython\n_out = sys.stdout\n"
+            "def _flush_then_sigint():\n    del _out.flush\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n    return _out.flush()\n"
+            "def _arm(result):\n    get_ipython().events.unregister('post_run_cell', _arm)\n"
+            "    _out.flush = _flush_then_sigint\n"
+            "get_ipython().events.register('post_run_cell', _arm)\nlate = rank")
     ars = c.transport.execute(late, [0, 1])
     for r in (0, 1):
         ars[r].get(timeout=15)  # a TimeoutError here: the reply was lost
