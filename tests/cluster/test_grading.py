@@ -22,11 +22,24 @@ QUICK = 2.0  # the case timeout for the deadlocks and loops below
 
 
 @pytest.fixture(scope="module")
-def c4():
+def _c4_module():
     c = dpnb.start(4, threads=1)
     c.run("import torch, torch.distributed as dist", display=False)
     yield c
     c.stop()
+
+
+@pytest.fixture
+def c4(_c4_module):
+    """The module's four ranks, repaired after a test that left one dead, busy or
+    the group broken: one failure stays one red test (a CI run once saw every test
+    after a stuck rank refused with "rank 3 still running an earlier cell")."""
+    c = _c4_module
+    yield c
+    c.transport.refresh_busy()
+    if c.running and (c.dead or c.busy or not c.group_ok):
+        c.restart()
+        c.run("import torch, torch.distributed as dist", display=False)
 
 
 def _define(c, code: str) -> None:
