@@ -92,17 +92,29 @@ def reform(ns: dict, port: int | None = None) -> None:
     """Destroy the default group and form a new one, as the lead's recovery
     code does, then run the registered callbacks.
 
-    The new port is chosen now by rank 0 and sent over the old group: a port
-    picked long before could meanwhile be taken (e.g. as the local end of
-    one of gloo's own connections).  ``port`` is ignored but kept for
-    callers that still pass one.
+    The new port is chosen now by rank 0 and passed through the old group's
+    store: a port picked long before could meanwhile be taken (e.g. as the
+    local end of one of gloo's own connections).  Rank 0 tears its end down
+    only once every rank has read it, so no message of the old group is in
+    flight when it goes (the port sent by a broadcast once ended in gloo's
+    "Connection reset by peer" in a full run).  ``port`` is ignored but kept
+    for callers that still pass one.
     """
     import torch.distributed as dist
 
     state = ns["_dpnb"]
-    box = [free_port() if state.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    port = int(box[0])
+    store = dist.distributed_c10d._get_default_store()
+    key = f"test-reform/{state.generation}"
+    if state.rank == 0:
+        store.set(key + "/port", str(free_port()))
+    port = int(store.get(key + "/port"))
+    read = store.add(key + "/read", 1)
+    deadline = time.monotonic() + TIMEOUT_S
+    while state.rank == 0 and read < state.world_size:  # the store lives in rank 0
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reform: {state.world_size - read} ranks never read the new port")
+        time.sleep(0.01)
+        read = store.add(key + "/read", 0)
     dist.destroy_process_group()
     init_group(state.rank, state.world_size, port, state.backend)
     state.master_port = port
