@@ -909,7 +909,7 @@ MUTATIONS = [
   "            content.setdefault(\"stop_on_error\", False)\n", "            pass\n",
   ["tests/cluster/test_spine_api.py::test_a_cell_sent_right_behind_a_failing_one_still_runs"]),
  ("dead: a gone engine's exit reported a moment later is the cause given", "dpnb/cluster/transport.py",
-  "                    how = self._exit_reported(r) or (", "                    how = None or (",
+  "how = self.launcher.wait_exit(self.ranks[r], self.doors.get(r), EXIT_REPORT_S) or (", "how = None or (",
   ["tests/unit/test_find_dead.py::test_a_gone_engine_s_exit_reported_a_moment_later_is_the_cause_given"]),
  # issue 39 (CI): the multihost profile is held to the lateness the shared kernel clock saw
  ("profile: a collective's lateness is read from the entries, not the ends", "dpnb/core/profile.py",

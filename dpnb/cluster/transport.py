@@ -31,6 +31,10 @@ from .waiting import Waiting
 
 log = logging.getLogger(__name__)
 
+#: how long an engine the controller dropped may take to have its exit reported
+#: (an agent's report follows the exit by a moment) before it is dead without a cause
+EXIT_REPORT_S = 2.0
+
 def _setup_fn(name: str):
     return getattr(setup, name)
 
@@ -343,22 +347,12 @@ class Transport:
             if how is None:
                 registered = self._registered() if registered is None else registered
                 if registered and self.ranks[r].engine_id not in registered:
-                    how = self._exit_reported(r) or ("its engine left the controller "
-                                                     "(its exit not yet reported)")
+                    # the agent's report follows the exit by a moment: its cause, if it comes
+                    how = self.launcher.wait_exit(self.ranks[r], self.doors.get(r), EXIT_REPORT_S) or (
+                        "its engine left the controller (its exit not yet reported)")
             if how is not None:
                 dead[r] = how
         return dead
-
-    def _exit_reported(self, r: int, wait_s: float = 2.0) -> str | None:
-        """How rank ``r``'s gone engine ended, once its launcher reports it (the
-        agent's report follows the exit by a moment); None after ``wait_s``."""
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            how = self.launcher.exit_of(self.ranks[r], self.doors.get(r))
-            if how is not None:
-                return how
-        return None
 
     def _registered(self) -> set:
         """The engine ids the controller lists now (empty: it could not say)."""

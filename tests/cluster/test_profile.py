@@ -1,7 +1,8 @@
 """``%%dp --profile`` on DDP built by hand in a cell, the way PyTorch's own tutorial writes it.
 
 * 3 ranks, rank 1 sleeps before every backward: the profile names rank 1
-  as the straggler and its lateness within 20 % of the sleep;
+  as the straggler and its lateness within 10 ms of the one its gradient
+  hooks saw on the shared clock (the sleep plus what a busy CPU adds);
 * 2 ranks, the same model with a tiny and a huge bucket cap: the measured
   share of communication hidden behind compute moves the way
   :mod:`dpnb.core.bucketing`'s model says (small buckets start during
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 
 import pytest
 from helpers.shell import magics_on
@@ -67,7 +69,16 @@ def test_the_late_rank_is_named_with_its_lateness(tmp_path):
         c.run(MODEL, display=False)
         _wrap(c, 0.25)
         assert _published_profile(c) is None  # JupyterLab's panel: no profile yet
+        # each rank notes the clock as each gradient is made (a bucket's all-reduce
+        # starts at its last one's): the lateness the profile must find, whatever a
+        # busy CPU adds to the sleep (one CI run: 186 ms behind a 150 ms sleep)
+        c.run("grad_at = []\nhooks = [p.register_hook(lambda g: grad_at.append(time.time()))\n"
+              "         for p in ddp_model.parameters()]", display=False)
         c.profile(_step(late_rank=1), display=False, out_dir=str(tmp_path / "p"))
+        c.run("for h in hooks:\n    h.remove()", display=False)
+        at = c.pull("grad_at")
+        assert len({len(a) for a in at}) == 1, [len(a) for a in at]
+        truth = statistics.median(b - min(a, c_) for a, b, c_ in zip(*at))
         p = c.last_profile
         # the kernel's publication (what /api/dpnb/clusters serves the panel) carries the
         # summary in the view's own words, with where the traces are
@@ -80,7 +91,8 @@ def test_the_late_rank_is_named_with_its_lateness(tmp_path):
         assert [r.rank for r in rep.ranks] == [0, 1, 2] and p.failure == ""
         st = rep.straggler
         assert st is not None and st.rank == 1, view.text(view.data(p))
-        assert abs(st.typical_late_s - SLEEP_S) <= 0.2 * SLEEP_S, view.text(view.data(p))
+        assert truth > 0.8 * SLEEP_S and abs(st.typical_late_s - truth) <= 0.01, \
+            (truth, view.text(view.data(p)))
         assert st.last_at >= 0.8 * st.of  # last into (nearly) every all-reduce
         assert all(s.steps == 3 for s in rep.stats)  # three DDP forwards on every rank
         assert "Straggler: rank 1 entered" in view.text(view.data(p))
@@ -90,10 +102,12 @@ def test_the_late_rank_is_named_with_its_lateness(tmp_path):
         # a plain all_reduce in a checked cell: the ranks wait for the late one in
         # dpnb's check, before gloo: it is still named, with its lateness
         c.profile(f"t = torch.ones(4)\nif dist.get_rank() == 2:\n    time.sleep({SLEEP_S})\n"
-                  "dist.all_reduce(t)", display=False, out_dir=str(tmp_path / "checked"))
+                  "entered = time.time()\ndist.all_reduce(t)", display=False,
+                  out_dir=str(tmp_path / "checked"))
         st2 = c.last_profile.report.straggler
         assert st2 is not None and st2.rank == 2, view.text(view.data(c.last_profile))
-        assert abs(st2.typical_late_s - SLEEP_S) <= 0.2 * SLEEP_S, st2
+        t0, t1, t2 = c.pull("entered")
+        assert abs(st2.typical_late_s - (t2 - min(t0, t1))) <= 0.01, (st2, t2 - min(t0, t1))
         # files people can take elsewhere
         for r in range(3):
             one = json.loads((tmp_path / "p" / f"rank{r}.json").read_text())

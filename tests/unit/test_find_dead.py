@@ -9,14 +9,23 @@ Two ranks SIGKILLed one after the other: ``restart --resume`` asked the
 
 from types import SimpleNamespace
 
+from dpnb.cluster import transport
+from dpnb.cluster.launchers.base import EngineLauncher
 from dpnb.cluster.transport import Transport
+
+
+class _Launcher(EngineLauncher):
+    """Only ``exit_of``, as told; ``wait_exit`` is the real one asking it."""
+
+    def __init__(self, exit_of):
+        self.exit_of = exit_of
 
 
 def _transport(exits: dict, registered):
     t = object.__new__(Transport)  # only what find_dead reads: no client, no shell
     ranks = [SimpleNamespace(rank=r, engine_id=10 + r) for r in range(3)]
     t.worlds = SimpleNamespace(now=SimpleNamespace(ranks=ranks, doors={}))
-    t.launcher = SimpleNamespace(exit_of=lambda ri, door: exits.get(ri.rank))
+    t.launcher = _Launcher(lambda ri, door: exits.get(ri.rank))
 
     def ids():
         if isinstance(registered, Exception):
@@ -27,9 +36,9 @@ def _transport(exits: dict, registered):
     return t
 
 
-def test_an_engine_the_controller_dropped_is_dead_before_its_exit_is_reported():
+def test_an_engine_the_controller_dropped_is_dead_before_its_exit_is_reported(monkeypatch):
+    monkeypatch.setattr(transport, "EXIT_REPORT_S", 0.2)  # its agent never reports in time
     t = _transport({1: "killed by SIGKILL"}, registered=[10])  # rank 2's engine (12) gone too
-    t._exit_reported = lambda r: None  # its agent never reports in time
     assert t.find_dead([0, 1, 2]) == {
         1: "killed by SIGKILL", 2: "its engine left the controller (its exit not yet reported)"}
 
@@ -49,5 +58,5 @@ def test_a_gone_engine_s_exit_reported_a_moment_later_is_the_cause_given():
         calls.append(ri.rank)
         return "signal 15" if ri.rank == 2 and calls.count(2) > 2 else None
 
-    t.launcher = SimpleNamespace(exit_of=exit_of)
+    t.launcher = _Launcher(exit_of)
     assert t.find_dead([0, 1, 2]) == {2: "signal 15"}

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 #: a CPU host runs at most this many engines per core (8 on a laptop's 2):
 #: beyond it every step crawls and the group timeout fires
 ENGINES_PER_CORE = 4
+#: how often :meth:`EngineLauncher.wait_exit` asks whether an engine has ended
+EXIT_POLL_S = 0.05
 
 
 class EngineLauncher:
@@ -132,6 +134,17 @@ class EngineLauncher:
             return f"its engine on {ri.host} is gone (nothing listens at its side door)"
         return None
 
+    def wait_exit(self, ri: RankInfo, door: tuple[str, int] | None, wait_s: float) -> str | None:
+        """:meth:`exit_of`, asked every ``EXIT_POLL_S`` until it says how the engine
+        ended or ``wait_s`` has passed (then None): an exit is reported -- reaped
+        here, or an agent's report -- a moment after it happens."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            how = self.exit_of(ri, door)
+            if how is not None or time.monotonic() >= deadline:
+                return how
+            time.sleep(EXIT_POLL_S)
+
     def kill(self, ri: RankInfo) -> None:
         """Stop rank ``ri``'s engine for good: the controller tells its nanny."""
         self.client.shutdown(targets=[ri.engine_id], block=False)
@@ -222,9 +235,8 @@ class AgentLauncher(EngineLauncher):
     def signal(self, ri: RankInfo, sig: int, wait_s: float = 0.0) -> bool:
         """Signal an agent-hosted engine through its host's agent (never by a local PID)."""
         sent = self.agents.signal(ri.location, ri.pid, sig)
-        deadline = time.monotonic() + wait_s
-        while sent and wait_s and self.exit_of(ri, None) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if sent and wait_s:
+            self.wait_exit(ri, None, wait_s)
         return sent
 
     def kill(self, ri: RankInfo) -> None:

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterable, Sequence
 
 from .. import agents as agents_mod
@@ -106,9 +105,7 @@ class LocalLauncher(EngineLauncher):
             os.kill(ri.pid, signal.SIGKILL)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + wait_s
-        while local_exit(self.ipp, ri.pid) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self.wait_exit(ri, None, wait_s)
 
     def interrupt(self, ris: list[RankInfo]) -> None:
         for ri in ris:
