@@ -932,6 +932,17 @@ MUTATIONS = [
   '            return child is not None and child.f_code.co_filename == "<string>"\n',
   "            return True\n",
   ["tests/unit/test_sigint_scope.py::test_inside_the_applied_function_is_the_code_and_the_kernels_own_work_is_not"]),
+ # a checked irecv / isend waited on for a peer that finished the cell hung until the cell's timeout
+ ("p2p: a checked isend/irecv waited on is seen inside its call", "dpnb/engine/p2pcheck.py",
+  "    before, state.current_collective = state.current_collective, call\n",
+  "    before = state.current_collective\n",
+  ["tests/cluster/test_mistakes.py::test_one_sided_collective_is_released_at_once_and_says_who_is_blocked_where"]),
+ ("p2p: an isend/irecv waited on for a finished peer is a certain deadlock", "dpnb/cluster/deadlock.py",
+  '    if op in ("send", "recv", "isend", "irecv"):', '    if op in ("send", "recv"):',
+  ["tests/cluster/test_mistakes.py::test_one_sided_collective_is_released_at_once_and_says_who_is_blocked_where"]),
+ ("p2p: a peer's isend counts as a matching send", "dpnb/cluster/diagnose.py",
+  'for o in (other, "i" + other))', "for o in (other,))",
+  ["tests/cluster/test_mistakes.py::test_one_sided_collective_is_released_at_once_and_says_who_is_blocked_where"]),
 ]
 
 

@@ -4,7 +4,7 @@ A rank blocked in a collective waits for every other member of its group; if
 one of them has finished the cell (or never ran it: a ``--ranks`` cell), that
 member will not call anything until the notebook sends more work, and the
 notebook is waiting for the cell -- so the collective can never complete.
-Likewise a ``recv`` whose sender has finished, and a rank still waiting in
+Likewise a ``recv`` (or an ``irecv`` waited on) whose sender has finished, and a rank still waiting in
 dpnb's collective check for a peer that ran the same call unchecked (see
 :class:`dpnb.engine.collcheck.Pattern`).  When *every* rank still running is
 in such a wait, nothing can change any more, and the transport releases the
@@ -32,7 +32,7 @@ def blocked_for_good(a: dict | None, rank: int, idle: set[int], answers: dict,
     if not c:
         return None
     op = c.get("op")
-    if op in ("send", "recv"):
+    if op in ("send", "recv", "isend", "irecv"):  # the i-ones: waited on (their wait())
         peer = c.get("peer")
         peers = {peer} if peer is not None else set(range(world)) - {rank}
         if peers and peers <= idle:

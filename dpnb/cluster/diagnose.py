@@ -166,9 +166,9 @@ def _never_came(a: dict, op: str) -> str:
     if op == DEVICE_WAIT_OP:
         return "finished the cell"
     done = (a.get("cell_calls") or {}).get(op, 0)
-    if op in ("send", "recv"):
-        other = "recv" if op == "send" else "send"
-        n = (a.get("cell_calls") or {}).get(other, 0)
+    if op in ("send", "recv", "isend", "irecv"):
+        other = "recv" if op.endswith("send") else "send"
+        n = sum((a.get("cell_calls") or {}).get(o, 0) for o in (other, "i" + other))
         return "finished the cell without a matching " + other if n == 0 else \
             f"finished the cell after only {n} {other}"
     return "finished the cell " + ("without entering it" if done == 0 else

@@ -137,18 +137,19 @@ def user_site(frame) -> tuple | None:
     return None
 
 
-def _p2p(g: Guard, name: str, bound: dict, caller):
-    """A checked send / recv / isend / irecv (:mod:`dpnb.engine.p2pcheck`)."""
+def _p2p(g: Guard, name: str, bound: dict, caller, call: dict):
+    """A checked send / recv / isend / irecv (:mod:`dpnb.engine.p2pcheck`);
+    ``call``: this call's note, back in place while its work is waited on."""
     pg = dist.group.WORLD
     t, tag, site = bound["tensor"], int(bound.get("tag") or 0), user_site(caller)
     me = g.state.rank
     if name in ("send", "isend"):
         dst = bound.get("dst", bound.get("group_dst"))
-        return p2pcheck.send(pg, t, dst, tag, site, wait=name == "send")
+        return p2pcheck.send(pg, t, dst, tag, site, wait=name == "send", note=(g.state, call))
     src = bound.get("src", bound.get("group_src"))
     if name == "recv":
         return p2pcheck.recv(pg, me, t, src, tag, site)
-    return p2pcheck.irecv(pg, me, t, src, tag, site, g.poster)
+    return p2pcheck.irecv(pg, me, t, src, tag, site, g.poster, note=(g.state, call))
 
 
 def user_line(frame) -> str:
@@ -182,7 +183,7 @@ def _wrapped(guard: Guard, name: str, fn):
         try:
             caller = sys._getframe(1)
             if p2p and g.should_check_p2p(bound.get("group"), bound.get("tensor")):
-                return _p2p(g, name, bound, caller)
+                return _p2p(g, name, bound, caller, cur)
             if checkable and g.should_check(bound.get("group"), bool(bound.get("async_op")),
                                             caller):
                 text = collcheck.describe(name, bound)

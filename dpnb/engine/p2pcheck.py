@@ -27,6 +27,7 @@ Calls on other groups, other threads, NCCL or device tensors are not checked.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import struct
@@ -89,15 +90,37 @@ def _compare(me: int, src: int, op: str, t: torch.Tensor, site, theirs: dict):
         f"nothing was received (the data was set aside); every engine and its state are kept")
 
 
+@contextlib.contextmanager
+def _noted(note):
+    """While the main thread waits on a checked ``isend`` / ``irecv``, the cell
+    guard's note of the call (``state.current_collective``, ``note = (state,
+    call)``) is back in place: the side door's ``where`` shows the rank inside
+    that point-to-point call, so a wait for a peer that has finished the cell
+    is a certain deadlock, released at once as a blocking ``recv``'s is --
+    without the note, an ``irecv(...).wait()`` whose sender never sends read
+    as Python code running, and the cell hung until its timeout (measured: 20 s
+    with ``timeout=20``; a ``recv`` in its place, 0.45 s)."""
+    if note is None or threading.get_ident() != threading.main_thread().ident:
+        yield
+        return
+    state, call = note
+    before, state.current_collective = state.current_collective, call
+    try:
+        yield
+    finally:
+        state.current_collective = before
+
+
 class Sent:
     """What ``isend`` returns: the data's work; waiting also waits for its header."""
 
-    def __init__(self, head, work):
-        self._head, self._work = head, work
+    def __init__(self, head, work, note=None):
+        self._head, self._work, self._note = head, work, note
 
     def wait(self, timeout=None):
-        ok = self._work.wait() if timeout is None else self._work.wait(timeout)
-        self._head.wait()
+        with _noted(self._note):
+            ok = self._work.wait() if timeout is None else self._work.wait(timeout)
+            self._head.wait()
         return ok
 
     def __getattr__(self, name):  # is_completed, exception, ... as the data's work says
@@ -108,18 +131,20 @@ class Received:
     """What ``irecv`` returns: done once a per-source thread has checked the header
     and posted the data's receive; ``wait`` raises the mismatch if there was one."""
 
-    def __init__(self):
+    def __init__(self, note=None):
         self._ready = threading.Event()
         self._work = None
+        self._note = note  # see _noted
         self.error: BaseException | None = None
         self.src = -1
 
     def wait(self, timeout=None):
-        self._ready.wait()
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise err
-        return self._work.wait() if timeout is None else self._work.wait(timeout)
+        with _noted(self._note):
+            self._ready.wait()
+            if self.error is not None:
+                err, self.error = self.error, None
+                raise err
+            return self._work.wait() if timeout is None else self._work.wait(timeout)
 
     def is_completed(self) -> bool:
         return self._ready.is_set() and (self.error is not None or self._work.is_completed())
@@ -136,14 +161,16 @@ class Received:
         return getattr(self._work, name)
 
 
-def send(pg, t: torch.Tensor, dst: int, tag: int, site, *, wait: bool):
-    """``send`` (``wait``) or ``isend``: the header, then the data, neither waiting for the peer."""
+def send(pg, t: torch.Tensor, dst: int, tag: int, site, *, wait: bool, note=None):
+    """``send`` (``wait``) or ``isend``: the header, then the data, neither waiting for
+    the peer.  ``note``: the guard's record of the call, back in place while an
+    ``isend``'s work is waited on (:func:`_noted`)."""
     if t.is_complex():
         t = torch.view_as_real(t)
     head = pg.send([_header(t, site)], dst, tag | META_TAG_BIT)
     work = pg.send([t], dst, tag)
     if not wait:
-        return Sent(head, work)
+        return Sent(head, work, note)
     work.wait()
     head.wait()
     return None
@@ -202,11 +229,13 @@ class Poster:
             job()
 
 
-def irecv(pg, me: int, t: torch.Tensor, src, tag: int, site, poster: Poster) -> Received:
-    """``irecv``: returns at once; the data's receive is posted once the header is in."""
+def irecv(pg, me: int, t: torch.Tensor, src, tag: int, site, poster: Poster,
+          note=None) -> Received:
+    """``irecv``: returns at once; the data's receive is posted once the header is in.
+    ``note``: as for :func:`send`."""
     if t.is_complex():
         t = torch.view_as_real(t)
-    out = Received()
+    out = Received(note)
 
     def job():
         try:

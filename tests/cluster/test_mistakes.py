@@ -93,6 +93,19 @@ def test_one_sided_collective_is_released_at_once_and_says_who_is_blocked_where(
     # a recv whose sender finished, and a collective on a cell run on one rank only
     err, took = _raises(c, "t = torch.ones(2)\nif rank == 1:\n    dist.recv(t, src=0)\n")
     assert took < 2.0 and "rank 0 finished the cell without a matching send" in err.report
+    # the same waited on through irecv / isend, as halo exchanges and course rings write
+    # it: seen hanging until the cell's timeout while the rank sat in the request's wait()
+    err, took = _raises(c, "t = torch.ones(2)\nif rank == 0:\n    kept_req = dist.isend(t, dst=1)\nelse:\n"
+                           "    dist.irecv(t, src=0).wait()\n    dist.irecv(t, src=0).wait()\n",
+                        timeout=10)  # without the release: 10 s, the cell's timeout
+    assert took < 2.0, took
+    assert "rank 1 is blocked in irecv #2 (shape [2], float32) at cell line 6" in err.report, \
+        err.report
+    assert "rank 0 finished the cell after only 1 send" in err.report, err.report
+    err, took = _raises(c, "t = torch.ones(2)\nif rank == 0:\n    req = dist.isend(t, dst=1)\n"
+                           "    req.wait()\n", timeout=10)
+    assert took < 2.0 and "rank 1 finished the cell without a matching recv" in err.report, \
+        err.report
     err, took = _raises(c, "dist.barrier()", ranks=[0])
     assert took < 2.0 and "rank 1 does not run this cell" in err.report, err.report
     _healthy(c)
