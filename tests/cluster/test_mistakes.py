@@ -102,6 +102,7 @@ def test_one_sided_collective_is_released_at_once_and_says_who_is_blocked_where(
     assert "rank 1 is blocked in irecv #2 (shape [2], float32) at cell line 6" in err.report, \
         err.report
     assert "rank 0 finished the cell after only 1 send" in err.report, err.report
+    assert "its irecv peer, rank 0, is not running the cell" in err.report, err.report
     err, took = _raises(c, "t = torch.ones(2)\nif rank == 0:\n    req = dist.isend(t, dst=1)\n"
                            "    req.wait()\n", timeout=10)
     assert took < 2.0 and "rank 1 finished the cell without a matching recv" in err.report, \
