@@ -4,17 +4,20 @@ A rank blocked in a collective waits for every other member of its group; if
 one of them has finished the cell (or never ran it: a ``--ranks`` cell), that
 member will not call anything until the notebook sends more work, and the
 notebook is waiting for the cell -- so the collective can never complete.
-Likewise a ``recv`` (or an ``irecv`` waited on) whose sender has finished, and a rank still waiting in
-dpnb's collective check for a peer that ran the same call unchecked (see
-:class:`dpnb.engine.collcheck.Pattern`).  When *every* rank still running is
-in such a wait, nothing can change any more, and the transport releases the
-group at once instead of waiting out the group timeout.
+Likewise a ``recv`` (or an ``irecv`` waited on) whose sender has finished,
+and a rank still waiting in dpnb's collective check for a peer that ran the
+same call unchecked (see :class:`dpnb.engine.collcheck.Pattern`).  When
+*every* rank still running is in such a wait, nothing can change any more,
+and the transport releases the group at once instead of waiting out the
+group timeout.
 
 A rank in plain Python code, in the debugger or not yet in any collective is
 never counted: it may still call the collective the others wait for.
 """
 
 from __future__ import annotations
+
+from ..engine.collcheck import POINT_TO_POINT
 
 
 def _members(coll: dict, world: int) -> set[int]:
@@ -32,7 +35,7 @@ def blocked_for_good(a: dict | None, rank: int, idle: set[int], answers: dict,
     if not c:
         return None
     op = c.get("op")
-    if op in ("send", "recv", "isend", "irecv"):  # the i-ones: waited on (their wait())
+    if op in POINT_TO_POINT:  # isend / irecv: waited on (their wait())
         peer = c.get("peer")
         peers = {peer} if peer is not None else set(range(world)) - {rank}
         if peers and peers <= idle:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..core.paths import shown_path
-from ..engine.collcheck import DEVICE_WAIT_OP
+from ..engine.collcheck import DEVICE_WAIT_OP, POINT_TO_POINT
 from ..errors import DpnbError, RemoteCellError
 from ..ranks import rank_label
 from .types import USER_ENAMES, CellResult, RankOutcome, Status
@@ -166,7 +166,7 @@ def _never_came(a: dict, op: str) -> str:
     if op == DEVICE_WAIT_OP:
         return "finished the cell"
     done = (a.get("cell_calls") or {}).get(op, 0)
-    if op in ("send", "recv", "isend", "irecv"):
+    if op in POINT_TO_POINT:
         other = "recv" if op.endswith("send") else "send"
         n = sum((a.get("cell_calls") or {}).get(o, 0) for o in (other, "i" + other))
         return "finished the cell without a matching " + other if n == 0 else \

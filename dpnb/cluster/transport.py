@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 #: (an agent's report follows the exit by a moment) before it is dead without a cause
 EXIT_REPORT_S = 2.0
 
+
 def _setup_fn(name: str):
     return getattr(setup, name)
 
@@ -348,7 +349,8 @@ class Transport:
                 registered = self._registered() if registered is None else registered
                 if registered and self.ranks[r].engine_id not in registered:
                     # the agent's report follows the exit by a moment: its cause, if it comes
-                    how = self.launcher.wait_exit(self.ranks[r], self.doors.get(r), EXIT_REPORT_S) or (
+                    how = self.launcher.wait_exit(self.ranks[r], self.doors.get(r),
+                                                  EXIT_REPORT_S) or (
                         "its engine left the controller (its exit not yet reported)")
             if how is not None:
                 dead[r] = how
