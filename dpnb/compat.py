@@ -1,14 +1,16 @@
-"""Every private internal of torch and ipyparallel that dpnb touches, in one place.
+"""Every private internal of torch that dpnb touches, in one place.
+
+(ipyparallel's and ipykernel's are in :mod:`dpnb.ippcompat`.)
 
 dpnb re-binds live DDP / ZeRO-1 / FSDP2 objects to a re-formed process group
 and times FSDP2's collectives; torch has no public API for either, so these
 functions reach into its internals.  Keeping them here means a torch upgrade
 that renames one breaks one function with a clear message, and
 ``tests/unit/test_compat.py`` checks every one of them against the installed
-versions (:func:`check_torch` / :func:`check_ipyparallel`).
+versions (:func:`check_torch`).
 
 torch is imported inside the functions: the notebook side imports this module
-for ipyparallel's result metadata without importing torch.
+without importing torch.
 """
 
 from __future__ import annotations
@@ -33,72 +35,6 @@ def _need(obj: Any, attr: str, what: str) -> Any:
         raise CompatError(
             f"{what}: {type(obj).__name__}.{attr} is missing in torch {torch.__version__}; "
             "this dpnb does not support that torch version (update dpnb or pin torch)") from None
-
-
-# ------------------------------------------------------------ ipyparallel
-def result_metadata(ar: Any) -> dict:
-    """The raw metadata dict of a single-engine ``AsyncResult``.
-
-    ``ar.metadata`` parses every timestamp in it with dateutil first (about a
-    millisecond per cell) although dpnb reads only the streams, so the raw
-    ``_metadata`` list is read when it exists.
-    """
-    raw = getattr(ar, "_metadata", None)
-    md = raw[0] if isinstance(raw, list) and raw else None
-    if md is None:
-        md = ar.metadata
-        md = md[0] if isinstance(md, list) else md
-    return md if isinstance(md, dict) else {}
-
-
-def reply_content(ar: Any) -> dict:
-    """The content of a single-engine ``AsyncResult``'s finished
-    ``execute_reply`` (ipyparallel keeps it on its ``ExecuteReply``, in the
-    result's ``_raw_results``); ``{}`` for an error, an ``apply`` call, or a
-    reply not in yet."""
-    raw = getattr(ar, "_raw_results", None) or [None]
-    content = getattr(raw[0], "_content", None)
-    return content if isinstance(content, dict) else {}
-
-
-def drop_input_echo(kernel: Any) -> bool:
-    """Stop an engine's kernel echoing each cell's source on IOPub.
-
-    ipykernel publishes ``execute_input`` (the cell's code) for frontends that
-    show what runs; ipyparallel's client keeps it and dpnb never reads it.
-    At N ranks it was N copies of the cell's source through the controller
-    and the notebook's IO thread, for every cell."""
-    if not callable(getattr(kernel, "_publish_execute_input", None)):
-        log.warning("ipykernel has no _publish_execute_input: cells' source is echoed back")
-        return False
-    kernel._publish_execute_input = lambda *args, **kwargs: None
-    return True
-
-
-def output_event(ar: Any):
-    """The event a single-engine ``AsyncResult`` sets when the engine's
-    "idle" status came (``wait_for_output`` waits on it)."""
-    return ar._output_event
-
-
-def shell_ignores_engine_comms() -> None:
-    """Let a shell that is no Jupyter kernel ignore widget messages from engines.
-
-    ipyparallel's client proxies ``comm_*`` messages from engines (an
-    engine-side ipywidgets or ``tqdm.auto`` bar) when ``get_ipython().kernel
-    is not None`` -- reading ``.kernel``, which only kernel shells have: in
-    terminal IPython the read raised in the client's event loop and every
-    later cell's output was lost.  ``kernel = None`` is what the check means
-    by "no kernel here".
-    """
-    try:
-        # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
-        from IPython import get_ipython
-    except ImportError:  # no IPython, no shell to mend
-        return
-    ip = get_ipython()
-    if ip is not None and not hasattr(ip, "kernel"):
-        ip.kernel = None
 
 
 # -------------------------------------------------------------- c10d groups
@@ -377,28 +313,6 @@ def set_fsdp_comms(pg: Any, all_gather: Any, reduce_scatter: Any) -> None:
 
 
 # ------------------------------------------------------------------- checks
-def check_ipyparallel() -> list[str]:
-    """Problems with the ipyparallel internals dpnb reads (empty: all present)."""
-    # lazy: `import dpnb` stays free of torch, IPython, ipyparallel and widgets
-    from ipyparallel.client.asyncresult import AsyncResult
-
-    probs = []
-    if "_metadata" not in AsyncResult.__init__.__code__.co_names:
-        probs.append("ipyparallel AsyncResult no longer keeps _metadata: result_metadata falls "
-                     "back to the slower .metadata")
-    if "_output_event" not in AsyncResult.__init__.__code__.co_names:
-        probs.append("ipyparallel AsyncResult no longer has _output_event: output_event fails")
-    # lazy: as above
-    from ipykernel.kernelbase import Kernel
-
-    if not callable(getattr(Kernel, "_publish_execute_input", None)):
-        probs.append("ipykernel's Kernel has no _publish_execute_input: cells' source is echoed")
-    if "_raw_results" not in AsyncResult._resolve_result.__code__.co_names:
-        probs.append("ipyparallel AsyncResult no longer keeps _raw_results: a cell's reply "
-                     "counts are not read, the notebook waits for each engine's idle")
-    return probs
-
-
 def check_torch() -> list[str]:
     """Problems with the torch internals above, checked on live objects.
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from ..compat import result_metadata
+from ..ippcompat import result_metadata
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label

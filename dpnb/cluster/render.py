@@ -17,7 +17,7 @@ import time
 
 from ..env import in_kernel, ipython
 from ..ranks import rank_label
-from ..compat import result_metadata
+from ..ippcompat import result_metadata
 from ..engine.process import DISPLAY_UPDATE
 from . import tabs
 from .diagnose import cell_notes, group_identical

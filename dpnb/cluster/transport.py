@@ -18,7 +18,8 @@ from typing import Any
 
 from ..engine import entrypoints as ep
 from ..errors import DpnbError
-from ..compat import output_event, reply_content, result_metadata, shell_ignores_engine_comms
+from ..ippcompat import (output_wait, rank_replies, reply_content, result_metadata,
+                         shell_ignores_engine_comms)
 from ..engine import outcount, runner, setup
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
@@ -69,10 +70,10 @@ def wait_for_output(ar, timeout: float) -> bool:
     promised = reply_content(ar).get(outcount.KEY)
     if not isinstance(promised, dict):
         return ar.wait_for_output(timeout)
-    md, idle = result_metadata(ar), output_event(ar)
+    md, idle = result_metadata(ar), output_wait(ar)
     deadline = time.monotonic() + timeout
     while not has_all_output(md, promised):
-        if idle.wait(OUTPUT_POLL_S):
+        if idle(OUTPUT_POLL_S):
             return True
         if time.monotonic() > deadline:
             return False
@@ -153,13 +154,14 @@ class Transport:
         if len(sel) == 1:
             return {sel[0]: self.view(sel[0]).execute(code, silent=False, block=False)}
         # one view for all: its requests leave in one tight loop, and each
-        # rank's own result is split off afterwards.  Sent rank by rank, each
+        # rank's own reply is read off its message future afterwards (not
+        # AsyncResult.split(): see RankReply).  Sent rank by rank, each
         # request woke the client's IO thread while the next one was being
         # built, and the two threads traded the GIL: 10 ms to send a cell to
         # 16 ranks, 1.6 ms this way (cProfile, issue 45); the last rank starts
         # that much sooner (on 2 shared cores the total hardly changed)
         many = self.many_view(tuple(self.ranks[r].engine_id for r in sel))
-        return dict(zip(sel, many.execute(code, silent=False, block=False).split()))
+        return dict(zip(sel, rank_replies(many.execute(code, silent=False, block=False))))
 
     def many_view(self, eids: tuple):
         """The DirectView of these engines, made once per selection (the last one kept)."""

@@ -34,7 +34,7 @@ import sys
 import threading
 from typing import Any
 
-from ..compat import drop_input_echo
+from ..ippcompat import drop_input_echo
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..compat import result_metadata
+from ..ippcompat import result_metadata
 from ..core.events import ProgressEvent
 from ..core.errors import ConfigError
 from ..core.peerplan import parse_every
