@@ -20,7 +20,7 @@ import psutil
 RAISE = "raise ValueError('bench')"
 
 
-def _private_mib(pid: int) -> float:
+def private_mib(pid: int) -> float:
     kb = 0
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
@@ -63,7 +63,7 @@ def main() -> None:
             ts.append(time.perf_counter() - t)
         print(f"status (first asks, the rest answered from the last answers): "
               f"first {ts[0] * 1e3:.0f} ms, then {_med(ts[1:])}", flush=True)
-        uniq = [_private_mib(p) for p in pids]
+        uniq = [private_mib(p) for p in pids]
         rss = [psutil.Process(p).memory_info().rss / 2**20 for p in pids]
         print(f"engine unique memory: median {statistics.median(uniq):.0f} MiB (min {min(uniq):.0f}, "
               f"max {max(uniq):.0f}); RSS median {statistics.median(rss):.0f} MiB", flush=True)

@@ -15,7 +15,8 @@ prints on every rank, a small all_reduce cell, push and pull of a 1 MB
 value, a status query (raw: ``queue_status``) and a cell that raises on every
 rank (time to the error).  Each row gives both medians of ``--cells`` calls
 and the median of the per-round ratios, which follows the machine's drift
-far less than the ratio of medians.  Memory: RSS per engine (median).
+far less than the ratio of medians.  Memory: RSS and unique memory
+(``Private_*`` of smaps_rollup: what one more engine costs) per engine, medians.
 
     python benchmarks/scale.py [--ns 2,8,16,32] [--cells 10]
 """
@@ -28,6 +29,8 @@ import statistics
 import time
 
 import psutil
+
+from alone import private_mib  # benchmarks/ is on the path when this runs as a script
 
 ONE_MB = b"x" * (1 << 20)
 #: untimed calls of each side before each timed series: the first cells after
@@ -43,6 +46,17 @@ def _rss_mib(pids) -> float:
         try:
             out.append(psutil.Process(p).memory_info().rss / 2**20)
         except psutil.Error:
+            pass
+    return statistics.median(out) if out else float("nan")
+
+
+def _unique_mib(pids) -> float:
+    """Median unique memory per engine (pages no other process shares)."""
+    out = []
+    for p in pids:
+        try:
+            out.append(private_mib(p))
+        except OSError:
             pass
     return statistics.median(out) if out else float("nan")
 
@@ -182,11 +196,12 @@ def run_n(n: int, cells: int, first: str) -> dict:
             res["start"][name] = _timed(lambda: sides[name].start(n))
         res.update(side_by_side(sides, cells))
         res["engine RSS MiB"] = {name: _rss_mib(s.pids) for name, s in sides.items()}
+        res["engine unique MiB"] = {name: _unique_mib(s.pids) for name, s in sides.items()}
     finally:
         for name in order:
             if hasattr(sides[name], "pids"):
                 res["stop"][name] = _timed(sides[name].stop)
-    for key in ("start", "stop", "engine RSS MiB"):
+    for key in ("start", "stop", "engine RSS MiB", "engine unique MiB"):
         res[key]["ratio"] = res[key]["dpnb"] / res[key]["raw"]
     return res
 
@@ -206,7 +221,7 @@ def main() -> None:
     print("\n| N | what | dpnb | raw ipyparallel | ratio |\n|---|---|---|---|---|")
     for n, res in rows:
         for k, v in res.items():
-            mib = "RSS" in k
+            mib = "MiB" in k
             fmt = (lambda x: f"{x:.0f} MiB") if mib else (
                 lambda x: f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s")
             print(f"| {n} | {k} | {fmt(v['dpnb'])} | {fmt(v['raw'])} | {v['ratio']:.2f} |")

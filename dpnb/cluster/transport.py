@@ -160,8 +160,13 @@ class Transport:
         # built, and the two threads traded the GIL: 10 ms to send a cell to
         # 16 ranks, 1.6 ms this way (cProfile, issue 45); the last rank starts
         # that much sooner (on 2 shared cores the total hardly changed)
+        return self._to_many(sel, lambda many: many.execute(code, silent=False, block=False))
+
+    def _to_many(self, sel: list[int], send: Callable) -> dict:
+        """``send(view)`` to the engines of ``sel`` through one DirectView: one
+        request per engine, one AsyncResult; each rank's :class:`RankReply` after."""
         many = self.many_view(tuple(self.ranks[r].engine_id for r in sel))
-        return dict(zip(sel, rank_replies(many.execute(code, silent=False, block=False))))
+        return dict(zip(sel, rank_replies(send(many))))
 
     def many_view(self, eids: tuple):
         """The DirectView of these engines, made once per selection (the last one kept)."""
@@ -181,13 +186,16 @@ class Transport:
                             type(e).__name__, e)
 
     def apply(self, fn, args: tuple, sel: list[int], per_rank: dict | None = None) -> dict:
-        """``fn(*args)`` on every rank of ``sel`` (``per_rank[r]`` replaces ``args``)."""
+        """``fn(*args)`` on every rank of ``sel`` (``per_rank[r]`` replaces ``args``).
+        The same arguments for several ranks leave as a cell does, through one
+        view (a pull or a push at N = 64: one AsyncResult, not 64)."""
+        if per_rank is None and len(sel) > 1:
+            return self._to_many(sel, lambda many: many.apply_async(fn, *args))
         return {r: self.view(r).apply_async(fn, *(per_rank[r] if per_rank else args))
                 for r in sel}
 
     def call_async(self, dotted: str, args: tuple, kwargs: dict, sel: list[int]) -> dict:
-        return {r: self.view(r).apply_async(_runner_fn("call"), dotted, tuple(args), dict(kwargs))
-                for r in sel}
+        return self.apply(_runner_fn("call"), (dotted, tuple(args), dict(kwargs)), sel)
 
     def setup_all(self, name: str, args: tuple = (), *, timeout=None,
                   per_rank: dict | None = None) -> CellResult:

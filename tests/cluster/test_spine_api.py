@@ -119,6 +119,21 @@ def test_a_cell_leaves_for_every_rank_before_any_result_is_built(healthy, monkey
     assert [res.outcomes[r].stdout for r in (0, 1)] == ["0\n", "1\n"]
 
 
+def test_a_pull_from_every_rank_leaves_through_one_view(healthy, monkeypatch):
+    """Issue 45: the same call for several ranks (a pull, a push, an engine
+    function) is sent as a cell is: one AsyncResult, each rank's reply read
+    off its own message future, in rank order.  At N = 64 a pull built 64."""
+    from ipyparallel.client.asyncresult import AsyncResult  # lazy: the notebook side's client
+
+    healthy.run("pulled = rank * 10", display=False)
+    made, init = [], AsyncResult.__init__
+    monkeypatch.setattr(AsyncResult, "__init__",
+                        lambda self, *a, **k: made.append(1) or init(self, *a, **k))
+    assert healthy.pull("pulled") == [0, 10]
+    assert len(made) == 1
+    assert healthy.pull("pulled", rank=1) == 10
+
+
 def test_a_print_before_an_error_and_a_silent_cell_arrive(healthy):
     res = healthy.run("print('before', rank)\nraise ValueError('after a print')",
                       display=False, raise_errors=False)
