@@ -399,7 +399,7 @@ class Engines:
 
     def _apply(self, fn, args, sel) -> CellResult:
         ars = self.transport.apply(fn, args, sel)
-        return self.transport.wait(ars, sel, timeout=None, stream=False, kind=WaitKind.APPLY)
+        return self.transport.wait(ars, sel, timeout=None, stream=False, kind=WaitKind.VALUE)
 
     def status(self) -> list[dict]:
         """One row per rank: host, local rank, pid, device, backend, alive, memory."""

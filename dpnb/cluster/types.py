@@ -113,10 +113,13 @@ class EntryKind(Word):
 
 
 class WaitKind(Word):
-    """What the notebook waits for: a cell's code, or a function applied by name."""
+    """What the notebook waits for: a cell's code, a function applied by name,
+    or a value moved to or from the ranks (push, pull: an engine function that
+    prints nothing, so its engine's "idle" status is not waited for)."""
 
     EXECUTE = "execute"
     APPLY = "apply"
+    VALUE = "value"
 
 
 

@@ -29,7 +29,7 @@ FAIL_GRACE_S = 0.1
 #: after an interrupt (timeout, Ctrl-C): how long ranks may take to stop by
 #: themselves before their groups are released (cells / dpnb calls such as
 #: %dp train, which stop at a step boundary)
-RELEASE_AFTER_S = {WaitKind.EXECUTE: 0.3, WaitKind.APPLY: 2.0}
+RELEASE_AFTER_S = {WaitKind.EXECUTE: 0.3, WaitKind.APPLY: 2.0, WaitKind.VALUE: 2.0}
 #: after a release, how long the ranks get to report back
 RELEASED_GRACE_S = 5.0
 #: ... and longer when every rank left is writing its error report (seen
