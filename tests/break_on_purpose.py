@@ -967,6 +967,10 @@ MUTATIONS = [
   "            if kind != WaitKind.VALUE:\n                wait_for_output(ar, 5)",
   "            if True:\n                wait_for_output(ar, 5)",
   ["tests/cluster/test_spine_api.py::test_a_pull_from_every_rank_leaves_through_one_view"]),
+ ("a push to many ranks leaves once, through the broadcast tree", "dpnb/cluster/transport.py",
+  "        if len(sel) < BROADCAST_MIN_RANKS:\n            return self.apply(fn, args, sel)",
+  "        if True:\n            return self.apply(fn, args, sel)",
+  ["tests/cluster/test_eight.py"]),
 ]
 
 

@@ -374,7 +374,8 @@ class Engines:
         if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier()
                                                    for k in values):
             raise DpnbError("push takes a dict of name -> value with valid Python names")
-        self._finish(self._apply(_runner_fn("set_values"), (values,), sel), True)
+        ars = self.transport.broadcast(_runner_fn("set_values"), (values,), sel)
+        self._finish(self._wait_values(ars, sel), True)
         self.history.append(CellRecord(EntryKind.PUSH, names=tuple(values)))
 
     def pull(self, name: str, rank: int | None = None):
@@ -382,7 +383,7 @@ class Engines:
         if not isinstance(name, str) or not name.isidentifier():
             raise DpnbError(f"pull needs a variable name, got {name!r}")
         sel = self._select(None if rank is None else [rank])
-        res = self._apply(_runner_fn("get_value"), (name,), sel)
+        res = self._wait_values(self.transport.apply(_runner_fn("get_value"), (name,), sel), sel)
         oc = res.outcomes
         failed = [o for o in oc.values() if o.status == Status.ERROR and "serialize" in o.traceback]
         if len(failed) < sum(o.status != Status.OK for o in oc.values()):
@@ -397,8 +398,7 @@ class Engines:
         vals = [unpack_value(name, bufs) for bufs in self._finish(res, True).values]
         return vals[0] if rank is not None else vals
 
-    def _apply(self, fn, args, sel) -> CellResult:
-        ars = self.transport.apply(fn, args, sel)
+    def _wait_values(self, ars: dict, sel: list[int]) -> CellResult:
         return self.transport.wait(ars, sel, timeout=None, stream=False, kind=WaitKind.VALUE)
 
     def status(self) -> list[dict]:

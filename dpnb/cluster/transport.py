@@ -45,6 +45,13 @@ def _runner_fn(name: str):
     return getattr(runner, name)
 
 
+#: from this many ranks, a value pushed to all of them leaves the notebook once,
+#: through ipyparallel's BroadcastView (the controller's tree of schedulers
+#: copies it to the engines), not once per engine.  dpnb's engines, alternating
+#: (`benchmarks/RESULTS.md`): a 1 MB push at N = 8 16.7 vs 20.4 ms, at N = 32
+#: 58.5 vs 75.7 ms; a small push at N = 8 13.8 vs 13.8 ms, at N = 2 4.9 vs 3.9
+BROADCAST_MIN_RANKS = 8
+
 #: how often a rank's collected output is compared with its reply's counts
 #: while the last of it is still on its way
 OUTPUT_POLL_S = 0.002
@@ -116,6 +123,7 @@ class Transport:
         self.timeout_s = timeout_s
         self._views: dict[int, Any] = {}  # engine id -> its DirectView
         self._many: tuple | None = None  # (engine ids, their DirectView): cells to several ranks
+        self._tree: tuple | None = None  # (engine ids, their BroadcastView): pushes to many
         self.token = secrets.token_hex(16)  # opens the engines' side doors
         self._flags: list = []  # the --unchecked flags sent ahead of the current cell
         self.status_seen: tuple | None = None  # the last %dp status answers (cluster/status.py)
@@ -167,6 +175,19 @@ class Transport:
         request per engine, one AsyncResult; each rank's :class:`RankReply` after."""
         many = self.many_view(tuple(self.ranks[r].engine_id for r in sel))
         return dict(zip(sel, rank_replies(send(many))))
+
+    def broadcast(self, fn, args: tuple, sel: list[int]) -> dict:
+        """``fn(*args)`` on every rank of ``sel``, the arguments sent once through
+        the controller's broadcast tree from :data:`BROADCAST_MIN_RANKS` ranks on
+        (a push: the value is serialized and sent once, not once per rank);
+        each rank still answers on its own, read as a :class:`RankReply`."""
+        if len(sel) < BROADCAST_MIN_RANKS:
+            return self.apply(fn, args, sel)
+        eids = tuple(self.ranks[r].engine_id for r in sel)
+        if self._tree is None or self._tree[0] != eids:
+            self._tree = (eids, self.client.broadcast_view(targets=list(eids),
+                                                           is_coalescing=False))
+        return dict(zip(sel, rank_replies(self._tree[1].apply_async(fn, *args))))
 
     def many_view(self, eids: tuple):
         """The DirectView of these engines, made once per selection (the last one kept)."""

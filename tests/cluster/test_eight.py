@@ -1,5 +1,6 @@
 """The spine at 8 ranks on this machine: cell, output folding, all_reduce, a
-raising rank released at once, status grouped, stop with nothing left."""
+push through the controller's broadcast tree, a raising rank released at
+once, status grouped, stop with nothing left."""
 
 
 
@@ -9,7 +10,7 @@ from helpers.nbutil import alive
 from helpers.releases import raise_before_all_reduce
 
 
-def test_eight_ranks_spine(capsys):
+def test_eight_ranks_spine(capsys, monkeypatch):
     c = dpnb.start(8, timeout=20, threads=1)
     try:
         assert c.world_size == 8
@@ -21,6 +22,14 @@ def test_eight_ranks_spine(capsys):
         assert "[all 8 ranks]\nsame" in capsys.readouterr().out
         assert c.run("t = torch.ones(1)\ndist.all_reduce(t)\nout = t.item()", display=False).ok
         assert c.pull("out") == [8.0] * 8
+        # 8 ranks: a push leaves once, through ipyparallel's BroadcastView
+        # (one request for all, each rank's own reply)
+        trees, make = [], c.transport.client.broadcast_view
+        monkeypatch.setattr(c.transport.client, "broadcast_view",
+                            lambda **kw: trees.append(kw) or make(**kw))
+        c.push({"pushed": list(range(1000))})
+        assert len(trees) == 1 and trees[0]["is_coalescing"] is False
+        assert c.run("assert pushed == list(range(1000))", display=False).ok
         err, took = raise_before_all_reduce(c, 3, "KeyError('only 3')")
         assert took < 15  # released, not the 20 s group timeout
         assert err.failures[3][0] == "KeyError"
