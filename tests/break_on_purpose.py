@@ -610,9 +610,9 @@ MUTATIONS = [
   ["tests/cluster/test_grading.py::test_a_hook_that_waits_for_its_all_reduce_fails_on_overlap"]),
  # issue 45: pull at raw speed (one round trip to the ranks)
  ("scale: a pull asks the ranks once", "dpnb/cluster/__init__.py",
-  '        res = self._apply(_runner_fn("get_value"), (name,), sel)\n',
-  '        self._apply(_runner_fn("has_names"), ([name],), sel)\n'
-  '        res = self._apply(_runner_fn("get_value"), (name,), sel)\n',
+  '        res = self._wait_values(self.transport.apply(_runner_fn("get_value"), (name,), sel), sel)\n',
+  '        self._wait_values(self.transport.apply(_runner_fn("has_names"), ([name],), sel), sel)\n'
+  '        res = self._wait_values(self.transport.apply(_runner_fn("get_value"), (name,), sel), sel)\n',
   ["tests/cluster/test_spine_api.py::test_pull_is_one_round_trip"]),
  # issue 40: a dead engine's rank rebuilt from the survivors' memory
  ("replica: restart --resume without a folder rebuilds from a survivor", "dpnb/session/resume.py",
