@@ -970,7 +970,8 @@ MUTATIONS = [
  ("a push to many ranks leaves once, through the broadcast tree", "dpnb/cluster/transport.py",
   "        if len(sel) < BROADCAST_MIN_RANKS:\n            return self.apply(fn, args, sel)",
   "        if True:\n            return self.apply(fn, args, sel)",
-  ["tests/cluster/test_eight.py"]),
+  ["tests/cluster/test_eight.py",
+   "tests/multihost/test_ssh.py::test_two_hosts_addresses_env_restart_and_stop"]),
 ]
 
 

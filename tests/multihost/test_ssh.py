@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import dpnb
+from dpnb.cluster import transport
 from dpnb.engine import peercopy
 from dpnb.errors import RemoteCellError, StartError
 from helpers import hosts as _hosts
@@ -56,7 +57,7 @@ def test_missing_remote_module_is_shown_fast_and_leaves_nothing(two_hosts):
     assert not any(_no_remote_left(two_hosts).values())
 
 
-def test_two_hosts_addresses_env_restart_and_stop(two_hosts):
+def test_two_hosts_addresses_env_restart_and_stop(two_hosts, monkeypatch):
     hs = two_hosts
     a, b = hs.hosts
     c = _start(hs, env=["DPNB_TEST_FORWARDED=yes"])
@@ -94,6 +95,12 @@ def test_two_hosts_addresses_env_restart_and_stop(two_hosts):
         assert c.pull("lr") == ["0", "1", "0", "1"]
         assert [c.pull("kept", rank=r) for r in range(3)] == [0, 10, 20]
         assert c.ranks[3].pid != old_pid or c.ranks[3].engine_id != 3
+        # a push through the controller's broadcast tree (from 8 ranks on; here
+        # from 2) reaches both hosts, the engine registered by the restart too
+        monkeypatch.setattr(transport, "BROADCAST_MIN_RANKS", 2)
+        c.push({"wide": list(range(100))})
+        assert c.transport._tree is not None
+        assert c.run("assert wide == list(range(100))", display=False).ok
     finally:
         t0 = time.monotonic()
         c.stop()
