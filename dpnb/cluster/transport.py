@@ -122,8 +122,9 @@ class Transport:
         self.launcher = launcher  # how an engine's death is seen, how it is interrupted
         self.timeout_s = timeout_s
         self._views: dict[int, Any] = {}  # engine id -> its DirectView
-        self._many: tuple | None = None  # (engine ids, their DirectView): cells to several ranks
-        self._tree: tuple | None = None  # (engine ids, their BroadcastView): pushes to many
+        # "direct" / "tree" -> (engine ids, their DirectView / BroadcastView):
+        # cells and calls to several ranks / pushes to many; the last of each kept
+        self._wide: dict[str, tuple] = {}
         self.token = secrets.token_hex(16)  # opens the engines' side doors
         self._flags: list = []  # the --unchecked flags sent ahead of the current cell
         self.status_seen: tuple | None = None  # the last %dp status answers (cluster/status.py)
@@ -170,10 +171,10 @@ class Transport:
         # that much sooner (on 2 shared cores the total hardly changed)
         return self._to_many(sel, lambda many: many.execute(code, silent=False, block=False))
 
-    def _to_many(self, sel: list[int], send: Callable) -> dict:
-        """``send(view)`` to the engines of ``sel`` through one DirectView: one
-        request per engine, one AsyncResult; each rank's :class:`RankReply` after."""
-        many = self.many_view(tuple(self.ranks[r].engine_id for r in sel))
+    def _to_many(self, sel: list[int], send: Callable, tree: bool = False) -> dict:
+        """``send(view)`` to the engines of ``sel`` through one view (``tree``: the
+        broadcast one): one AsyncResult; each rank's :class:`RankReply` after."""
+        many = self.many_view(tuple(self.ranks[r].engine_id for r in sel), tree)
         return dict(zip(sel, rank_replies(send(many))))
 
     def broadcast(self, fn, args: tuple, sel: list[int]) -> dict:
@@ -183,17 +184,19 @@ class Transport:
         each rank still answers on its own, read as a :class:`RankReply`."""
         if len(sel) < BROADCAST_MIN_RANKS:
             return self.apply(fn, args, sel)
-        eids = tuple(self.ranks[r].engine_id for r in sel)
-        if self._tree is None or self._tree[0] != eids:
-            self._tree = (eids, self.client.broadcast_view(targets=list(eids),
-                                                           is_coalescing=False))
-        return dict(zip(sel, rank_replies(self._tree[1].apply_async(fn, *args))))
+        return self._to_many(sel, lambda tree: tree.apply_async(fn, *args), tree=True)
 
-    def many_view(self, eids: tuple):
-        """The DirectView of these engines, made once per selection (the last one kept)."""
-        if self._many is None or self._many[0] != eids:
-            self._many = (eids, self.client[list(eids)])
-        return self._many[1]
+    def many_view(self, eids: tuple, tree: bool = False):
+        """The DirectView of these engines (``tree``: their BroadcastView, not
+        coalescing, so each engine still replies on its own), made once per
+        selection (the last one of each kind kept)."""
+        kind = "tree" if tree else "direct"
+        got = self._wide.get(kind)
+        if got is None or got[0] != eids:
+            view = (self.client.broadcast_view(targets=list(eids), is_coalescing=False) if tree
+                    else self.client[list(eids)])
+            got = self._wide[kind] = (eids, view)
+        return got[1]
 
     def _settle_flags(self) -> None:
         """Say (in the log) if a rank did not take an ``--unchecked`` flag; it ran
