@@ -40,25 +40,19 @@ WARMUP = 2
 RAISE = "raise ValueError('bench')"
 
 
-def _rss_mib(pids) -> float:
+def _median_mib(pids, measure) -> float:
+    """Median of ``measure(pid)`` over the engines still there."""
     out = []
     for p in pids:
         try:
-            out.append(psutil.Process(p).memory_info().rss / 2**20)
-        except psutil.Error:
+            out.append(measure(p))
+        except (psutil.Error, OSError):
             pass
     return statistics.median(out) if out else float("nan")
 
 
-def _unique_mib(pids) -> float:
-    """Median unique memory per engine (pages no other process shares)."""
-    out = []
-    for p in pids:
-        try:
-            out.append(private_mib(p))
-        except OSError:
-            pass
-    return statistics.median(out) if out else float("nan")
+def _rss_mib(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 def _init_group(rank: int, world: int, port: int) -> int:
@@ -195,8 +189,10 @@ def run_n(n: int, cells: int, first: str) -> dict:
         for name in order:
             res["start"][name] = _timed(lambda: sides[name].start(n))
         res.update(side_by_side(sides, cells))
-        res["engine RSS MiB"] = {name: _rss_mib(s.pids) for name, s in sides.items()}
-        res["engine unique MiB"] = {name: _unique_mib(s.pids) for name, s in sides.items()}
+        res["engine RSS MiB"] = {name: _median_mib(s.pids, _rss_mib) for name, s in sides.items()}
+        # unique: pages no other process shares (what one more engine costs)
+        res["engine unique MiB"] = {name: _median_mib(s.pids, private_mib)
+                                    for name, s in sides.items()}
     finally:
         for name in order:
             if hasattr(sides[name], "pids"):

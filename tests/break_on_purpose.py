@@ -972,6 +972,14 @@ MUTATIONS = [
   "        if True:\n            return self.apply(fn, args, sel)",
   ["tests/cluster/test_eight.py",
    "tests/multihost/test_ssh.py::test_two_hosts_addresses_env_restart_and_stop"]),
+ ("cells: --unchecked reaches every rank before its cell", "dpnb/cluster/transport.py",
+  "            self._flags = list(self.call_async(ep.SKIP_CHECKS_NEXT_CELL, (), {}, sel).values())",
+  "            self._flags = list(self.call_async(ep.SKIP_CHECKS_NEXT_CELL, (), {}, sel[:1]).values())",
+  ["tests/cluster/test_spine_api.py::test_an_unchecked_cell_is_unchecked_on_every_rank_and_only_that_cell"]),
+ ("cells: --unchecked holds for its own cell only", "dpnb/engine/cellguard.py",
+  "        self.checking = not self.unchecked_next\n        self.unchecked_next = False",
+  "        self.checking = not self.unchecked_next",
+  ["tests/cluster/test_spine_api.py::test_an_unchecked_cell_is_unchecked_on_every_rank_and_only_that_cell"]),
 ]
 
 

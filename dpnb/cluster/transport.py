@@ -157,9 +157,7 @@ class Transport:
         engine queue (so no round trip is waited for), tell each rank to count
         but not check the cell's collectives."""
         if unchecked:
-            self._flags = [self.view(r).apply_async(
-                _runner_fn("call"), ep.SKIP_CHECKS_NEXT_CELL, (), {})
-                for r in sel]
+            self._flags = list(self.call_async(ep.SKIP_CHECKS_NEXT_CELL, (), {}, sel).values())
         if len(sel) == 1:
             return {sel[0]: self.view(sel[0]).execute(code, silent=False, block=False)}
         # one view for all: its requests leave in one tight loop, and each

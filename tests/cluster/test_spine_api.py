@@ -142,6 +142,19 @@ def test_a_pull_from_every_rank_leaves_through_one_view(healthy, monkeypatch):
     assert len(waited) == 2  # a cell's output still is
 
 
+def test_an_unchecked_cell_is_unchecked_on_every_rank_and_only_that_cell(healthy):
+    """``%%dp --unchecked``: each rank is told, in its engine queue right before
+    the cell, to count but not check that cell's collectives; the next cell is
+    checked again."""
+    probe = ("from dpnb.engine.state import get_state\n"
+             "checked = get_state(globals()).cell_guard.checking\n"
+             "t = torch.ones(1)\ndist.all_reduce(t)")
+    assert healthy.run(probe, display=False, unchecked=True).ok
+    assert healthy.pull("checked") == [False, False]
+    assert healthy.run(probe, display=False).ok
+    assert healthy.pull("checked") == [True, True]
+
+
 def test_a_print_before_an_error_and_a_silent_cell_arrive(healthy):
     res = healthy.run("print('before', rank)\nraise ValueError('after a print')",
                       display=False, raise_errors=False)
