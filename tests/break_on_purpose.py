@@ -1,29 +1,39 @@
-"""Break each behaviour on purpose, run the test that claims it, expect a failure.
+"""Break each behaviour on purpose, run the tests that claim it, expect them to fail.
 
-    python tests/break_on_purpose.py [--fast] [WORD ...]
+    python tests/break_on_purpose.py [--fast | --share K/N | --all] [--baseline FILE]
+                                     [--jobs J] [--list] [WORD ...]
 
 Each entry below is one deliberate break of dpnb (a changed constant, a
 skipped call, a removed branch) and the tests that must fail because of it
--- the proof that those tests are not vacuous (tests/README.md).  The file is
-changed in place and restored afterwards, even on Ctrl-C; run it on a clean
-checkout (it refuses a tree with uncommitted changes to the files it breaks).
-With WORDs, only the entries whose name contains one of them run; with
-``--fast``, only those whose tests all lie in tests/unit (about a minute:
-``.ci/run`` runs them after pytest, so CI fails when such a break goes
-uncaught).  Exits 1
-if a break was not caught (its tests passed) or could not be applied.
-Not part of the pytest run: each entry starts its own pytest, clusters
-included (a few minutes in all; the Slurm entry needs the multihost tier's
-root and packages).
+-- the proof that those tests are not vacuous (tests/README.md).
+
+An entry counts as *caught* only when its named tests exist, passed unbroken,
+and at least one of them is reported **failed** with the break in place
+(pytest exit 1); a named test that is missing, skips, or errors at collection
+makes the entry INVALID, which fails the run like MISSED
+(``tests/helpers/breakrun.py`` says how each is read).  Every break runs in its
+own copy of the checkout (``--jobs`` side by side), so the checkout is never
+changed.
+
+``--fast``: the entries whose tests all lie in tests/unit.  ``--share K/N``:
+the K-th of N slices of the other entries (``--share auto/N``: K from the
+number of commits, so N consecutive commits run them all; ``.ci/run`` runs
+one slice a landing -- sizes and budget in tests/README.md).  With WORDs,
+only the entries whose name contains one of them.  ``--baseline FILE``: the
+outcomes (``$DPNB_TEST_OUTCOMES``) of a pytest run on this same tree, read
+instead of running the named tests once unbroken.  ``--list``: every entry,
+its tiers, and whether this machine can run it.  Exits 1 if any entry run
+was not caught.
 """
 
 from __future__ import annotations
 
-import subprocess
+import argparse
+import os
 import sys
-import time
 
-ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
+from helpers import breakrun  # noqa: E402  (the runner; this file is the list)
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
@@ -980,72 +990,104 @@ MUTATIONS = [
   "        self.checking = not self.unchecked_next\n        self.unchecked_next = False",
   "        self.checking = not self.unchecked_next",
   ["tests/cluster/test_spine_api.py::test_an_unchecked_cell_is_unchecked_on_every_rank_and_only_that_cell"]),
+ # -- honest tests, third round (issue 52): the asserts that were weak, and the checker itself
+ ("standin: the profile reads a collective's bytes", "dpnb/core/traces.py",
+  "    return n * size\n", "    return n * size // 2\n",
+  ["tests/standin/test_standin.py::test_profile_extracts_the_collectives_of_an_nccl_like_group"]),
+ ("standin: the bench reports the size it timed", "dpnb/engine/bench.py",
+  "        out_sizes.append(numel * item)", "        out_sizes.append(numel)",
+  ["tests/standin/test_standin.py::test_bench_times_each_collective_on_the_comm_device"]),
+ ("grade: a check that fails earns no point", "dpnb/core/grading.py",
+  "        return (sum(c.points for c in self.checks if c.passed), sum(c.points for c in self.checks))",
+  "        return (sum(c.points for c in self.checks), sum(c.points for c in self.checks))",
+  ["tests/notebook/test_grade_notebook.py::test_dpnb_grade_gives_no_point_to_the_chapter_as_a_learner_opens_it"]),
+ ("grade: the report marks a failed check", "dpnb/core/grading.py",
+  '        mark = "ok  " if c.passed else "FAIL"', '        mark = "ok  "',
+  ["tests/cluster/test_grading.py::test_the_magic_grades_the_sessions_cluster"]),
+ ("an unchecked cell's collectives skip the check", "dpnb/engine/cellguard.py",
+  "        if not self.checking or self.star is None:", "        if self.star is None:",
+  ["tests/cluster/test_spine_api.py::test_an_unchecked_cell_is_unchecked_on_every_rank_and_only_that_cell"]),
+ ("gpu: mixed precision is in effect under ddp", "dpnb/engine/step.py",
+  '                         if mp != "none" and not self.fsdp else None)',
+  '                         if False else None)',
+  ["tests/gpu/test_gpu_spine.py::test_mixed_precision"]),
+ ("break checker: a break that stops collection is not a catch", "tests/helpers/breakrun.py",
+  "    if r.returncode == 1 and hit:", "    if r.returncode != 0:",
+  ["tests/unit/test_break_checker.py::test_a_break_that_stops_collection_is_invalid_not_caught"]),
+ ("break checker: a named test must pass unbroken", "tests/helpers/breakrun.py",
+  "        notpass = [i for i in ids_of[e.name] if not passed(baseline.get(i))]",
+  "        notpass = []",
+  ["tests/unit/test_break_checker.py::test_a_named_test_that_skips_makes_the_entry_invalid"]),
+ ("break checker: a named test that does not exist is invalid", "tests/helpers/breakrun.py",
+  "        missing = [t for t in e.tests if not covered(t, ids)]", "        missing = []",
+  ["tests/unit/test_break_checker.py::test_a_renamed_test_makes_the_entry_invalid_not_caught"]),
+ ("CI: a required tier that skipped fails", "tests/require_tiers.py",
+  '        if rec["outcome"] == "skipped":', "        if False:",
+  ["tests/unit/test_break_checker.py::test_a_required_tier_that_skipped_fails_ci_naming_the_tier_and_why"]),
+ # -- first contact (issue 51)
+ ("doctor: dpnb unable to run exits non-zero", "dpnb/doctor.py",
+  "    return 1 if fatal else 0", "    return 0",
+  ["tests/unit/test_packaging.py::test_doctor_fails_only_when_dpnb_cannot_run_and_says_what_to_install"]),
+ ("doctor: the torch line says what failed", "dpnb/doctor.py",
+  'return [Finding("torch", FAIL, f"cannot import ({type(e).__name__}: {e})",',
+  'return [Finding("torch", WARN, "cannot import",',
+  ["tests/unit/test_packaging.py::test_doctor_fails_only_when_dpnb_cannot_run_and_says_what_to_install"]),
+ ("packaging: psutil is declared", "pyproject.toml",
+  '    "psutil>=5.9",\n', "",
+  ["tests/unit/test_packaging.py::test_every_package_dpnbs_code_imports_is_declared"]),
+ ("packaging: one version, the labextension's too", "labextension/package.json",
+  '"version": "0.1.0"', '"version": "0.0.9"',
+  ["tests/unit/test_packaging.py::test_one_version_everywhere"]),
 ]
 
 
-def _env() -> dict:
-    """The tests' environment with this checkout first on the path: a process the
-    tests start (``dpnb mcp``, ``dpnb grade``) imports the broken file, not the
-    checkout an editable install points at (seen: 7 breaks missed in a clone
-    whose virtualenv was installed from another checkout)."""
-    env = dict(__import__("os").environ)
-    env["PYTHONPATH"] = ROOT + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+
+def _pick(args) -> list[breakrun.Entry]:
+    every = breakrun.entries(MUTATIONS)
+    chosen = [e for e in every if not args.words or any(w in e.name for w in args.words)]
+    if args.fast:
+        return [e for e in chosen if e.fast]
+    if args.share:
+        k, n = args.share.split("/")
+        k = breakrun.commit_count() if k == "auto" else int(k)
+        return breakrun.share([e for e in chosen if not e.fast], k, int(n))
+    return chosen
 
 
-def _collects(tests: list[str]) -> str | None:
-    """Why the unbroken tree cannot even collect ``tests`` (a missing package, a
-    wrong Python), else None: then every break would look caught."""
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p",
-                        "no:cacheprovider", *tests], cwd=ROOT, capture_output=True, text=True)
-    if r.returncode == 0:
-        return None
-    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
-    return "; ".join(lines[-3:])
-
-
-def fast(entry) -> bool:
-    """Every test of the entry is in the unit tier (no cluster, no kernel)."""
-    return all(t.startswith("tests/unit/") for t in entry[4])
-
-
-def main(words: list[str]) -> int:
-    only_fast = "--fast" in words
-    words = [w for w in words if w != "--fast"]
-    chosen = [m for m in MUTATIONS if (not words or any(w in m[0] for w in words))
-              and (fast(m) or not only_fast)]
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fast", action="store_true", help="only the entries of the unit tier")
+    ap.add_argument("--share", metavar="K/N", help="slice K of N of the other entries (K may be auto)")
+    ap.add_argument("--baseline", metavar="FILE", help="outcomes of an unbroken pytest run")
+    ap.add_argument("--jobs", type=int, default=2, help="breaks side by side (default 2)")
+    ap.add_argument("--list", action="store_true", help="list the entries, run nothing")
+    ap.add_argument("words", nargs="*")
+    args = ap.parse_args(argv)
+    chosen = _pick(args)
+    if args.list:
+        for e in chosen:
+            where = e.cannot_run_here or "runs here"
+            print(f"{'fast ' if e.fast else 'share'}  {','.join(sorted(e.tiers)):<18} {where:<12} {e.name}")
+        return 0
     if not chosen:
-        print(f"NOT RUN  no entry matches {' '.join(words)}")
+        print(f"NOT RUN  no entry matches {' '.join(args.words)}")
         return 1
-    why = _collects(sorted({t.split("::")[0] for m in chosen for t in m[4]}))
-    if why:
-        print(f"NOT RUN  the unbroken tests do not collect with {sys.executable}: {why}")
+    skipped = [e for e in chosen if e.cannot_run_here]
+    for e in skipped:
+        print(f"cannot run here  {e.name}: {e.cannot_run_here}")
+    chosen = [e for e in chosen if not e.cannot_run_here]
+    baseline = breakrun.read_outcomes(args.baseline) if args.baseline else None
+    if args.baseline and not baseline:
+        print(f"NOT RUN  the baseline {args.baseline} holds no outcome")
         return 1
-    bad = 0
-    for name, f, old, new, tests in chosen:
-        path = f"{ROOT}/{f}"
-        dirty = subprocess.run(["git", "diff", "--quiet", "--", f], cwd=ROOT).returncode
-        with open(path) as fh:
-            text = fh.read()
-        if dirty or text.count(old) != 1:
-            why = "uncommitted changes" if dirty else f"{text.count(old)} matches of the text"
-            print(f"NOT RUN  {name}: {f} has {why}")
-            bad += 1
-            continue
-        t0 = time.monotonic()
-        try:
-            with open(path, "w") as fh:
-                fh.write(text.replace(old, new))
-            r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                *tests], cwd=ROOT, capture_output=True, text=True, env=_env())
-        finally:
-            with open(path, "w") as fh:
-                fh.write(text)
-        lines = [ln for ln in r.stdout.splitlines() if ln.strip()] or [r.stderr.strip()[-200:]]
-        caught = r.returncode != 0
-        bad += not caught
-        print(f"{'caught' if caught else 'MISSED'}  {name} ({time.monotonic() - t0:.0f} s): {lines[-1]}",
-              flush=True)
+    ids_of, invalid = breakrun.validate(chosen, baseline)
+    for v in invalid:
+        print(v.line(), flush=True)
+    verdicts = breakrun.run(chosen, ids_of, args.jobs, report=lambda s: print(s, flush=True))
+    caught = sum(not v.bad for v in verdicts)
+    bad = len(invalid) + sum(v.bad for v in verdicts)
+    print(f"{caught} caught, {bad} not caught (MISSED, INVALID or NOT RUN), "
+          f"{len(skipped)} cannot run here, of {len(chosen) + len(skipped)} entries chosen")
     return 1 if bad else 0
 
 

@@ -21,6 +21,7 @@ selects the fast tier (the same tests as ``tests/unit``).  Shared helpers are th
 IPython/Jupyter state is kept out of the user's home.
 """
 
+import json
 import os
 import pathlib
 import shutil
@@ -86,6 +87,7 @@ def pytest_unconfigure(config):
     shutil.rmtree(tempfile.tempdir if _worker else _home, ignore_errors=True)
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) still loads this file
 def pytest_xdist_make_scheduler(config, log):
     # xdist's own --dist loadgroup marks a group by suffixing the node id,
     # which pytest 9 no longer reads: the scopes are chosen here instead.
@@ -127,3 +129,25 @@ def _tier_of(nodeid: str) -> str:
 def _rank_of(nodeid: str) -> int:
     tier = _tier_of(nodeid)
     return _LONG_FIRST.index(tier) if tier in _LONG_FIRST else len(_LONG_FIRST)
+
+
+#: where every test's outcome is appended, one JSON line per phase, when the
+#: variable is set: tests/break_on_purpose.py reads which named tests failed
+#: (not pytest's exit code), and .ci/run reads which tiers skipped
+OUTCOMES_ENV = "DPNB_TEST_OUTCOMES"
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get(OUTCOMES_ENV)
+    # Under xdist the controller is handed every worker's reports: it alone
+    # writes, so each phase is one line.
+    if not path or _worker:
+        return
+    reason = ""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2])
+    elif report.failed:
+        reason = (str(report.longrepr).strip().splitlines() or [""])[-1][:300]
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
+                             "outcome": report.outcome, "reason": reason}) + "\n")

@@ -2,9 +2,10 @@
 collectives in cells cost no engine, a stuck cell says where each rank is,
 the last failure can be inspected, and training checkpoints itself.
 
-The group timeout is the default 30 s throughout: every "released quickly"
-bound below (a generous 6 s, to prove "not the timeout", never a speed; the
-figures are in benchmarks/RESULTS.md) would fail by 24 s if a rank waited for it.
+The group timeout is the default, torch's 30 minutes, throughout: every
+"released quickly" bound below (a generous 6 s, to prove "not the timeout",
+never a speed; the figures are in benchmarks/RESULTS.md) would fail by half an
+hour if a rank waited for it.
 """
 
 from __future__ import annotations

@@ -145,14 +145,21 @@ def test_a_pull_from_every_rank_leaves_through_one_view(healthy, monkeypatch):
 def test_an_unchecked_cell_is_unchecked_on_every_rank_and_only_that_cell(healthy):
     """``%%dp --unchecked``: each rank is told, in its engine queue right before
     the cell, to count but not check that cell's collectives; the next cell is
-    checked again."""
+    checked again.  Read from the calls the check saw, not from the guard's flag:
+    the star numbers every collective handed to it (``Star.call``)."""
     probe = ("from dpnb.engine.state import get_state\n"
-             "checked = get_state(globals()).cell_guard.checking\n"
-             "t = torch.ones(1)\ndist.all_reduce(t)")
+             "star = get_state(globals()).cell_guard.star\n"
+             "s0 = star.seq\n"
+             "t = torch.ones(1)\n"
+             "for _ in range(3):\n"
+             "    dist.all_reduce(t)\n"
+             "checks = star.seq - s0\n"
+             "total = t.item()")
     assert healthy.run(probe, display=False, unchecked=True).ok
-    assert healthy.pull("checked") == [False, False]
+    assert healthy.pull("checks") == [0, 0]
+    assert healthy.pull("total") == [8.0, 8.0]  # the collectives themselves ran: 1 -> 2 -> 4 -> 8
     assert healthy.run(probe, display=False).ok
-    assert healthy.pull("checked") == [True, True]
+    assert healthy.pull("checks") == [3, 3]
 
 
 def test_a_print_before_an_error_and_a_silent_cell_arrive(healthy):

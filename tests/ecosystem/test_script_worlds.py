@@ -79,7 +79,7 @@ def test_the_scripts_timeout_holds_for_its_run_and_the_clusters_after(c):
               "torch.device('cpu')).options._timeout.total_seconds()", display=False)
     assert r.ok and c.pull("_t") == [c.timeout_s] * 2
     # a 2 s timeout: rank 1 gives up waiting for a rank 0 busy for 20 s, as under
-    # torchrun (with the cluster's 30 s it would wait and succeed)
+    # torchrun (with the cluster's default, torch's 30 min, it would wait and succeed)
     t0 = time.monotonic()
     with pytest.raises(RemoteCellError) as ei:
         c.run_script(script("init_args.py"), ["--timeout", "2", "--rank0-busy", "20"],

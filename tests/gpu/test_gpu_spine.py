@@ -8,6 +8,8 @@ offload, a raising rank and the re-formed NCCL group.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -18,10 +20,13 @@ from helpers.gpuruns import SETUP, assert_resumes_exactly, bucket_records_after_
 def test_nccl_start_and_cuda_cell(gpu_cluster):
     c = gpu_cluster
     assert c.backend == "nccl" and c.ranks[0].device == "cuda:0"
-    res = c.run("t = torch.ones(4, device=device)\ndist.all_reduce(t)\nout = (str(t.device), t.sum().item())",
-                display=False)
+    # at world size 1 a sum proves nothing: the CUDA tensor's collective must go
+    # through NCCL's backend of the default group
+    res = c.run("t = torch.ones(4, device=device)\ndist.all_reduce(t)\n"
+                "out = (str(t.device), t.sum().item(), "
+                "type(dist.group.WORLD._get_backend(t.device)).__name__)", display=False)
     assert res.ok
-    assert c.pull("out", rank=0) == ("cuda:0", 4.0)
+    assert c.pull("out", rank=0) == ("cuda:0", 4.0, "ProcessGroupNCCL")
     row = c.status()[0]
     assert row["cuda_allocated"] is not None and row["cuda_allocated"] > 0
 
@@ -70,11 +75,18 @@ def test_gradsync_timed_with_device_events(gpu_cluster):
 def test_mixed_precision(gpu_cluster, mp, strategy):
     c = gpu_cluster
     c.run(SETUP, display=False)
+    # in effect, not only accepted: the first Linear's output during training
+    # is in the half dtype (autocast for ddp, FSDP2's param_dtype for zero2/3)
+    c.run("_dtypes = set()\n"
+          "net[0].register_forward_hook(lambda m, i, o: _dtypes.add(str(o.dtype)))",
+          display=False)
     c.wrap("net", strategy, mixed_precision=mp)
     c.set_data("ds")
     before = c.pull_model()
     s = c.train(steps=4, micro_batch=16, progress=False)
-    assert all(x == x for x in s["losses"])
+    assert len(s["losses"]) == 4 and all(math.isfinite(x) for x in s["losses"]), s["losses"]
+    half = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[mp]
+    assert c.pull("_dtypes", rank=0) == {half}
     after = c.pull_model()
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the steps applied
 

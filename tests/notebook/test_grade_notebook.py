@@ -40,3 +40,24 @@ def test_dpnb_grade_writes_full_points_for_chapter_11_with_the_model_answers(tmp
     assert res["points"] == res["max_points"] and rc == 0
     on_disk = json.loads((tmp_path / "submission.grade.json").read_text())
     assert on_disk["points"] == res["points"] and on_disk["exercises"] == res["exercises"]
+
+
+@pytest.mark.timeout(600)
+def test_dpnb_grade_gives_no_point_to_the_chapter_as_a_learner_opens_it(tmp_path, capsys):
+    """The same chapter without its model answers: every exercise's function
+    raises NotImplementedError, so every exercise is graded and fails, no point
+    is given, and ``dpnb grade`` says so by its exit code -- a grader that
+    passes everything fails here."""
+    import nbformat
+
+    sub = tmp_path / "learner.ipynb"
+    nbformat.write(nbformat.read(nbu.REPO / "notebooks" / "11_write_and_grade.ipynb", as_version=4),
+                   sub)
+    rc = cli.main(["grade", str(sub), "--json"])
+    res = json.loads(capsys.readouterr().out)
+    graded = {g["exercise"]: g for g in res["exercises"]}
+    assert sorted(graded) == sorted(set(EXERCISES) - {"zero2_step"}), res
+    for g in graded.values():
+        assert not g["passed"] and g["points"] == 0 < g["max_points"], g
+        assert any("NotImplementedError" in c.get("sentence", "") for c in g["checks"]), g
+    assert res["points"] == 0 < res["max_points"] and rc == 1, (rc, res["points"])

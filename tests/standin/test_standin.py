@@ -135,14 +135,19 @@ def test_step_stats_gather_every_ranks_four_values():
 def _bench(ns):
     from dpnb.engine import bench
 
-    return {k: sorted(bench.bench_collective(ns, [64], k, iters=1, warmup=0))
-            for k in bench.BENCH_KINDS}
+    return {k: bench.bench_collective(ns, [64], k, iters=2, warmup=0) for k in bench.BENCH_KINDS}
 
 
 def test_bench_times_each_collective_on_the_comm_device():
+    """Each kind ran on the communication device, at the size asked (64 bytes:
+    16 float32, a whole number per rank), and was timed once per iteration."""
     for out in _standin(_bench):
         assert sorted(out) == sorted(("all_reduce", "reduce_scatter", "all_gather")), out
-        assert all(out.values()), out
+        for kind, r in out.items():
+            assert r["kind"] == kind and r["device"] == "cuda:0", r
+            assert r["sizes"] == [64], r
+            assert len(r["times"]) == 1 and len(r["times"][0]) == 2, r
+            assert all(0 < t < 30 for t in r["times"][0]), r
 
 
 def _ring(ns):
@@ -171,9 +176,10 @@ def test_profile_extracts_the_collectives_of_an_nccl_like_group():
     """The all_reduce of 256 floats on the communication device comes out
     named, with its bytes, on every rank."""
     out = _standin(_profile)
+    assert len(out) == 2
     for comm in out:
-        assert comm, out
-        assert ("all_reduce", 1024) in comm or any(op == "all_reduce" for op, _ in comm), out
+        # 256 float32 = 1024 bytes: exactly one all_reduce, of exactly those bytes
+        assert [c for c in comm if c[0] == "all_reduce"] == [("all_reduce", 1024)], out
 
 
 # ------------------------------------------------------------ a release's abort, then re-forming

@@ -1,0 +1,134 @@
+"""The deliberate-break checker is itself checked: it says "caught" only when a
+named test really failed, and never for a test that does not exist, skips, or
+cannot be collected.
+
+Each case builds a small project (a module, this suite's own ``conftest.py``
+that writes the outcomes, a test file) and runs ``tests/helpers/breakrun.py``
+on it, as ``tests/break_on_purpose.py`` does on dpnb.
+"""
+
+import os
+import shutil
+import textwrap
+
+import pytest
+
+from helpers import breakrun
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+MOD = "def double(x):\n    return 2 * x\n"
+TESTS = '''
+import os
+import pytest
+from pkg.mod import double
+
+def test_double():
+    assert double(2) == 4
+
+def test_vacuous():
+    assert double(2) is not None
+
+def test_skips():
+    pytest.skip("nothing to see here")
+'''
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    # only pytest itself in the small project's runs: a second each, not six
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text(MOD)
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    shutil.copy(os.path.join(HERE, "..", "conftest.py"), tmp_path / "tests" / "conftest.py")
+    (tmp_path / "tests" / "unit" / "test_a.py").write_text(textwrap.dedent(TESTS))
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = "--import-mode=importlib"\npythonpath = ["."]\n')
+    return str(tmp_path)
+
+
+def _entry(tests, old="return 2 * x", new="return 3 * x"):
+    return breakrun.Entry("double doubles", "pkg/mod.py", old, new, tuple(tests))
+
+
+def _judge(root, entry):
+    ids_of, bad = breakrun.validate([entry], None, root)
+    if bad:
+        return bad[0]
+    return breakrun.try_break(entry, ids_of[entry.name], root)
+
+
+def test_a_break_is_caught_when_a_named_test_fails(project):
+    v = _judge(project, _entry(["tests/unit/test_a.py::test_double"]))
+    assert v.word == "caught", v.line()
+    with open(os.path.join(project, "pkg", "mod.py")) as fh:
+        assert fh.read() == MOD  # restored
+
+
+def test_a_break_its_tests_pass_is_missed(project):
+    v = _judge(project, _entry(["tests/unit/test_a.py::test_vacuous"]))
+    assert v.word == "MISSED", v.line()
+
+
+def test_a_renamed_test_makes_the_entry_invalid_not_caught(project):
+    # the old checker read any non-zero exit as caught: pytest exits 4 here
+    v = _judge(project, _entry(["tests/unit/test_a.py::test_double_renamed"]))
+    assert v.word == "INVALID" and "test_double_renamed" in v.detail, v.line()
+
+
+def test_a_named_test_that_skips_makes_the_entry_invalid(project):
+    v = _judge(project, _entry(["tests/unit/test_a.py::test_skips"]))
+    assert v.word == "INVALID" and "does not pass unbroken" in v.detail, v.line()
+
+
+def test_a_break_that_stops_collection_is_invalid_not_caught(project):
+    # pytest exits 4 (the named module did not import): no named test ran
+    v = _judge(project, _entry(["tests/unit/test_a.py::test_double"], "def double(x)",
+                               "def doubled(x)"))
+    assert v.word == "INVALID" and "collection or usage error" in v.detail, v.line()
+
+
+def test_one_failing_named_test_among_several_is_enough_and_all_of_them_run(project):
+    v = _judge(project, _entry(["tests/unit/test_a.py::test_vacuous",
+                                "tests/unit/test_a.py::test_double"]))
+    assert v.word == "caught" and "1 of 2 named tests failed" in v.detail, v.line()
+
+
+def test_the_share_slices_hold_every_entry_once():
+    es = [_entry([f"t{i}"]) for i in range(23)]
+    slices = [breakrun.share(es, k, 5) for k in range(7, 12)]  # any 5 consecutive
+    assert sorted(id(e) for s in slices for e in s) == sorted(id(e) for e in es)
+    assert max(map(len, slices)) - min(map(len, slices)) <= 1
+
+
+def test_every_entry_of_the_list_applies_once_and_names_existing_files():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "break_on_purpose", os.path.join(HERE, "..", "break_on_purpose.py"))
+    bop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bop)
+    es = breakrun.entries(bop.MUTATIONS)
+    assert len(es) > 200 and len({e.name for e in es}) == len(es)
+    for e in es:
+        with open(os.path.join(breakrun.ROOT, e.file)) as fh:
+            assert fh.read().count(e.old) == 1, e.name
+        for t in e.tests:
+            assert os.path.isfile(os.path.join(breakrun.ROOT, t.split("::")[0])), (e.name, t)
+
+
+def test_a_required_tier_that_skipped_fails_ci_naming_the_tier_and_why():
+    import require_tiers
+
+    recs = [{"nodeid": "tests/hosted/test_hub.py::test_a", "when": "setup", "outcome": "skipped",
+             "reason": "configurable-http-proxy not found"},
+            {"nodeid": "tests/browser/test_lab.py::test_b", "when": "call", "outcome": "passed"},
+            {"nodeid": "tests/gpu/test_g.py::test_c", "when": "setup", "outcome": "skipped",
+             "reason": "no GPU"}]
+    bad = require_tiers.problems(recs, ["hosted", "browser", "shared"])
+    assert bad == ["tier hosted must run here, but tests/hosted/test_hub.py::test_a skipped: "
+                   "configurable-http-proxy not found",
+                   "tier shared must run here, but none of its tests ran"]
+    assert require_tiers.problems(recs, ["browser"]) == []  # gpu's skip is not asked about
