@@ -9,7 +9,14 @@ This module stays light (no torch, no ipyparallel at import) so that
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version  # noqa: E402
+
+try:
+    # one version, written once in pyproject.toml; the labextension's
+    # package.json is checked against it (tests/unit/test_repo_files.py)
+    __version__ = version("dpnb")
+except PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+    __version__ = "0+unknown"
 
 from .cluster import CellResult, RankInfo  # noqa: E402
 from .session import Cluster, start  # noqa: E402

@@ -1,7 +1,8 @@
 """``dpnb`` command line: ``dpnb demo`` (the main job, headless),
-``dpnb course build DIR``, ``dpnb kernel install``, ``dpnb grade NOTEBOOK`` (a
-submitted notebook executed headless, its grades written to a grade file) and
-``dpnb mcp`` (an agent's server over a kept cluster)."""
+``dpnb doctor`` (what this environment gives dpnb), ``dpnb course build DIR``,
+``dpnb kernel install``, ``dpnb grade NOTEBOOK`` (a submitted notebook executed
+headless, its grades written to a grade file) and ``dpnb mcp`` (an agent's
+server over a kept cluster)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,18 @@ def install_kernel(*, user: bool = False, sys_prefix: bool = False, prefix: str 
                                                        prefix=prefix)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """Every subcommand's arguments (``dpnb -h``, ``dpnb SUBCOMMAND -h``)."""
     p = argparse.ArgumentParser(prog="dpnb", description=__doc__)
+    # lazy: the version is read from the installed metadata, once, here
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"dpnb {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
+
+    dr = sub.add_parser("doctor", help="check this environment for dpnb (torch, GPUs, "
+                                       "ipyparallel, JupyterLab, limits); paste it into an issue")
+    dr.add_argument("--json", action="store_true", help="the findings as JSON")
 
     d = sub.add_parser("demo", help="run the quick start on CPU engines, headless; "
                                     "writes figures and an HTML report")
@@ -85,8 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     gr.add_argument("--out", default=None, help="the grade file (default NOTEBOOK.grade.json)")
     gr.add_argument("--json", action="store_true", help="print the grade file's JSON too")
     gr.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
+    return p
 
-    a = p.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    if a.cmd == "doctor":
+        # lazy: each subcommand loads only what it runs
+        from .doctor import main as doctor
+
+        return doctor(as_json=a.json)
     if a.cmd == "mcp":
         try:
             # lazy: each subcommand loads only what it runs

@@ -1038,6 +1038,9 @@ MUTATIONS = [
  ("packaging: one version, the labextension's too", "labextension/package.json",
   '"version": "0.1.0"', '"version": "0.0.9"',
   ["tests/unit/test_packaging.py::test_one_version_everywhere"]),
+ ("README: the first session runs as written", "README.md",
+  "%dp wrap net --strategy ddp\n%dp data ds", "%dp wrap net --strategy dp\n%dp data ds",
+  ["tests/cluster/test_readme_session.py::test_the_readmes_first_session_runs_as_written"]),
 ]
 
 

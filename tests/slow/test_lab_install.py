@@ -40,8 +40,47 @@ def test_editable_install_lists_the_lab_and_server_extensions(tmp_path):
     ansi = re.compile(r"\x1b\[[0-9;]*m")
     lab = ansi.sub("", subprocess.run([py, "-m", "jupyter", "labextension", "list"], env=env,
                                       capture_output=True, text=True, timeout=120).stderr)
-    assert re.search(r"dpnb v0\.1\.0 enabled\s+OK \(python, dpnb\)", lab), lab
+    import tomllib
+
+    ver = tomllib.loads((nbu.REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert re.search(rf"dpnb v{re.escape(ver)} enabled\s+OK \(python, dpnb\)", lab), lab
     srv = subprocess.run([py, "-m", "jupyter", "server", "extension", "list"], env=env,
                          capture_output=True, text=True, timeout=120)
     out = ansi.sub("", srv.stdout + srv.stderr)
     assert re.search(r"dpnb\.lab enabled", out) and re.search(r"dpnb\.lab\s+OK", out), out
+
+
+#: what the contributor's extras bring and a user's install must not
+NOT_FOR_USERS = ("transformers", "lightning-fabric", "playwright", "papermill", "hypothesis",
+                 "mcp", "pytest", "accelerate")
+
+
+def test_the_wheel_carries_the_license_and_the_users_install_pulls_no_test_or_agent_package(
+        tmp_path):
+    """What an organisation approving dpnb reads: the license text in the wheel
+    (PEP 639), and what ``pip install .`` (the README's user install) resolves."""
+    import json
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path),
+                    str(nbu.REPO)], check=True, timeout=600, cwd=tmp_path)
+    (whl,) = tmp_path.glob("dpnb-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        lic = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        assert lic, names
+        assert z.read(lic[0]).decode().startswith("BSD 3-Clause License")
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: BSD-3-Clause" in meta, meta[:2000]
+    assert "Classifier: Framework :: Jupyter :: JupyterLab :: Extensions :: Prebuilt" in meta
+
+    report = tmp_path / "report.json"
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
+                    "--report", str(report), "-c", str(nbu.REPO / "constraints-cpu.txt"),
+                    str(nbu.REPO)], check=True, timeout=600, cwd=tmp_path)
+    print(f"resolving the user's install took {time.monotonic() - t0:.1f} s")
+    got = {i["metadata"]["name"].lower().replace("_", "-")
+           for i in json.loads(report.read_text())["install"]}
+    assert not got & set(NOT_FOR_USERS), sorted(got & set(NOT_FOR_USERS))
+    assert {"torch", "ipyparallel", "jupyterlab", "psutil", "nbclient"} <= got, sorted(got)
