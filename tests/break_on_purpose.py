@@ -1041,6 +1041,13 @@ MUTATIONS = [
  ("README: the first session runs as written", "README.md",
   "%dp wrap net --strategy ddp\n%dp data ds", "%dp wrap net --strategy dp\n%dp data ds",
   ["tests/cluster/test_readme_session.py::test_the_readmes_first_session_runs_as_written"]),
+ ("labextension: the committed bundle is what its source builds", "labextension/src/index.ts",
+  "    this.title.caption = 'dpnb clusters';", "    this.title.caption = 'dpnb cluster list';",
+  ["tests/slow/test_labextension_bundle.py::test_rebuild_matches_committed_bundle"]),
+ ("labextension: the shared ranges accept the lowest JupyterLab declared", "dpnb/labextension/package.json",
+  '"@jupyterlab/application": {\n        "bundled": false,\n        "singleton": true,\n        "requiredVersion": "^4.0.0"',
+  '"@jupyterlab/application": {\n        "bundled": false,\n        "singleton": true,\n        "requiredVersion": "^4.6.6"',
+  ["tests/slow/test_labextension_bundle.py::test_shared_ranges_accept_lowest_jupyterlab"]),
 ]
 
 
