@@ -1048,6 +1048,10 @@ MUTATIONS = [
   '"@jupyterlab/application": {\n        "bundled": false,\n        "singleton": true,\n        "requiredVersion": "^4.0.0"',
   '"@jupyterlab/application": {\n        "bundled": false,\n        "singleton": true,\n        "requiredVersion": "^4.6.6"',
   ["tests/slow/test_labextension_bundle.py::test_shared_ranges_accept_lowest_jupyterlab"]),
+ ("labextension: the oldest JupyterLab accepted loads the bundle (the file name follows the rebuild's hash)",
+  "dpnb/labextension/static/remoteEntry.fcf91d8b4f78ef7802fa.js",
+  '"@jupyterlab/application",!1,[1,4,0,0]', '"@jupyterlab/application",!1,[1,4,6,6]',
+  ["tests/browser/test_oldest_lab.py::test_the_oldest_jupyterlab_loads_the_sidebar_without_unsatisfied_versions"]),
 ]
 
 

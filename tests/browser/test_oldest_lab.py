@@ -1,0 +1,185 @@
+"""The oldest JupyterLab pyproject.toml allows loads dpnb's prebuilt sidebar, in Chromium.
+
+pyproject.toml declares ``jupyterlab>=X``; day to day the tests run a newer
+Lab.  The prebuilt bundle's shared-module ranges (compiled into its
+``remoteEntry.*.js``) decide which Lab versions it loads in without webpack's
+"Unsatisfied version ... of shared singleton module" warning.  This test reads X
+from pyproject.toml (``>=4`` is 4.0.0), and in a fresh venv installs
+``jupyterlab==X``, psutil (what ``dpnb.lab`` imports at server start beyond
+Jupyter's own packages; no torch: the server extension imports none) and dpnb
+itself with ``--no-deps`` from a copy of the checkout (a user's ``pip
+install``: the data files put the labextension in the venv's
+``share/jupyter/labextensions/dpnb`` and the server extension's switch in its
+``etc/jupyter``; the checkout gets no build output).  Then:
+
+* ``jupyter labextension list`` in that venv says dpnb is enabled and OK;
+* ``jupyter lab`` from that venv (127.0.0.1, a random token, no browser, the
+  test's own Jupyter state folders) opened in Debian's Chromium through
+  Playwright's Python package (never ``playwright install``): the page is Lab
+  X, ``#dpnb-sidebar`` says it has no cluster, the status bar item is there,
+  no console message says "Unsatisfied version", and no page error or console
+  error names dpnb.  The console's messages are printed (``-s`` shows them).
+
+Skipped only where Playwright or Chromium is missing, as its neighbours.
+pip's cache is used: with it warm the test takes about a minute.
+
+    python -m pytest -m browser tests/browser/test_oldest_lab.py -s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from helpers import nbutil as nbu
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = nbu.CHROMIUM
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+#: what dpnb.lab imports at server start beside jupyter_server and tornado (Lab's own)
+SERVER_EXTENSION_NEEDS = ("psutil",)
+#: the outer run's variables that would show the inner Lab this checkout's Python or Jupyter paths
+DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "JUPYTER_PATH", "JUPYTER_CONFIG_PATH",
+               "PIP_REQUIRE_VIRTUALENV", "PIP_NO_CACHE_DIR")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def oldest_jupyterlab() -> str:
+    """The lowest version pyproject.toml's ``jupyterlab`` requirement allows, as X.Y.Z."""
+    project = tomllib.loads((nbu.REPO / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    (req,) = [r for r in reqs if r.name.lower() == "jupyterlab"]
+    lows = [Version(s.version) for s in req.specifier if s.operator in (">=", "==", "~=")]
+    assert lows, f"pyproject.toml's {req} has no lower bound"
+    v = max(lows)
+    return f"{v.major}.{v.minor}.{v.micro}"
+
+
+@pytest.fixture
+def browser():
+    why = nbu.browser_missing()  # the same test as tests/browser/test_lab.py's
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+    if not (nbu.REPO / "dpnb" / "labextension" / "package.json").exists():
+        pytest.fail("dpnb/labextension is not built (see README: In JupyterLab)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _run(cmd, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert p.returncode == 0, f"{' '.join(map(str, cmd))} exited {p.returncode}:\n" \
+                              f"{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+    return p
+
+
+@pytest.mark.timeout(900)  # a cold pip cache downloads Lab and its dependencies
+def test_the_oldest_jupyterlab_loads_the_sidebar_without_unsatisfied_versions(browser, tmp_path):
+    t0 = time.monotonic()
+    lab_version = oldest_jupyterlab()
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], timeout=300)
+    py, bin_ = nbu.python_in(venv), venv / "bin"
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env.update(nbu.jupyter_env(tmp_path / "home"), VIRTUAL_ENV=str(venv),
+               PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    _run([py, "-m", "pip", "install", "-q", f"jupyterlab=={lab_version}",
+          *SERVER_EXTENSION_NEEDS], env=env, cwd=tmp_path, timeout=900)
+    src = nbu.copy_worktree(tmp_path / "src")  # pip's build output stays out of the checkout
+    _run([py, "-m", "pip", "install", "-q", "--no-deps", str(src)], env=env, cwd=tmp_path,
+         timeout=600)
+    print(f"venv with jupyterlab=={lab_version} and dpnb: {time.monotonic() - t0:.1f} s")
+
+    listed = _run([py, "-m", "jupyter", "labextension", "list"], env=env, timeout=120)
+    listed = ANSI.sub("", listed.stdout + listed.stderr)
+    print(listed)
+    ver = tomllib.loads((nbu.REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert re.search(rf"dpnb v{re.escape(ver)} enabled\s+OK", listed), listed
+
+    page_config = tmp_path / "home" / "jupyter-config" / "labconfig" / "page_config.json"
+    page_config.parent.mkdir(parents=True, exist_ok=True)
+    page_config.write_text(json.dumps({"exposeAppInBrowser": True}))  # window.jupyterapp
+    port, token = nbu.free_port(), secrets.token_hex(16)
+    cmd = [str(bin_ / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # CI containers run as root
+    log_path = tmp_path / "jupyter-lab.log"
+    base = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 90  # a loaded 2-core machine: only "not hung"
+            while True:
+                if server.poll() is not None:
+                    pytest.fail(f"jupyter lab exited ({server.returncode}):\n"
+                                + log_path.read_text()[-3000:])
+                try:
+                    with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
+                        break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        pytest.fail("jupyter lab did not answer in 90 s:\n"
+                                    + log_path.read_text()[-3000:])
+                    time.sleep(0.5)
+            _check_page(browser, base, token, lab_version)
+            assert "dpnb: serving /api/dpnb/clusters" in log_path.read_text(), \
+                log_path.read_text()[-3000:]  # the server extension loaded
+        finally:
+            nbu.stop_process(server)  # by PID; then whatever it started that outlived it
+    print(f"test took {time.monotonic() - t0:.1f} s")
+
+
+def _check_page(browser, base: str, token: str, lab_version: str) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    messages: list[tuple[str, str]] = []
+    page.on("console", lambda m: messages.append((m.type, m.text)))
+    page.on("pageerror", lambda e: messages.append(("pageerror", str(e))))
+    try:
+        page.goto(f"{base}/lab?token={token}", timeout=90_000)
+        page.wait_for_selector("#dpnb-status", timeout=90_000)
+        running = json.loads(page.locator("#jupyter-config-data").text_content())["appVersion"]
+        assert running == lab_version, f"the page is JupyterLab {running}, not {lab_version}"
+        page.evaluate("window.jupyterapp.commands.execute('dpnb:show-clusters')")
+        sidebar = page.locator("#dpnb-sidebar")
+        deadline = time.monotonic() + 30
+        while not (sidebar.count() == 1 and "No dpnb cluster" in sidebar.inner_text()):
+            assert time.monotonic() < deadline, "the empty dpnb sidebar (after 30 s): " + \
+                (sidebar.inner_text() if sidebar.count() else "no #dpnb-sidebar")
+            page.wait_for_timeout(200)
+        assert page.locator("#dpnb-status").inner_text().strip() == "dpnb: no cluster"
+        page.wait_for_timeout(2000)  # late warnings and the sidebar's first polls
+    finally:
+        print(f"console of JupyterLab {lab_version} ({len(messages)} messages):")
+        for kind, text in messages:
+            print(f"  {kind}: {text[:400]}")
+        page.close()
+    unsatisfied = [t for _, t in messages if "Unsatisfied version" in t]
+    assert not unsatisfied, "\n".join(unsatisfied)
+    dpnb_errors = [f"{k}: {t}" for k, t in messages
+                   if k in ("pageerror", "error") and "dpnb" in t.lower()]
+    assert not dpnb_errors, "\n".join(dpnb_errors)
