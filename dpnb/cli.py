@@ -40,13 +40,23 @@ def install_kernel(*, user: bool = False, sys_prefix: bool = False, prefix: str 
                                                        prefix=prefix)
 
 
+def _version() -> str:
+    """The installed metadata's version (what ``dpnb.__version__`` also reads).
+    Read here, not from the package: ``python -m dpnb.cli`` run in a folder
+    holding a ``dpnb/`` directory (the private runtime folder's name) sees a
+    namespace package named dpnb without the attribute."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dpnb")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+        return "0+unknown"
+
+
 def parser() -> argparse.ArgumentParser:
     """Every subcommand's arguments (``dpnb -h``, ``dpnb SUBCOMMAND -h``)."""
     p = argparse.ArgumentParser(prog="dpnb", description=__doc__)
-    # lazy: the version is read from the installed metadata, once, here
-    from . import __version__
-
-    p.add_argument("--version", action="version", version=f"dpnb {__version__}")
+    p.add_argument("--version", action="version", version=f"dpnb {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     dr = sub.add_parser("doctor", help="check this environment for dpnb (torch, GPUs, "

@@ -30,10 +30,16 @@ def healthy(cluster):
 
 @pytest.fixture(scope="module")
 def ip():
-    """An IPython shell with ``%load_ext dpnb``; its cluster is stopped after the module."""
+    """An IPython shell with ``%load_ext dpnb``; its cluster is stopped after the
+    module, and forgotten: the shell is shared by every module of the worker."""
+    from dpnb.magics import get_magics
+
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "dpnb")
     yield shell
     c = dpnb.get_cluster(shell)
     if c is not None:
         c.stop()
+        m = get_magics(shell)
+        if m is not None:
+            m.cluster = None

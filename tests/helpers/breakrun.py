@@ -107,6 +107,9 @@ def _env(root: str, outcomes: str | None = None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop(OUTCOMES_ENV, None)
+    # run from inside an xdist worker (the checker's own tests), the child is no worker
+    for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        env.pop(var, None)
     if outcomes:
         env[OUTCOMES_ENV] = outcomes
     return env
