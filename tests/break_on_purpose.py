@@ -1052,6 +1052,9 @@ MUTATIONS = [
   "dpnb/labextension/static/remoteEntry.fcf91d8b4f78ef7802fa.js",
   '"@jupyterlab/application",!1,[1,4,0,0]', '"@jupyterlab/application",!1,[1,4,6,6]',
   ["tests/browser/test_oldest_lab.py::test_the_oldest_jupyterlab_loads_the_sidebar_without_unsatisfied_versions"]),
+ ("packaging: torch's lower bound is one the oldest-versions test passes", "pyproject.toml",
+  '    "torch>=2.12",  # 2.6-2.11', '    "torch>=2.9",  # 2.6-2.11',
+  ["tests/slow/test_oldest_versions.py::test_the_oldest_declared_torch_and_ipyparallel_pass_the_unit_tier_and_a_2_rank_smoke"]),
 ]
 
 
