@@ -27,16 +27,12 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from helpers import nbutil as nbu
 
-CHROMIUM = nbu.CHROMIUM
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 RUN_ALL_TIMEOUT_S = 240
 NOTEBOOK = "notebooks/00_quickstart.ipynb"
 # errors render as stderr text in JupyterLab (tracebacks and a cell's stderr alike)
@@ -78,19 +74,7 @@ def lab(tmp_path):
                               stdin=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"jupyter lab exited ({server.returncode}):\n"
-                            + log_path.read_text()[-3000:])
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
-                    break
-            except Exception:
-                if time.monotonic() > deadline:
-                    pytest.fail("jupyter lab did not answer in 90 s:\n"
-                                + log_path.read_text()[-3000:])
-                time.sleep(0.5)
+        nbu.wait_for_lab(server, base, token, log_path)
         yield base, token
     finally:
         nbu.stop_process(server)  # by PID; then whatever it started that outlived it
@@ -99,16 +83,8 @@ def lab(tmp_path):
 
 @pytest.fixture
 def browser():
-    why = nbu.browser_missing()
-    if why:
-        pytest.skip(why)
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with nbu.chromium() as b:
+        yield b
 
 
 #: the kernel the course's notebooks name: the default one, no dpnb kernelspec needed

@@ -30,9 +30,6 @@ from helpers import nbutil as nbu
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = nbu.CHROMIUM
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 CELLS = ["%load_ext dpnb\n%dp start -n 2 --keep 3m --timeout 10",
          "import dpnb\nc = dpnb.get_cluster()\n"
          "c.run('import torch, dpnb.data\\n'\n"
@@ -50,18 +47,8 @@ SIDEBAR_S = 20
 
 @pytest.fixture(scope="module")
 def browser():
-    why = nbu.browser_missing()  # the same test as tests/browser/test_lab.py's
-    if why:
-        pytest.skip(why)
-    from playwright.sync_api import sync_playwright
-    if not (nbu.REPO / "dpnb" / "labextension" / "package.json").exists():
-        pytest.fail("dpnb/labextension is not built (see README: In JupyterLab)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with nbu.chromium() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")

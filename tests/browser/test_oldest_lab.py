@@ -35,7 +35,6 @@ import secrets
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 from packaging.requirements import Requirement
@@ -50,9 +49,6 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = nbu.CHROMIUM
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 #: what dpnb.lab imports at server start beside jupyter_server and tornado (Lab's own)
 SERVER_EXTENSION_NEEDS = ("psutil",)
 #: the outer run's variables that would show the inner Lab this checkout's Python or Jupyter paths
@@ -74,18 +70,8 @@ def oldest_jupyterlab() -> str:
 
 @pytest.fixture
 def browser():
-    why = nbu.browser_missing()  # the same test as tests/browser/test_lab.py's
-    if why:
-        pytest.skip(why)
-    from playwright.sync_api import sync_playwright
-    if not (nbu.REPO / "dpnb" / "labextension" / "package.json").exists():
-        pytest.fail("dpnb/labextension is not built (see README: In JupyterLab)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with nbu.chromium() as b:
+        yield b
 
 
 def _run(cmd, **kw) -> subprocess.CompletedProcess:
@@ -133,19 +119,7 @@ def test_the_oldest_jupyterlab_loads_the_sidebar_without_unsatisfied_versions(br
         server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, cwd=tmp_path)
         try:
-            deadline = time.monotonic() + 90  # a loaded 2-core machine: only "not hung"
-            while True:
-                if server.poll() is not None:
-                    pytest.fail(f"jupyter lab exited ({server.returncode}):\n"
-                                + log_path.read_text()[-3000:])
-                try:
-                    with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
-                        break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        pytest.fail("jupyter lab did not answer in 90 s:\n"
-                                    + log_path.read_text()[-3000:])
-                    time.sleep(0.5)
+            nbu.wait_for_lab(server, base, token, log_path)
             _check_page(browser, base, token, lab_version)
             assert "dpnb: serving /api/dpnb/clusters" in log_path.read_text(), \
                 log_path.read_text()[-3000:]  # the server extension loaded

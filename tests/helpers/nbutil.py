@@ -10,6 +10,7 @@ reports those still alive afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -31,6 +32,11 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 CHROMIUM = os.environ.get("DPNB_CHROMIUM", "/usr/bin/chromium")
 
 
+#: Chromium's flags for a headless run in a container, with nothing fetched from outside
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
 def browser_missing() -> str | None:
     """Why tests/browser cannot drive JupyterLab here, or None when it can."""
     if importlib.util.find_spec("playwright") is None:
@@ -38,6 +44,51 @@ def browser_missing() -> str | None:
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         return f"no Chromium at {CHROMIUM} (apt-get install chromium)"
     return None
+
+
+@contextlib.contextmanager
+def chromium():
+    """Debian's Chromium under Playwright (the browser tier's), or a skip that
+    says what is missing; closed at the end."""
+    import pytest  # lazy: nbutil is imported outside pytest too
+
+    why = browser_missing()
+    if why:
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+
+    if not (REPO / "dpnb" / "labextension" / "package.json").exists():
+        pytest.fail("dpnb/labextension is not built (see README: In JupyterLab)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def wait_for_lab(server: subprocess.Popen, base: str, token: str, log_path: Path,
+                 timeout_s: float = 90.0) -> None:
+    """Until ``jupyter lab`` at ``base`` answers its status API; a failure with
+    its log when it exits or does not answer in ``timeout_s`` (a loaded 2-core
+    machine: the bound says only "not hung")."""
+    import urllib.request
+
+    import pytest  # lazy: nbutil is imported outside pytest too
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if server.poll() is not None:
+            pytest.fail(f"jupyter lab exited ({server.returncode}):\n"
+                        + log_path.read_text()[-3000:])
+        try:
+            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
+                return
+        except OSError:  # not listening yet (URLError and HTTPError are OSErrors)
+            if time.monotonic() > deadline:
+                pytest.fail(f"jupyter lab did not answer in {timeout_s:.0f} s:\n"
+                            + log_path.read_text()[-3000:])
+            time.sleep(0.5)
 
 
 def notebooks() -> list[Path]:
