@@ -500,7 +500,7 @@ MUTATIONS = [
  ("lab: the shipped config enables the server extension",
   "jupyter-config/jupyter_server_config.d/dpnb.json", '"dpnb.lab": true', '"dpnb.lab": false',
   # a fresh install of the repository: an installed venv keeps the copy it was given
-  ["tests/slow/test_lab_install.py"]),
+  ["tests/browser/test_oldest_lab.py::test_the_oldest_jupyterlab_loads_the_sidebar_without_unsatisfied_versions"]),
  ("lab: training progress reaches the publication", "dpnb/session/verbs.py",
   "    if summary:\n        cluster.published.progress(", "    if False:\n        cluster.published.progress(",
   ["tests/cluster/test_lab_server.py"]),
@@ -509,7 +509,7 @@ MUTATIONS = [
   ["tests/cluster/test_lab_server.py"]),
  ("lab: an editable install installs the data files (labextension, server switch)", "setup.py",
   "        return self.has_data_files()\n", "        return False\n",
-  ["tests/slow/test_lab_install.py"]),
+  ["tests/browser/test_oldest_lab.py::test_the_oldest_jupyterlab_loads_the_sidebar_without_unsatisfied_versions"]),
  ("lab: a kept cluster with a dead rank is attached (and restarted) all the same", "dpnb/cluster/keep.py",
   "        client.wait_for_engines(live, timeout=30)\n",
   '        client.wait_for_engines(len(rec["ranks"]), timeout=30)\n',
