@@ -45,7 +45,7 @@ def _version() -> str:
     Read here, not from the package: ``python -m dpnb.cli`` run in a folder
     holding a ``dpnb/`` directory (the private runtime folder's name) sees a
     namespace package named dpnb without the attribute."""
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version  # lazy: only for --version's text
 
     try:
         return version("dpnb")

@@ -59,6 +59,14 @@ def main(argv=None) -> int:
         assert sums == [[3.0], [3.0]], f"all_reduce of rank+1 over 2 ranks gave {sums}"
         assert c.pull("who") == [(0, 2, 0, 2), (1, 2, 1, 2)], c.pull("who")
         print("all_reduce: both ranks hold 3.0", flush=True)
+        # torch 2.13's names, as the course writes them: dpnb gives an older torch them
+        res = c.run("s = torch.zeros(1)\n"
+                    "dist.reduce_scatter_single(s, torch.full((2,), float(rank + 1)))\n"
+                    "g = torch.zeros(2)\ndist.all_gather_single(g, s)", display=False)
+        assert res.ok, res
+        got = [x.tolist() for x in c.pull("g")]
+        assert got == [[3.0, 3.0], [3.0, 3.0]], f"reduce_scatter + all_gather gave {got}"
+        print("reduce_scatter_single + all_gather_single: both ranks hold [3.0, 3.0]", flush=True)
 
         for strategy in args.strategies.split(","):
             c.run(SETUP, display=False)

@@ -16,9 +16,10 @@ pyproject.toml (so it follows the declared bounds), and in a fresh venv:
 
 torch older than 2.13 has no CPU-only wheel on PyPI for x86_64, so X is the
 CUDA build with its nvidia-* packages (about 3.5 GB; they import and run on a
-machine without a GPU).  pip's own cache is left on (no ``--no-cache-dir``):
-where the index's files come with cache headers a second run downloads
-nothing.  Skipped only when the package index cannot be reached.
+machine without a GPU).  They are downloaded once into a folder kept across
+runs (``$DPNB_WHEEL_CACHE``, default ``~/.cache/dpnb/oldest-wheels``; pip's own
+cache keeps nothing here) and installed from it.  The unit tier runs on two
+workers.  Skipped only when the package index cannot be reached.
 
     python -m pytest tests/slow/test_oldest_versions.py
 """
@@ -134,9 +135,18 @@ def test_the_oldest_declared_torch_and_ipyparallel_pass_the_unit_tier_and_a_2_ra
     pins = tmp_path / "oldest.txt"
     pins.write_text(f"torch=={torch_v}\nipyparallel=={ipp_v}\n")
 
-    # dpnb with its own dependencies, as a user installs it; pip's cache is kept (no
-    # --no-cache-dir), so only the first run downloads torch and its CUDA libraries
+    # torch X and its CUDA libraries (about 3.5 GB) into a folder kept across runs:
+    # pip's own cache keeps none of them here (the index's answers carry no cache
+    # headers), so without it every CI run downloads them again
     t0 = time.monotonic()
+    wheels = Path(os.environ.get("DPNB_WHEEL_CACHE",
+                                 Path.home() / ".cache" / "dpnb" / "oldest-wheels"))
+    wheels.mkdir(parents=True, exist_ok=True)
+    _ok(_run([py, "-m", "pip", "download", "-q", "-d", wheels, f"torch=={torch_v}"],
+             env=env, cwd=tmp_path, timeout=2400), "pip download torch")
+    _ok(_run([py, "-m", "pip", "install", "-q", "--no-index", "--find-links", wheels,
+              f"torch=={torch_v}"], env=env, cwd=tmp_path, timeout=2400), "pip install torch")
+    # then dpnb with its own dependencies, as a user installs it
     _ok(_run([py, "-m", "pip", "install", "-q", "-c", pins, "-e", repo, *tools, *agent],
              env=env, cwd=tmp_path, timeout=2400), "pip install")
     print(f"install: {time.monotonic() - t0:.0f} s", flush=True)
@@ -149,7 +159,8 @@ def test_the_oldest_declared_torch_and_ipyparallel_pass_the_unit_tier_and_a_2_ra
 
     # the whole unit tier, under the installed versions
     t0 = time.monotonic()
-    unit = _run([py, "-m", "pytest", "tests/unit", "-p", "no:cacheprovider", "-q",
+    # two workers, as the suite runs: this test's own worker waits meanwhile
+    unit = _run([py, "-m", "pytest", "tests/unit", "-n", "2", "-p", "no:cacheprovider", "-q",
                  "--timeout", "120", "-rfE"], env=env, cwd=repo, timeout=1800)
     unit_s = time.monotonic() - t0
     summary = (unit.stdout.strip().splitlines() or [""])[-1]
