@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 
 try:
     # one version, written once in pyproject.toml; the labextension's
-    # package.json is checked against it (tests/unit/test_repo_files.py)
+    # package.json is checked against it (tests/unit/test_packaging.py)
     __version__ = version("dpnb")
 except PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
     __version__ = "0+unknown"

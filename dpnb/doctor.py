@@ -95,7 +95,8 @@ def _gpus() -> list[Finding]:
 
 
 def _torch() -> list[Finding]:
-    v = _version("torch")
+    """torch, its CUDA and NCCL, and so the backend ``%dp start`` picks: the GPUs
+    are counted once, with NVML, for both lines."""
     try:
         import torch  # noqa: PLC0415  (only here: the other checks run without it)
     except Exception as e:  # noqa: BLE001  (any import failure is the finding)
@@ -105,7 +106,7 @@ def _torch() -> list[Finding]:
     cuda = torch.version.cuda
     if cuda is None:
         out.append(Finding("cuda", OK, "a CPU build of torch: ranks use gloo"))
-        return out
+        return out + [_backend(0)]
     nccl = "unknown"
     try:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
@@ -117,20 +118,14 @@ def _torch() -> list[Finding]:
     out.append(Finding("cuda", OK if n else WARN, f"CUDA {cuda}, NCCL {nccl}, {n} GPU(s) visible",
                        "" if n else "no GPU visible: check the driver (nvidia-smi) and "
                                     "CUDA_VISIBLE_DEVICES; ranks will use gloo"))
-    return out + _gpus()
+    return out + [_backend(n)] + _gpus()
 
 
-def _backend() -> list[Finding]:
-    try:
-        from .engine import device  # noqa: PLC0415
-        n = device.device_count()
-    except Exception as e:  # noqa: BLE001  (torch missing: said by the torch line)
-        return [Finding("backend", FAIL, f"cannot tell without torch ({type(e).__name__})",
-                        "install torch first")]
-    if n:
-        return [Finding("backend", OK, f"%dp start -n N picks nccl for N <= {n} on this host "
-                                       f"(one GPU per engine), gloo beyond")]
-    return [Finding("backend", OK, "%dp start picks gloo (CPU engines)")]
+def _backend(gpus: int) -> Finding:
+    if gpus:
+        return Finding("backend", OK, f"%dp start -n N picks nccl for N <= {gpus} on this host "
+                                      f"(one GPU per engine), gloo beyond")
+    return Finding("backend", OK, "%dp start picks gloo (CPU engines)")
 
 
 def _ipyparallel() -> list[Finding]:
@@ -222,7 +217,7 @@ def _host() -> list[Finding]:
 
 
 CHECKS: tuple[Callable[[], list[Finding]], ...] = (
-    _dpnb, _python, _torch, _backend, _ipyparallel, _jupyter, _kernelspec, _host)
+    _dpnb, _python, _torch, _ipyparallel, _jupyter, _kernelspec, _host)
 
 
 def findings() -> list[Finding]:
