@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -258,17 +259,13 @@ def run(chosen: list[Entry], ids_of: dict[str, list[str]], jobs: int, root: str 
     """Every entry in ``ids_of`` tried, ``jobs`` at a time, each worker in its own copy."""
     todo = [e for e in chosen if e.name in ids_of]
     lock = threading.Lock()  # the namespace tiers, one at a time
-    trees: list[str] = []
-    free: list[str] = []
-    guard = threading.Lock()
+    trees = [_copy(root) for _ in range(max(1, min(jobs, len(todo))))]
+    free: queue.SimpleQueue = queue.SimpleQueue()  # a copy per running break
+    for t in trees:
+        free.put(t)
 
     def one(e: Entry) -> Verdict:
-        with guard:
-            tree = free.pop() if free else None
-        if tree is None:
-            tree = _copy(root)
-            with guard:
-                trees.append(tree)
+        tree = free.get()
         try:
             if e.tiers & TOGETHER:
                 with lock:
@@ -276,8 +273,7 @@ def run(chosen: list[Entry], ids_of: dict[str, list[str]], jobs: int, root: str 
             else:
                 v = try_break(e, ids_of[e.name], tree)
         finally:
-            with guard:
-                free.append(tree)
+            free.put(tree)
         report(v.line())
         return v
 
