@@ -1,5 +1,5 @@
 """What breaks first beyond one machine, measured on light processes: rank 0's
-rendezvous store (:mod:`dpnb.engine.authstore`) under a full-mesh formation.
+rendezvous store (:mod:`dpnb.engine.group.authstore`) under a full-mesh formation.
 
 A gloo group forms through the store: every rank sets its address key and
 reads every other rank's, N sets and N (N - 1) gets, all served by rank 0's
@@ -28,7 +28,7 @@ TOKEN = "fanin-benchmark"
 
 
 def _client(port: int, ranks: list[int], n: int, q) -> None:
-    from dpnb.engine.authstore import AuthStore
+    from dpnb.engine.group.authstore import AuthStore
 
     stores = {}
     t0 = time.perf_counter()
@@ -54,7 +54,7 @@ def _client(port: int, ranks: list[int], n: int, q) -> None:
 
 
 def one(n: int, procs: int) -> tuple[float, float]:
-    from dpnb.engine.authstore import StoreServer
+    from dpnb.engine.group.authstore import StoreServer
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

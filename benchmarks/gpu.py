@@ -55,11 +55,11 @@ def _dpnb_side(steps: int) -> tuple[dict, list[dict]]:
                 c.train(steps=5, micro_batch=mb, progress=False)  # warm-up
                 c.train(steps=steps, micro_batch=mb, progress=False)
                 recs = dpnb.session.verbs.records(c, last=steps)[0]
-                snap = c.call("dpnb.engine.views.memory_snapshot").values[0]
+                snap = c.call("dpnb.engine.metrics.views.memory_snapshot").values[0]
                 rows.append({"model": name, "strategy": strategy, "micro_batch": mb,
                              "step_ms": 1e3 * statistics.median(r["step_time_s"] for r in recs),
                              "measured": snap["measured"], "snapshot": snap})
-        bench = c.call("dpnb.engine.views.bench_allreduce", [2**20, 2**24, 2**26], 10).values[0]
+        bench = c.call("dpnb.engine.metrics.views.bench_allreduce", [2**20, 2**24, 2**26], 10).values[0]
     finally:
         c.stop()
     return {"start_s": start_s, "allreduce": bench, "gpu": _gpu_name()}, rows

@@ -71,7 +71,7 @@ def _part_a(c) -> tuple[str, str]:
 def _part_b(c) -> tuple[str, str]:
     res = c.run(
         "import time\nfrom dpnb import compat\nfrom dpnb.engine import step\n"
-        "from dpnb.engine.train_state import TrainError\n" + _BUSY +
+        "from dpnb.engine.train.train_state import TrainError\n" + _BUSY +
         "compat.set_group_timeout(1.0)\n"
         "busy(5.0)\n"
         "x = torch.ones(1, device=device); dist.all_reduce(x)\n"
@@ -117,7 +117,7 @@ def _part_c(c) -> tuple[str, str]:
 
 
 def _part_e(c) -> tuple[str, str]:
-    res = c.run("import os\nfrom dpnb.engine.private import private_dir\n"
+    res = c.run("import os\nfrom dpnb.engine.proc.private import private_dir\n"
                 "print(os.environ.get('TORCH_NCCL_DEBUG_INFO_TEMP_FILE'), "
                 "os.environ.get('TORCH_NCCL_ENABLE_MONITORING'), private_dir())", display=False)
     trace, monitoring, private = res.stdout[0].split()

@@ -3,7 +3,7 @@
     python benchmarks/guard_and_checkpoint.py [--json out.json] [--guard-only]
 
 * Collectives in ``%%dp`` cells are checked across ranks before they run
-  (:mod:`dpnb.engine.cellguard`), each call's site (file, line) recorded and
+  (:mod:`dpnb.engine.cell.cellguard`), each call's site (file, line) recorded and
   compared with the call; ``%%dp --unchecked`` cells are not.  The
   same cell runs both ways, alternated 8 times, three patterns:
   ``back to back`` -- 1000 calls of a 1-float ``all_reduce`` in a loop (the
@@ -125,7 +125,7 @@ def checkpoint_cost(c) -> dict:
                     checkpoint_dir=os.path.join(d, "auto"))
         ck.append((time.perf_counter() - t0, len(s["checkpoints"])))
     per = [(t - p_) / n for (t, n), p_ in zip(ck, plain)]
-    state = c.call("dpnb.engine.training.measure_state_bytes").values[0]
+    state = c.call("dpnb.engine.train.training.measure_state_bytes").values[0]
     res = {"model": "mlp", "params": int(state["params"] / 4),
            "train_20_steps_s": round(statistics.median(plain), 3),
            "per_checkpoint_s": round(statistics.median(per), 3)}

@@ -4,7 +4,7 @@ Two hosts are built from network namespaces on this machine (see
 ``tests/helpers/hosts.py``; root only), 2 ranks each over ssh.  The link of
 each host is limited with ``tc ... tbf rate RATE`` both ways (``netem`` is
 not available in this kernel).  For each size, in one run on the same
-ranks, :func:`dpnb.engine.hierbench.bench_hierarchical` times the flat
+ranks, :func:`dpnb.engine.metrics.hierbench.bench_hierarchical` times the flat
 all-reduce, each phase of the two-level one (intra-host reduce-scatter,
 inter-host all-reduce of S/g, intra-host all-gather), and each link alone;
 the table sets them beside :func:`dpnb.core.hierarchical_allreduce_time`

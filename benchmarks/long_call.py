@@ -11,7 +11,7 @@ sync, so on N ranks the slow steps are the union of every rank's.
 Then what one full collection costs an engine, side by side in one run:
 rounds alternate between the engine's start-up heap left in the collector's
 reach (``gc.unfreeze()``) and frozen again (``gc.freeze()``, what dpnb does at
-start-up: :func:`dpnb.engine.process.freeze_startup_heap`).  A full
+start-up: :func:`dpnb.engine.proc.process.freeze_startup_heap`).  A full
 collection comes when enough objects have outlived younger collections, and
 whenever code calls ``gc.collect()`` (Accelerate's ``free_memory``, many
 evaluation loops, users).
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         for i in range(a.calls):
             c.train(steps=a.steps, micro_batch=mb, progress=False)
             t = sorted(1e3 * r["step_time_s"] for r in c.call(
-                "dpnb.engine.training.records", last=a.steps).values[0])
+                "dpnb.engine.train.training.records", last=a.steps).values[0])
             med = statistics.median(t)
             print(f"{i} | {med:.1f} | {statistics.fmean(t):.1f} | {t[int(0.99 * (len(t) - 1))]:.1f} | "
                   f"{t[-1]:.1f} | {sum(x > 3 * med for x in t)}")

@@ -5,9 +5,12 @@
 Separate benchmark processes on a lent GPU machine drifted too much to
 compare two versions of the loop (torchrun's own MLP step read 2.62 to
 4.44 ms across four runs in one call there): this puts both in one engine.
-``dpnb/engine/step.py`` of ``REV`` (``git show``) is loaded beside the
-current one as ``dpnb.engine._step_at_rev`` -- it imports this checkout's
-other engine modules, so it must still fit them -- and, for the MLP and the
+The loop of ``REV`` -- ``dpnb/engine/train/step.py`` (one step) and
+``dpnb/engine/train/call.py`` (one call), by ``git show`` -- is loaded beside
+the current one as ``dpnb.engine.train._step_at_rev`` and ``_call_at_rev``
+(its call module made to use its own step module; both import this
+checkout's other engine modules, so they must still fit them: a revision
+from before the engine's rooms does not) -- and, for the MLP and the
 course's TinyLM under DDP on a 1-rank cluster, rounds alternate 20 steps of
 the other loop's ``train`` and 20 of the current one on the same wrapped
 model.  Prints each side's median step time and their ratio (current /
@@ -27,12 +30,20 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 CELL = """
-import importlib.util as _iu, statistics as _stat, collections as _co
-_spec = _iu.spec_from_file_location("dpnb.engine._step_at_rev", {path!r})
-_other = _iu.module_from_spec(_spec)
-_spec.loader.exec_module(_other)
-import dpnb.engine.training as _T
+import importlib.util as _iu, statistics as _stat, collections as _co, sys as _sys, types as _ty
+_spec = _iu.spec_from_file_location("dpnb.engine.train._step_at_rev", {step!r})
+_sys.modules[_spec.name] = _iu.module_from_spec(_spec)
+_spec.loader.exec_module(_sys.modules[_spec.name])
+_call = _ty.ModuleType("dpnb.engine.train._call_at_rev")
+exec(compile(open({call!r}).read().replace("dpnb.engine.train.step import",
+                                             "dpnb.engine.train._step_at_rev import"),
+             {call!r}, "exec"), _call.__dict__)
+from dpnb.core.trainargs import TrainArgs as _Args
+import dpnb.engine.train.training as _T
 _st = _T.train_state(globals())
+
+class _other:
+    train = staticmethod(lambda ns, **kw: _call.train(ns, _Args(**kw)))
 
 def _steps(train, n):
     k0 = len(_st.records)
@@ -49,10 +60,11 @@ _med = {{k: 1e3 * _stat.median(v) for k, v in _times.items()}}
 """
 
 
-def _other_step(rev: str) -> str:
-    src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:dpnb/engine/step.py"],
+def _at_rev(rev: str, name: str) -> str:
+    """``dpnb/engine/train/NAME.py`` of ``rev``, in a temporary file."""
+    src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:dpnb/engine/train/{name}.py"],
                          capture_output=True, text=True, check=True).stdout
-    fd, path = tempfile.mkstemp(prefix="dpnb-step-", suffix=".py")
+    fd, path = tempfile.mkstemp(prefix=f"dpnb-{name}-", suffix=".py")
     with os.fdopen(fd, "w") as f:
         f.write(src)
     return path
@@ -67,7 +79,7 @@ def main(argv=None) -> int:
     import dpnb
     from suite import SETUP_CELL
 
-    path = _other_step(a.old)
+    step, call = _at_rev(a.old, "step"), _at_rev(a.old, "call")
     c = dpnb.start(1, backend=a.backend)
     try:
         print(f"backend {c.backend}, device {c.ranks[0].device}; median step ms, 1 rank, DDP")
@@ -77,12 +89,13 @@ def main(argv=None) -> int:
             c.wrap("net", "ddp")
             c.set_data("ds")
             mb = int(c.pull("mb", rank=0))
-            c.run(CELL.format(path=path, mb=mb, rounds=a.rounds), display=False)
+            c.run(CELL.format(step=step, call=call, mb=mb, rounds=a.rounds), display=False)
             m = c.pull("_med", rank=0)
             print(f"| {name} | {m['rev']:.3f} | {m['now']:.3f} | {m['now'] / m['rev']:.3f} |")
     finally:
         c.stop()
-        os.unlink(path)
+        os.unlink(step)
+        os.unlink(call)
     return 0
 
 

@@ -34,8 +34,8 @@ sys.path.insert(0, HERE)
 KS = (0, 1, 10, 50)
 # (K, the step waits for the copy): the side thread's copy and the synchronous one, alternated
 CONFIGS = [(0, False)] + [(k, w) for k in KS[1:] for w in (False, True)]
-SET = "dpnb.engine.peercopy.set_every"
-INFO = "dpnb.engine.peercopy.info"
+SET = "dpnb.engine.train.peercopy.set_every"
+INFO = "dpnb.engine.train.peercopy.info"
 
 
 def _label(k: int, wait: bool) -> str:
@@ -82,7 +82,7 @@ def _kill_and_resume(c, mb: int, **train_kw) -> dict:
     c.kill_rank(1)
     t_kill = time.perf_counter()
     t.join(300)
-    reached = c.call("dpnb.engine.rebuild.replica_info", ranks=[0]).values[0]["step"]
+    reached = c.call("dpnb.engine.train.rebuild.replica_info", ranks=[0]).values[0]["step"]
     msg = c.restart(resume=True)
     s = c.train(steps=1, micro_batch=mb, progress=False)
     return {"death_to_training_s": round(time.perf_counter() - t_kill, 2),
@@ -105,7 +105,7 @@ def one_model(name: str, rounds: int, steps: int) -> dict:
         out.update(step_cost(c, mb, rounds, steps))
         c.call(SET, 10)
         c.train(steps=12, micro_batch=mb, progress=False)
-        info = c.call("dpnb.engine.peercopy.info").values
+        info = c.call("dpnb.engine.train.peercopy.info").values
         out["copy_mb_per_rank"] = [round(i["bytes"] / 2**20, 2) for i in info]
         out["memory_resume"] = _kill_and_resume(c, mb)
         c.call(SET, 0)

@@ -6,7 +6,7 @@
 N long-lived worker processes form a gloo group again and again:
 ``init_process_group`` + one ``new_group`` + a barrier, then tear it down.
 Each round forms once through torch's ``TCPStore`` and once through dpnb's
-``AuthStore`` (:mod:`dpnb.engine.authstore`), in alternating order; a
+``AuthStore`` (:mod:`dpnb.engine.group.authstore`), in alternating order; a
 formation's time is the slowest rank's.  The ratio is the median of the
 per-round ratios.
 
@@ -48,7 +48,7 @@ def _worker(rank: int, n: int, q_in, q_out) -> None:
     import torch
     import torch.distributed as dist
 
-    from dpnb.engine.authstore import AuthStore, StoreServer
+    from dpnb.engine.group.authstore import AuthStore, StoreServer
 
     torch.set_num_threads(1)
     timeout = timedelta(seconds=60)
@@ -124,7 +124,7 @@ def _caller(kind: str, port: int, calls: int, busy: bool, q_out) -> None:
 
     import torch.distributed as dist
 
-    from dpnb.engine.authstore import AuthStore
+    from dpnb.engine.group.authstore import AuthStore
 
     timeout = timedelta(seconds=30)
     base = (dist.TCPStore("127.0.0.1", port, 2, False, timeout=timeout) if kind == "tcp"
@@ -152,7 +152,7 @@ def bench_calls(kind: str, calls: int, busy: bool) -> dict:
 
     import torch.distributed as dist
 
-    from dpnb.engine.authstore import StoreServer
+    from dpnb.engine.group.authstore import StoreServer
 
     port, server, master = _free_port(), None, None
     if kind == "tcp":

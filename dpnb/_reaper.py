@@ -70,6 +70,7 @@ def main(argv: list[str]) -> int:
         kernel_start = None
     last: list[tuple[int, float]] = []
     keep = None
+    profile_dir = os.path.dirname(os.path.abspath(path))
     while True:
         if os.path.exists(path):
             last = _read(path) or last
@@ -91,14 +92,19 @@ def main(argv: list[str]) -> int:
             if time.time() >= keep["detached_at"] + float(keep.get("ttl_s", 0)):
                 break
         time.sleep(0.5)
-    procs = []
+    procs: dict[int, psutil.Process] = {}
     for pid, started in last:
         try:
             p = psutil.Process(pid)
             if abs(p.create_time() - started) < 0.01:
-                procs.append(p)
+                procs[pid] = p
+                # what it started since the list was written (the controller's
+                # schedulers, a zygote's forks) is the cluster's too
+                procs.update((c.pid, c) for c in p.children(recursive=True))
         except psutil.Error:  # gone already (or never ours): nothing to stop
             pass
+    procs.pop(os.getpid(), None)
+    procs = list(procs.values())
     for p in procs:
         try:
             p.terminate()
@@ -111,9 +117,8 @@ def main(argv: list[str]) -> int:
         except psutil.Error:  # it ended after all
             pass
     # The profile holds the cluster's keys; the kernel could not remove it.
-    profile = os.path.dirname(os.path.abspath(path))
-    if os.path.basename(profile).startswith("dpnb-profile-"):
-        shutil.rmtree(profile, ignore_errors=True)
+    if os.path.basename(profile_dir).startswith("dpnb-profile-"):
+        shutil.rmtree(profile_dir, ignore_errors=True)
     record = (keep or {}).get("record")
     if record and os.path.basename(record).endswith(".json"):
         try:

@@ -13,6 +13,8 @@ import sys
 import tempfile
 from importlib import resources
 
+from .core.strategies import STRATEGIES
+
 
 def kernel_spec(python: str | None = None) -> dict:
     """The "Python 3 (dpnb)" kernelspec, bound to ``python`` (default: this one)."""
@@ -68,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
     d.add_argument("-n", type=int, default=2, help="engines (default 2)")
     d.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
-    d.add_argument("--strategy", default="ddp", choices=("ddp", "zero1", "zero2", "zero3"))
+    d.add_argument("--strategy", default="ddp", choices=STRATEGIES)
 
     c = sub.add_parser("course", help="the course's notebooks")
     csub = c.add_subparsers(dest="ccmd", required=True)

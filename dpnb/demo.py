@@ -17,6 +17,7 @@ import io
 import os
 import time
 
+from .core.strategies import is_ddp
 from .session import Cluster
 
 MODEL_CELL = """
@@ -77,7 +78,7 @@ def run_demo(out_dir: str = "demo-out", *, n: int = 2, steps: int = 20,
             + ", ".join(f"rank {k} holds {v}" for k, v in sorted(got.items()))), None))
 
         c.run(MODEL_CELL, display=False)
-        bucket = 0.05 if strategy in ("ddp", "zero1") else None
+        bucket = 0.05 if is_ddp(strategy) else None
         info = c.wrap("net", strategy, lr=3e-3, bucket_cap_mb=bucket)
         c.set_data("ds")
         log(f"training {info['n_params']:,}-parameter TinyLM with {strategy} for {steps} steps")
@@ -97,7 +98,7 @@ def run_demo(out_dir: str = "demo-out", *, n: int = 2, steps: int = 20,
             ("Gradient sync: backward, buckets, all-reduce", gradsync, {"last": 1}),
             ("Global batch arithmetic (live values)", batch, {}),
         ]
-        if strategy not in ("ddp", "zero1"):
+        if not is_ddp(strategy):
             views = [v for v in views if v[1] is not gradsync]
         for title, mod, kw in views:
             name = mod.__name__.rsplit(".", 1)[1]

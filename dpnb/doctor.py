@@ -112,7 +112,7 @@ def _torch() -> list[Finding]:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
     except Exception as e:  # noqa: BLE001  (a build without NCCL)
         nccl = f"none ({type(e).__name__})"
-    from .engine import device  # noqa: PLC0415  (torch is importable by now)
+    from dpnb.engine import device  # noqa: PLC0415  (torch is importable by now)
 
     n = device.device_count()
     out.append(Finding("cuda", OK if n else WARN, f"CUDA {cuda}, NCCL {nccl}, {n} GPU(s) visible",
@@ -205,7 +205,7 @@ def _host() -> list[Finding]:
                        f"raise the hard limit to at least {NOFILE_MIN} (limits.conf, or "
                        "ulimit -Hn as root)" if low else ""))
     try:
-        from .engine.private import private_dir  # noqa: PLC0415
+        from dpnb.engine.proc.private import private_dir  # noqa: PLC0415
 
         path = private_dir()
         mode = oct(os.stat(path).st_mode & 0o777)

@@ -14,7 +14,7 @@ import logging
 import sys
 import time
 
-from .core.events import ProgressEvent
+from .core.events import ProgressEvent, TrainSummary
 from .display import show_widget, widget_bundle
 from .env import RENDER_LOCK, in_kernel
 
@@ -81,46 +81,45 @@ class TrainProgress:
         return buf.getvalue()
 
     # ------------------------------------------------------------ updates
-    def update(self, data: dict | None, force: bool = False) -> None:
-        """Take rank 0's latest published dict (or None if nothing new)."""
-        if data and data.get("step") is not None and data["step"] != self._seen_step:
-            self._seen_step = data["step"]
+    def update(self, ev: ProgressEvent | None, force: bool = False) -> None:
+        """Take rank 0's latest progress event (or None if nothing new)."""
+        if ev is not None and ev.step is not None and ev.step != self._seen_step:
+            self._seen_step = ev.step
             # ``history`` holds the recent steps (publishing
             # is rate-limited on the engine), so the curve misses no step.
-            hist = data.get("history") or [(data["step"], data.get("loss"))]
+            hist = ev.history or [(ev.step, ev.loss)]
             known = self.losses[-1][0] if self.losses else -1
             for step, loss, *_sps in hist:  # (step, loss[, samples/s])
                 if loss is not None and int(step) > known:
                     self.losses.append((int(step), float(loss)))
-            self._render(data)
+            self._render(ev)
         now = time.monotonic()
         if self.kernel and self.losses and (force or now - self._last_draw > self.redraw_s):
             self._last_draw = now
             self.curve.value = self._curve_png()
 
-    def _done(self, d: dict) -> int:
-        if d.get("done") is not None:
-            return int(d["done"])
-        return int(d.get("step", 0)) - self.start_step + 1
+    def _done(self, ev: ProgressEvent) -> int:
+        if ev.done is not None:
+            return int(ev.done)
+        return int(ev.step or 0) - self.start_step + 1
 
-    def _text(self, d: dict) -> str:
-        done = self._done(d)
-        total = d.get("total") or self.total
+    def _text(self, ev: ProgressEvent) -> str:
+        done = self._done(ev)
+        total = ev.total or self.total
         total = f"/{total}" if total else ""
-        loss = d.get("loss")
-        taken = int(d["step"]) + 1 if d.get("step") is not None else None
+        taken = int(ev.step) + 1 if ev.step is not None else None
         parts = [f"step {done}{total}" + (f" ({taken} in total)" if taken and taken != done else ""),
-                 f"loss {loss:.4f}" if loss is not None else "loss -",
-                 f"{_fmt_rate(d.get('samples_per_s'))} samples/s",
-                 f"{_fmt_rate(d.get('tokens_per_s'))} tokens/s"]
+                 f"loss {ev.loss:.4f}" if ev.loss is not None else "loss -",
+                 f"{_fmt_rate(ev.samples_per_s)} samples/s",
+                 f"{_fmt_rate(ev.tokens_per_s)} tokens/s"]
         return " | ".join(parts)
 
-    def _render(self, d: dict) -> None:
-        text = self._text(d)
+    def _render(self, ev: ProgressEvent) -> None:
+        text = self._text(ev)
         if self.kernel:
-            done = self._done(d)
-            if d.get("total"):
-                self.bar.max = int(d["total"])
+            done = self._done(ev)
+            if ev.total:
+                self.bar.max = int(ev.total)
             self.bar.value = min(self.bar.max, max(0, done))
             self.label.value = f"<code>{text}</code>"
             self._last_line = text
@@ -129,13 +128,10 @@ class TrainProgress:
             sys.stdout.write("\r" + text.ljust(90))
             sys.stdout.flush()
 
-    def close(self, summary: dict | None, note: str = "") -> None:
+    def close(self, summary: TrainSummary | None, note: str = "") -> None:
         if summary:
-            last = {"step": summary.get("last_step"), "loss": summary.get("loss"),
-                    "done": summary.get("steps"), "total": summary.get("requested_steps"),
-                    "samples_per_s": summary.get("samples_per_s"),
-                    "tokens_per_s": summary.get("tokens_per_s")}
-            if last["step"] is not None and last["step"] != self._seen_step:
+            last = summary.progress_event()
+            if last.step is not None and last.step != self._seen_step:
                 self.update(last)
         if self.kernel:
             self.update(None, force=True)

@@ -32,7 +32,7 @@ from mcp.types import ToolAnnotations
 
 from ..cluster import keep
 from ..core.errors import UserError
-from ..engine.private import private_dir
+from dpnb.engine.proc.private import private_dir
 from ..errors import DpnbError
 from ..session import Cluster
 from . import policy, tools
@@ -59,7 +59,7 @@ def audit_file(cluster_id: str) -> str:
     return policy.audit_path(private_dir(), cluster_id)
 
 
-class Guard:
+class Gate:
     """The gate every tool call passes: permission, one call at a time, cap, audit."""
 
     def __init__(self, c: Cluster, perms: Permissions, audit: str):
@@ -98,11 +98,11 @@ class Guard:
         return call
 
 
-def _read_tools(add, c: Cluster, guard: Guard) -> None:
+def _read_tools(add, c: Cluster, gate: Gate) -> None:
     def status() -> dict[str, Any]:
         """Every rank: host, pid, device, alive/busy/dead, memory; the group's state."""
-        return {**tools.status(c), "audit_log": guard.audit,
-                "allowed": {"actions": guard.perms.actions, "code": guard.perms.code}}
+        return {**tools.status(c), "audit_log": gate.audit,
+                "allowed": {"actions": gate.perms.actions, "code": gate.perms.code}}
 
     def where(ranks: str | None = None) -> dict[str, Any]:
         """Where each rank is now (cell line, collective it is blocked in) and where the
@@ -172,7 +172,7 @@ def _code_tools(add, c: Cluster) -> None:
 def build(c: Cluster, perms: Permissions, audit: str) -> MCPServer:
     """The MCP server for cluster ``c``: every tool, gated by ``perms``."""
     server = MCPServer(name="dpnb", instructions=INSTRUCTIONS, log_level="WARNING")
-    guard = Guard(c, perms, audit)
+    gate = Gate(c, perms, audit)
     notes = {Need.READ: READ, Need.ACTIONS: ACT, Need.CODE: CODE}
 
     def add(fn, need: Need, name: str | None = None) -> None:
@@ -180,10 +180,10 @@ def build(c: Cluster, perms: Permissions, audit: str) -> MCPServer:
         doc = (fn.__doc__ or "").strip().split("\n\n")[0]
         if need != Need.READ:
             doc += f" Needs the server started with {policy.FLAG[need]}."
-        server.add_tool(guard.wrap(name, need, fn), name=name, description=doc,
+        server.add_tool(gate.wrap(name, need, fn), name=name, description=doc,
                         annotations=notes[need], structured_output=True)
 
-    _read_tools(add, c, guard)
+    _read_tools(add, c, gate)
     _action_tools(add, c)
     _code_tools(add, c)
     return server

@@ -22,7 +22,7 @@ from .. import log as dlog
 from ..cluster import diagnose
 from ..cluster.types import Status
 from ..core.errors import UserError
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..ranks import parse_ranks
 from ..session.resume import describe as describe_resume
 

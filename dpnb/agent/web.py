@@ -19,7 +19,7 @@ import sys
 
 import uvicorn
 
-from ..engine.private import private_dir
+from dpnb.engine.proc.private import private_dir
 
 #: the only address the HTTP transport listens on
 HOST = "127.0.0.1"

@@ -46,7 +46,7 @@ from .render import show_result
 from .scripts import run_script as _run_script
 from .status import status_rows
 from .restart import Restarted, restart as _restart
-from .state import World, WorldRef
+from .worldref import World, WorldRef
 from .transport import Transport, _runner_fn, unpack_value, unsendable
 from .types import (BACKENDS, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult, EntryKind, Health,
                     LaunchSpec, RankInfo, RankOutcome, Status, WaitKind, default_timeout)
@@ -97,11 +97,18 @@ class Engines:
         self.last_failure: CellResult | None = None  # for %dp debug
         self.created = time.time()
         self.keep_s: float | None = None  # --keep: seconds it outlives its last kernel
+        self.published: publish.Publication | None = None  # set by go_live, once it is whole
+
+    def go_live(self) -> Engines:
+        """The cluster is whole (its group formed, or a kept one attached): only now
+        is it published for JupyterLab's sidebar and its exit hook registered, so a
+        start that fails before leaves no record, no thread and no hook behind."""
+        self.published = publish.Publication(self)  # for JupyterLab's sidebar (dpnb.lab)
         # A kernel that exits normally stops its cluster (and removes the profile with its
         # keys), or lets go of a kept one; a weak reference lets an unused Cluster go.
-        self.published = publish.Publication(self)  # for JupyterLab's sidebar (dpnb.lab)
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None and ref()._at_exit()))
+        return self
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -132,7 +139,7 @@ class Engines:
         ``keep``: a time to live (``"2h"``): the cluster outlives this kernel
         by that long, for :meth:`attach` (local engines; see :mod:`.keep`).
         ``seed``: rank r seeds its generators with ``seed + r`` (default: fresh
-        entropy, as torchrun's processes; :mod:`dpnb.engine.seeding`).
+        entropy, as torchrun's processes; :mod:`dpnb.engine.proc.seeding`).
         """
         ttl = keeping.checked_ttl(keep) if keep is not None else None
         spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
@@ -144,21 +151,22 @@ class Engines:
         starter = launcher_for(spec)
         starter.check_start(n)  # bad launcher settings fail before anything starts
         _log.install()
-        icluster, client, profile_dir = launch.bring_up(n, starter, start_timeout, warm)
+        icluster, client, profile_dir, watch = launch.bring_up(n, starter, start_timeout, warm)
         try:
             c = cls._form(icluster, client, n=n, backend=backend, starter=starter, gpus=gpu_list,
-                          timeout=timeout, threads=threads, profile_dir=profile_dir, seed=seed)
+                          timeout=timeout, threads=threads, profile_dir=profile_dir, seed=seed,
+                          watch=watch)
             if ttl is not None:
                 c.keep_s = ttl
                 keeping.hold(c, ttl)
             return c
         except BaseException:
-            launch.tear_down(starter, profile_dir)  # all the launcher's start spawned
+            launch.tear_down(starter, profile_dir, watch)  # all the launcher's start spawned
             raise
 
     @classmethod
     def _form(cls, icluster, client, *, n, backend, starter: EngineLauncher, gpus, timeout,
-              threads, profile_dir, seed=None) -> Engines:
+              threads, profile_dir, watch, seed=None) -> Engines:
         eids = sorted(client.ids)[:n]
         probes = engines.probe(client, icluster, eids)
         ranks = placement.assign_ranks(probes, **starter.rank_order(n))
@@ -172,12 +180,17 @@ class Engines:
         self = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=backend,
                    engine_launcher=starter, timeout_s=timeout, profile_dir=profile_dir,
                    master_addr=addr, threads=threads, gpus=gpus, seed=seed)
-        self.group.init_ranks()
-        self.group.form()
-        # Our controller and engines (or mpiexec, or the ssh clients of the
-        # host agents) are children of this process, so guard them all.
-        self.procs.start_reaper(self.ranks)
-        return self
+        try:
+            self.group.init_ranks()
+            self.group.form()
+            # Our controller and engines (or mpiexec, or the ssh clients of the
+            # host agents) are children of this process: the start's reaper guards
+            # them from now on with the cluster's own list
+            self.procs.adopt_reaper(watch, self.ranks)
+        except BaseException:
+            self.running = False  # the start tears the processes down; this object is dead
+            raise
+        return self.go_live()
 
     # --------------------------------------------------------------- basics
     world = property(lambda self: self.worlds.now)  # ranks, port, generation, doors
@@ -240,7 +253,7 @@ class Engines:
         (``%%dp --setup``) marks the cell in the history, for ``restart
         --resume`` to replay (the session records it once it succeeded everywhere).  ``unchecked=True`` (``%%dp
         --unchecked``): its collectives skip the mismatch check
-        (:mod:`dpnb.engine.cellguard`).  ``history=False``: not recorded (a replay).
+        (:mod:`dpnb.engine.cell.cellguard`).  ``history=False``: not recorded (a replay).
         """
         sel = self._select(ranks)
         if not isinstance(code, str):
@@ -298,7 +311,7 @@ class Engines:
         d = diagnose.classify(res)
         reformed, msg = False, ""
         if d.died:
-            self.health.group_ok = False
+            self.health.group_broken()
             alive = (r for r in range(self.world_size) if r not in d.died)
             msg = (f"The process group cannot continue without {rank_label(d.died)}: run "
                    f"%dp restart to replace {'it' if len(d.died) == 1 else 'them'} and re-form the group "
@@ -306,7 +319,7 @@ class Engines:
         elif d.needs_reform and not self.busy:
             reformed, msg = self.group.try_reform()
         elif d.needs_reform:
-            self.health.group_ok = False
+            self.health.group_broken()
             msg = (f"{rank_label(self.busy)} still busy, so the process group was not "
                    f"re-formed yet: wait and run %dp reform, or %dp restart.")
         return diagnose.remote_error(res, d, timeout_s=self.timeout_s, reform_msg=msg,
@@ -330,11 +343,9 @@ class Engines:
         """Take a new rank table (:mod:`.engines`): ``fresh`` ranks lose their old doors
         and death marks, the reaper follows the PIDs; ``new_world`` (a resize): all
         alive and idle, local torch threads follow the engines per core."""
-        for r in fresh:
-            self.health.dead.pop(r, None)
+        self.health.replaced(fresh)
         if new_world:
-            self.health.dead.clear()
-            self.health.busy.clear()
+            self.health.new_world()
             if self.local:
                 per_host = max(ri.local_world_size for ri in ranks)
                 self.group.threads = max(1, (os.cpu_count() or 1) // per_host)
@@ -471,7 +482,8 @@ class Engines:
         self.engine_launcher.stop(owned)  # what it started: engines, agents, controller
         self.procs.stop_reaper()
         shutil.rmtree(self.profile_dir, ignore_errors=True)
-        self.published.remove()
+        if self.published is not None:
+            self.published.remove()
         if self.keep_s:
             keeping.forget(self)
         return sorted(owned)

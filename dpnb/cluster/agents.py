@@ -33,8 +33,8 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ..engine import entrypoints as ep
-from ..engine.boot import wait_for_connection
+from dpnb.engine import entrypoints as ep
+from dpnb.engine.boot import wait_for_connection
 from ..errors import DpnbError, StartError
 from .processes import describe_exit
 

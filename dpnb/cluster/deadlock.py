@@ -6,7 +6,7 @@ member will not call anything until the notebook sends more work, and the
 notebook is waiting for the cell -- so the collective can never complete.
 Likewise a ``recv`` (or an ``irecv`` waited on) whose sender has finished,
 and a rank still waiting in dpnb's collective check for a peer that ran the
-same call unchecked (see :class:`dpnb.engine.collcheck.Pattern`).  When
+same call unchecked (see :class:`dpnb.engine.cell.collcheck.Pattern`).  When
 *every* rank still running is in such a wait, nothing can change any more,
 and the transport releases the group at once instead of waiting out the
 group timeout.
@@ -17,7 +17,7 @@ never counted: it may still call the collective the others wait for.
 
 from __future__ import annotations
 
-from ..engine.collcheck import POINT_TO_POINT
+from dpnb.engine.cell.collcheck import POINT_TO_POINT
 
 
 def _members(coll: dict, world: int) -> set[int]:

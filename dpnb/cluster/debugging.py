@@ -1,7 +1,7 @@
 """pdb on the ranks, the notebook's end: show a stopped rank's prompt, send back the line.
 
 A rank that reaches ``breakpoint()`` publishes its debugger's output and
-prompt (:mod:`dpnb.engine.rankpdb`) on the same channel as the cell's output.
+prompt (:mod:`dpnb.engine.debugging.rankpdb`) on the same channel as the cell's output.
 While the notebook waits for a cell, :class:`Desk` looks for such prompts;
 for the lowest stopped rank it prints the output, asks the user -- Jupyter's
 input box, or the terminal -- and sends the line through that rank's side
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..ippcompat import result_metadata
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
 from . import sidedoor
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DATA_KEY = "dpnb_pdb"  # dpnb.engine.rankpdb.DATA_KEY (not imported: no torch here)
+DATA_KEY = "dpnb_pdb"  # dpnb.engine.debugging.rankpdb.DATA_KEY (not imported: no torch here)
 
 
 def ask_user(prompt: str) -> str | None:

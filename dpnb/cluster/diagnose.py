@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..core.paths import shown_path
-from ..engine.collcheck import DEVICE_WAIT_OP, POINT_TO_POINT
+from dpnb.engine.cell.collcheck import DEVICE_WAIT_OP, POINT_TO_POINT
 from ..errors import DpnbError, RemoteCellError
 from ..ranks import rank_label
 from .types import USER_ENAMES, CellResult, RankOutcome, Status
@@ -121,7 +121,7 @@ def plain_user_error(res: CellResult) -> DpnbError | None:
     return None
 
 
-#: the ename of dpnb.engine.collcheck.CollectiveMismatchError
+#: the ename of dpnb.engine.cell.collcheck.CollectiveMismatchError
 MISMATCH_ENAME = "CollectiveMismatchError"
 
 
@@ -263,7 +263,9 @@ def classify(res: CellResult) -> Diagnosis:
     interrupted = sorted(r for r, o in failed.items() if o.status == Status.INTERRUPTED)
     stopped = sorted(r for r, o in failed.items() if o.status == Status.STOPPED)
     stuck = sorted(r for r, o in failed.items() if o.status == Status.DEADLOCKED)
-    culprits = sorted(set(own) | set(died) | set(timed_out) | set(mismatch) | set(stuck))
+    frozen = sorted(r for r, o in failed.items() if o.status == Status.FROZEN)
+    culprits = sorted(set(own) | set(died) | set(timed_out) | set(mismatch) | set(stuck)
+                      | set(frozen))
     return Diagnosis(died=died, timed_out=timed_out, culprits=culprits,
                      waiting=sorted(set(coll) | set(stopped)) if culprits else [],
                      interrupted=interrupted,
@@ -294,6 +296,12 @@ _EXITS = {
                              f"cell there; the engine keeps running, with its state"),
     "ScriptExit": lambda v: f"{v} (its output above says why); the engine keeps its state",
 }
+
+
+def _pid_of(note: str) -> str:
+    """The PID a frozen rank's note names ("its engine (PID 123) is stopped ...")."""
+    m = re.search(r"PID (\d+)", note or "")
+    return m.group(1) if m else "PID"
 
 
 def _timed_out(evalue: str) -> bool:
@@ -369,6 +377,12 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
         lines.append(f"rank {r} could never complete its collective: {oc[r].note}")
     if stuck:
         bits.append(f"{rank_label(stuck)} blocked in a collective no rank could join")
+    for r in (r for r in res.ranks if oc[r].status == Status.FROZEN):
+        lines.append(f"rank {r} is frozen: {oc[r].note}.  It runs no code: its peers were "
+                     f"released.  Continue it (kill -CONT {_pid_of(oc[r].note)}): its call then "
+                     f"fails and the next cell re-forms the group, state kept; or %dp restart "
+                     f"replaces it.")
+        bits.append(f"rank {r} frozen")
     intr = [r for r in res.ranks if oc[r].status == Status.INTERRUPTED]
     if intr:
         lines.append(f"{rank_label(intr)} interrupted (Ctrl-C)")

@@ -37,7 +37,7 @@ from .types import RankInfo
 
 def probe(client, icluster, eids: list[int]) -> dict[int, dict]:
     """``engine id -> probe`` (host, address, PID, GPUs) for ``eids``, asked at once."""
-    from ..engine import setup  # imports torch: only once engines are up
+    from dpnb.engine import setup  # imports torch: only once engines are up
 
     if not eids:
         return {}

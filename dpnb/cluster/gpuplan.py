@@ -60,7 +60,7 @@ def with_devices(ranks: list[RankInfo], backend: str, gpus: list[int] | None,
     ``cuda:<local_rank>`` under NCCL, with ``CUDA_VISIBLE_DEVICES`` set to
     ``--gpus`` when given; ``cpu`` otherwise.  Under a launcher that bound
     each engine its own GPU, ``cuda:0`` and ``own_gpu`` (the user's code then
-    sees ``LOCAL_RANK=0``: :func:`dpnb.engine.workerenv.torchrun_env`)."""
+    sees ``LOCAL_RANK=0``: :func:`dpnb.engine.proc.workerenv.torchrun_env`)."""
     if backend != "nccl":
         return [replace(r, device="cpu", visible_devices="", device_fallback=None)
                 for r in ranks]

@@ -23,7 +23,7 @@ from ..errors import DpnbError, StartError
 from ..ranks import rank_label
 from .diagnose import first_error
 from .launch import rank_init_info
-from .state import WorldRef
+from .worldref import WorldRef
 from .transport import Transport
 from .types import Health
 
@@ -161,11 +161,11 @@ class Group:
         self.check_reach(port)
         res = self.t.setup_all("reform_group", (port, callbacks), timeout=self.form_wait_s)
         if not res.ok:
-            self.health.group_ok = False
+            self.health.group_broken()
             raise DpnbError("could not re-form the process group: " + first_error(res) + hint)
         self.worlds.set(self.world.formed(
             port, max(o.value["generation"] for o in res.outcomes.values())))
-        self.health.group_ok = True
+        self.health.group_formed()
         problems = sorted({p for o in res.outcomes.values() for p in o.value.get("problems", [])})
         rebound = res.outcomes[0].value.get("rebound", []) if 0 in res.outcomes else []
         # what one rank could not move (a name only it has) is said once, whoever found it
@@ -187,7 +187,7 @@ class Group:
             info = self.regroup(callbacks=True, hint="; try %dp restart")
         except DpnbError as e:
             log.warning("re-forming the group failed: %s", e)
-            self.health.group_ok = False
+            self.health.group_broken()
             return False, f"Re-forming the process group failed: {e}"
         return True, (f"The process group was re-formed on port {self.master_port} "
                       f"(generation {self.world.generation}); everything on the engines is "

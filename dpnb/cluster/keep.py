@@ -33,7 +33,7 @@ from .launch import _quiet_ipp_log
 from .group import Group
 from .launchers import from_record as launcher_from_record
 from .processes import same_process, start_time
-from .state import World
+from .worldref import World
 from .types import CellRecord
 
 log = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ def from_record(cls, rec: dict):
     # records of older dpnb have no history
     c.history.extend(CellRecord.from_record(h) for h in rec.get("history") or [])
     c.restore_session(rec)
-    return c
+    return c.go_live()
 
 
 def forget(c) -> None:

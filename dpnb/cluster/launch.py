@@ -33,7 +33,7 @@ from .agents import engine_connection_file
 from .gpuplan import device_index
 from .launchers import EngineLauncher
 from .launchers.local import local_gpu_count
-from .processes import engine_logs, stop_ipp, wait_pids_gone
+from .processes import StartWatch, engine_logs, stop_ipp, wait_pids_gone
 from .types import BACKENDS, LAUNCHERS, RankInfo
 
 log = logging.getLogger(__name__)
@@ -200,6 +200,8 @@ def bring_up(n: int, launcher: EngineLauncher, start_timeout: float, warm=None):
     :func:`tear_down` -- leaves no folder and no process."""
     launcher.begin()  # every process from here on is this start's
     profile_dir = tempfile.mkdtemp(prefix="dpnb-profile-")  # 0700: keys stay private
+    # a kernel killed from here on leaves nothing running: the reaper watches already
+    watch = StartWatch(profile_dir, launcher.spawned)
     try:
         icluster = make_ipp_cluster(n, launcher, profile_dir, start_timeout)
         launcher.bind(icluster, None)
@@ -211,13 +213,14 @@ def bring_up(n: int, launcher: EngineLauncher, start_timeout: float, warm=None):
             raise StartError(f"could not start {n} engines with the {launcher.name} launcher: "
                              f"{type(e).__name__}: {e}{engine_logs(icluster)}") from None
         launcher.bind(icluster, client)
-        return icluster, client, profile_dir
+        watch.write()  # every engine listed now, not a period later
+        return icluster, client, profile_dir, watch
     except BaseException:
-        tear_down(launcher, profile_dir)
+        tear_down(launcher, profile_dir, watch)
         raise
 
 
-def tear_down(launcher: EngineLauncher, profile_dir: str) -> None:
+def tear_down(launcher: EngineLauncher, profile_dir: str, watch: StartWatch) -> None:
     """Undo a start that failed part-way: ipyparallel's stop and the launcher's
     close first, then every process the launcher's start spawned that outlived
     them (ipyparallel's stop of a half-started controller can fail, or return
@@ -229,6 +232,7 @@ def tear_down(launcher: EngineLauncher, profile_dir: str) -> None:
     if launcher.ipp is not None:
         stop_ipp(launcher.ipp)
     wait_pids_gone(left, timeout=STOP_WAIT_S)
+    watch.close()
     shutil.rmtree(profile_dir, ignore_errors=True)
 
 
@@ -242,7 +246,7 @@ def rank_init_info(ri: RankInfo, *, world_size: int, backend: str, master_addr: 
     ``token`` opens the engine's side door (:mod:`dpnb.engine.sidedoor`), a
     UNIX socket in the owner's private folder for local clusters and a port
     on the rank's own address otherwise.  ``seed``: ``--seed`` (None: each
-    engine seeds itself from fresh entropy; :mod:`dpnb.engine.seeding`).
+    engine seeds itself from fresh entropy; :mod:`dpnb.engine.proc.seeding`).
     ``run_id``: the cluster's ``TORCHELASTIC_RUN_ID`` (one value on every
     rank, as torchrun's rendezvous id).
     """

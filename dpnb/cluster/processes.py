@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterable
@@ -34,6 +35,21 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 #: launchers whose engine processes run on this host
+
+
+#: process states of a rank that runs no code until someone continues it
+FROZEN_STATES = {psutil.STATUS_STOPPED: "stopped (SIGSTOP, Ctrl-Z or a job-control stop)",
+                 psutil.STATUS_TRACING_STOP: "held by a debugger (ptrace stop)"}
+
+
+def frozen_state(pid: int) -> str | None:
+    """How this host's process ``pid`` is frozen (stopped, held by a tracer), or None:
+    it runs, sleeps, or is gone (a death is :meth:`Transport.find_dead`'s to say)."""
+    try:
+        return FROZEN_STATES.get(psutil.Process(pid).status())
+    except (psutil.NoSuchProcess, psutil.AccessDenied) as e:
+        log.debug("state of %s not read: %s", pid, e)
+        return None
 
 
 def describe_exit(code) -> str:
@@ -203,6 +219,81 @@ class Spawned:
         return {pid: t for pid, t in descendants().items() if self.before.get(pid) != t}
 
 
+def spawn_reaper(pids_file: str) -> subprocess.Popen:
+    """The watcher (:mod:`dpnb._reaper`) that stops the PIDs ``pids_file`` lists if this
+    process dies without stopping them (SIGKILL, SIGTERM, an OOM kill); in its own
+    session, so signals aimed at this process do not reach it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpnb._reaper", str(os.getpid()), pids_file],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+
+
+def write_pids(path: str, pids: dict[int, float]) -> None:
+    """``pid start_time`` lines, replaced atomically (the reaper reads the file any time)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("".join(f"{pid} {t:.3f}\n" for pid, t in sorted(pids.items())))
+    os.replace(tmp, path)
+
+
+class StartWatch:
+    """The reaper from a start's first process on, not from its end.
+
+    A kernel killed while its cluster starts (SIGTERM 2 or 4 s into
+    ``dpnb.start(2)``: measured, the controller and its 8 schedulers were left
+    running) runs no cleanup, and the cluster's own reaper did not exist yet.
+    So the start spawns the reaper at once and a thread writes what the start
+    has spawned so far (:class:`Spawned`, the reaper itself left out) into its
+    PID file every :attr:`PERIOD_S`; the cluster adopts it once formed
+    (:meth:`Processes.adopt_reaper`), a failed start closes it."""
+
+    PERIOD_S = 0.2
+
+    def __init__(self, profile_dir: str, spawned: Spawned):
+        self.path = os.path.join(profile_dir, PIDS_FILE)
+        self.spawned = spawned
+        write_pids(self.path, {})
+        self.reaper = spawn_reaper(self.path)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dpnb-start-watch", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.PERIOD_S):
+            self.write()
+
+    def write(self) -> None:
+        pids = {p: t for p, t in self.spawned.since().items() if p != self.reaper.pid}
+        try:
+            write_pids(self.path, pids)
+        except OSError as e:  # the profile was removed: the start is being torn down
+            log.debug("start's PID file not written: %s", e)
+
+    def stop_writing(self) -> None:
+        self._done.set()
+        self._thread.join(2.0)
+
+    def close(self) -> None:
+        """A failed start, torn down: the reaper is not needed any more."""
+        self.stop_writing()
+        stop_reaper(self.reaper)
+
+
+def stop_reaper(reaper: subprocess.Popen | None) -> None:
+    if reaper is None:
+        return
+    try:
+        reaper.terminate()
+        reaper.wait(5)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("reaper %s did not stop: %s", reaper.pid, e)
+
+
+#: the reaper's list of this host's PIDs of a cluster, in its profile folder
+PIDS_FILE = "dpnb-pids.txt"
+
+
 class Processes:
     """The OS-level side of one cluster: its local PIDs and the reaper.  Which
     processes are its, and how one engine is signalled, its launcher says."""
@@ -211,7 +302,7 @@ class Processes:
         self.launcher = launcher
         self.profile_dir = profile_dir
         self.reaper: subprocess.Popen | None = None
-        self.reaper_file = os.path.join(profile_dir, "dpnb-pids.txt")
+        self.reaper_file = os.path.join(profile_dir, PIDS_FILE)
 
     # ---------------------------------------------------------------- engines
     # ---------------------------------------------------------------- owned
@@ -236,13 +327,12 @@ class Processes:
         return out
 
     # ---------------------------------------------------------------- reaper
-    def start_reaper(self, ranks: Iterable[RankInfo]) -> None:
-        """The watcher that stops our processes if this kernel is SIGKILLed."""
+    def adopt_reaper(self, watch: StartWatch, ranks: Iterable[RankInfo]) -> None:
+        """The start's reaper (:class:`StartWatch`) becomes this cluster's: the PID
+        file now lists what the cluster owns, rewritten on every change of ranks."""
+        watch.stop_writing()
         self.write_reaper_file(ranks)
-        self.reaper = subprocess.Popen(
-            [sys.executable, "-m", "dpnb._reaper", str(os.getpid()), self.reaper_file],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+        self.reaper = watch.reaper
 
     def write_reaper_file(self, ranks: Iterable[RankInfo]) -> None:
         """Rewrite the reaper's ``pid start_time`` list (atomically).
@@ -250,12 +340,8 @@ class Processes:
         If it cannot be written the safety net is off: say so loudly rather
         than carry on as if a killed kernel would still clean up.
         """
-        lines = [f"{pid} {t:.3f}" for pid, t in sorted(self.owned(ranks).items())]
-        tmp = self.reaper_file + ".tmp"
         try:
-            with open(tmp, "w") as f:
-                f.write("\n".join(lines) + "\n")
-            os.replace(tmp, self.reaper_file)
+            write_pids(self.reaper_file, self.owned(ranks))
         except OSError as e:
             log.error("reaper PID file %s not written: %s", self.reaper_file, e)
             warnings.warn(f"dpnb could not write {self.reaper_file} ({e}): if this kernel is "
@@ -263,10 +349,4 @@ class Processes:
                           "yourself", RuntimeWarning, stacklevel=3)
 
     def stop_reaper(self) -> None:
-        if self.reaper is None:
-            return
-        try:
-            self.reaper.terminate()
-            self.reaper.wait(5)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            log.warning("reaper %s did not stop: %s", self.reaper.pid, e)
+        stop_reaper(self.reaper)

@@ -9,7 +9,7 @@ side saw it die, the latest training progress (step, loss, samples/s),
 the last failed cell's one-line summary and the last profiled cell's summary
 (:class:`dpnb.core.profilesummary.ProfileSummary`: the sentences the cell's
 view prints, two numbers per rank, the traces' folder; never their contents)
--- in this user's private folder (:func:`dpnb.engine.private.private_dir`,
+-- in this user's private folder (:func:`dpnb.engine.proc.private.private_dir`,
 mode 0700, files 0600): the server runs as the same user and reads it; nobody
 else can.
 
@@ -34,7 +34,7 @@ import time
 import weakref
 
 from ..core.profilesummary import ProfileSummary
-from ..engine.private import private_dir
+from dpnb.engine.proc.private import private_dir
 from .processes import same_process, start_time
 from .types import Status
 

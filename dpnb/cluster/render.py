@@ -18,10 +18,10 @@ import time
 from ..env import in_kernel, ipython
 from ..ranks import rank_label
 from ..ippcompat import result_metadata
-from ..engine.process import DISPLAY_UPDATE
+from dpnb.engine.proc.process import DISPLAY_UPDATE
 from . import tabs
 from .diagnose import cell_notes, group_identical
-from ..engine.collcheck import NOTE_PREFIX
+from dpnb.engine.cell.collcheck import NOTE_PREFIX
 from .types import CellResult
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from ..ranks import rank_label
 from . import engines
 from .diagnose import kept
 from .group import Group, moved_sentences
-from .state import WorldRef
+from .worldref import WorldRef
 from .transport import Transport
 from .types import Health
 
@@ -53,7 +53,7 @@ def _settle_busy(t: Transport, h: Health, kill: Callable[[int], None], timeout_s
         time.sleep(0.2)
     for r in sorted(r for r in h.busy if r not in h.dead):
         kill(r)
-        h.dead[r] = "killed by restart: it did not respond to interrupts"
+        h.died(r, "killed by restart: it did not respond to interrupts")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ def restart(t: Transport, group: Group, launcher: EngineLauncher, worlds: WorldR
     t.refresh_busy()
     _settle_busy(t, health, kill, group.timeout_s, hard)
     h, size = health, worlds.now.size
-    h.dead.update(t.find_dead([r for r in range(size) if r not in h.dead]))
+    for r, how in t.find_dead([r for r in range(size) if r not in h.dead]).items():
+        h.died(r, how)
     replace = list(range(size)) if hard else sorted(h.dead)
     if hard:
         for r in replace:
@@ -88,7 +89,7 @@ def restart(t: Transport, group: Group, launcher: EngineLauncher, worlds: WorldR
     if replace:
         adopt(engines.replace(launcher, worlds.now.ranks, replace), fresh=replace)
     info = group.reform_all(new=replace)
-    h.busy.clear()  # every rank took part in the new group: none is running an old cell
+    h.group_formed(all_settled=True)  # every rank took part: none is running an old cell
     keep = [r for r in range(size) if r not in replace]
     msg = f"World back to {size} ranks, process group re-formed on port {worlds.now.master_port}."
     if replace:

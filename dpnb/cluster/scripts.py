@@ -1,6 +1,6 @@
 """``%dp run SCRIPT [ARGS...]``, the notebook's side: read the script, send it as a cell.
 
-The script's source travels with the cell (:func:`dpnb.engine.script.cell`),
+The script's source travels with the cell (:func:`dpnb.engine.cell.script.cell`),
 so every rank runs the notebook's copy whether or not its host sees the file
 (the modules beside it are imported from each engine's own filesystem); the
 run is an ordinary cell in every other way -- streaming output,
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ..engine.script import cell
+from dpnb.engine.cell.script import cell
 from ..errors import DpnbError
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Knocking on the engines' side doors (see :mod:`dpnb.engine.sidedoor`).
 
 One connection to each rank's door -- a UNIX socket path for local clusters,
-``(address, port)`` across hosts -- the handshake of :mod:`dpnb.engine.wire`
+``(address, port)`` across hosts -- the handshake of :mod:`dpnb.engine.proc.wire`
 (proving the cluster's token without sending it), then one JSON request and
 one answer.  All ranks are asked in parallel and each answer is awaited for
 at most ``timeout`` seconds.  This channel works while an engine's main
@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 
-from ..engine import wire
+from dpnb.engine.proc import wire
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``%dp status``: one row per rank, from what the notebook knows plus what each engine says.
 
 Dead and busy ranks are not asked (a busy engine would answer only after its
-cell); the others answer :func:`dpnb.engine.setup.status` (no collective),
+cell); the others answer :func:`dpnb.engine.proc.status.status` (no collective),
 each within 10 s.
 
 An idle engine's answer (its group, device, memory) changes only when it is
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..engine import setup
+from dpnb.engine.proc import status as rank_status
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Engines as Cluster
@@ -32,7 +32,8 @@ def status_rows(c: "Cluster") -> list[dict]:
     t.refresh_busy()
     live = [r for r in range(c.world_size) if r not in h.dead and r not in h.busy]
     newly_dead = t.find_dead(live)
-    h.dead.update(newly_dead)
+    for r, how in newly_dead.items():
+        h.died(r, how)
     live = [r for r in live if r not in newly_dead]
 
     infos = _answers(t, live, h)
@@ -67,12 +68,12 @@ def _unchanged_since(t) -> tuple:
 
 
 def _answers(t, live: list[int], h) -> dict[int, dict]:
-    """Each live rank's :func:`~dpnb.engine.setup.status`: the last answers
+    """Each live rank's :func:`~dpnb.engine.proc.status.status`: the last answers
     when nothing was sent since (``t.status_seen``), else asked now."""
     seen = t.status_seen
     if seen is not None and seen[0] == _unchanged_since(t):
         return {r: seen[1][r] for r in live if r in seen[1]}
-    ars = t.apply(setup.status, (), live)
+    ars = t.apply(rank_status.status, (), live)
     infos: dict[int, dict] = {}
     for r, ar in ars.items():
         try:

@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import logging
 import secrets
+import socket
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep, runner, setup
 from ..errors import DpnbError
 from ..ippcompat import (output_wait, rank_replies, reply_content, result_metadata,
                          shell_ignores_engine_comms)
-from ..engine import outcount, runner, setup
+from dpnb.engine.cell import outcount
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .launchers import EngineLauncher
+from .processes import frozen_state
 from .render import Streamer, split_notes, without_native_logs
 from .sidedoor import knock_all
-from .state import WorldRef
+from .worldref import WorldRef
 from .types import CellResult, Health, RankOutcome, Status, WaitKind
 from .waiting import Waiting
 
@@ -59,7 +61,7 @@ OUTPUT_POLL_S = 0.002
 
 def has_all_output(md: dict, promised: dict) -> bool:
     """True when ipyparallel has collected (``md``) everything the engine said
-    it published for the cell (``promised``, :mod:`dpnb.engine.outcount`)."""
+    it published for the cell (``promised``, :mod:`dpnb.engine.cell.outcount`)."""
     return (len(md.get("stdout") or "") >= promised.get("stdout", 0)
             and len(md.get("stderr") or "") >= promised.get("stderr", 0)
             and len(md.get("outputs") or ()) >= promised.get("displays", 0)
@@ -277,7 +279,7 @@ class Transport:
             elif o.status == Status.DEADLOCKED:
                 o.status = Status.TIMEOUT  # the release did not free it: report it as stuck
             self._copy_streams(ars[r], o)
-            self.health.busy.add(r)
+            self.health.still_busy(r)
         return CellResult(ranks=sel, outcomes=w.outcomes, elapsed_s=time.monotonic() - w.t0,
                           streamed=bool(streamer and streamer.started), released=w.released,
                           where=w.where, cell_timeout_s=timeout,
@@ -290,7 +292,7 @@ class Transport:
         done = [r for r, a in answers.items() if a and "released" in a]
         log.info("released the groups of ranks %s (asked %s)", done, alive)
         if done:
-            self.health.group_ok = False
+            self.health.group_broken()
         return bool(done)
 
     def where(self, ranks: Iterable[int]) -> dict[int, dict | None]:
@@ -309,7 +311,7 @@ class Transport:
             outcomes[r].status, outcomes[r].died = Status.DIED, how
             self._copy_streams(ars[r], outcomes[r])
             pending.discard(r)
-            self.health.dead[r] = how
+            self.health.died(r, how)
 
     def _collect(self, r: int, ar, o: RankOutcome, kind: WaitKind) -> None:
         prior = o.status
@@ -337,7 +339,7 @@ class Transport:
             o.collective = is_collective_error(o.ename, o.evalue, o.traceback)
             if o.ename == "EngineError":  # ipyparallel noticed the engine vanish
                 o.status, o.died = Status.DIED, self.death_cause(r) or o.evalue
-                self.health.dead[r] = o.died
+                self.health.died(r, o.died)
             elif prior == "deadlocked" and o.collective:  # released from a certain deadlock
                 o.status = prior
             elif prior == "late":  # interrupted after a peer's collective failed
@@ -401,7 +403,7 @@ class Transport:
 
     def refresh_busy(self) -> None:
         """Forget ``busy`` marks of ranks whose engine queue has drained (or that died)."""
-        busy = self.health.busy
+        busy = sorted(self.health.busy)
         if not busy:
             return
         try:
@@ -409,13 +411,27 @@ class Transport:
         except Exception as e:  # the controller is unreachable: keep the marks
             log.warning("queue_status failed, busy ranks kept: %s: %s", type(e).__name__, e)
             return
-        for r in list(busy):
+        for r in busy:
             st = qs.get(self.ranks[r].engine_id, {})
             if isinstance(st, dict) and st.get("queue", 0) == 0 and st.get("tasks", 0) == 0:
-                busy.discard(r)
-        for r, how in self.find_dead(list(busy)).items():
-            busy.discard(r)
-            self.health.dead[r] = how
+                self.health.settled(r)
+        for r, how in self.find_dead(sorted(self.health.busy)).items():
+            self.health.settled(r)
+            self.health.died(r, how)
+
+    def frozen(self, ranks: Iterable[int]) -> dict[int, str]:
+        """Ranks of this host whose engine process is frozen (stopped by SIGSTOP or
+        held by a tracer), with how: such a rank runs no code, answers no side door,
+        and holds every peer in its next collective until the group timeout."""
+        here = socket.gethostname()
+        out = {}
+        for r in ranks:
+            ri = self.ranks[r]
+            if self.launcher.engines_here or ri.host == here:
+                how = frozen_state(ri.pid)
+                if how is not None:
+                    out[r] = f"its engine (PID {ri.pid}) is {how}"
+        return out
 
     def interrupt(self, ranks: Iterable[int]) -> None:
         """SIGINT to the engines of ``ranks`` (KeyboardInterrupt there).

@@ -101,6 +101,7 @@ class Status(Word):
     STOPPED = "stopped"  # interrupted because a peer failed
     LATE = "late"  # still in Python code when a peer's collective failed: a culprit
     DEADLOCKED = "deadlocked"  # released from a collective no rank could join
+    FROZEN = "frozen"  # its process is stopped (SIGSTOP, a debugger): it runs no code
 
 
 
@@ -186,12 +187,47 @@ class Health:
     ``dead``: rank -> how its engine ended.  ``busy``: ranks still running a
     cell the notebook stopped waiting for.  ``group_ok``: the process group
     can be used.  (How many times the group was formed is the world's:
-    :class:`dpnb.cluster.state.World`.)
+    :class:`dpnb.cluster.worldref.World`.)
     """
 
     dead: dict[int, str] = field(default_factory=dict)
     busy: set[int] = field(default_factory=set)
     group_ok: bool = True
+
+    # The only writers of the fields above (tests/unit/test_layers.py holds it):
+    # the transport, the group, restart and status report what happened here,
+    # by name, and read the fields.
+    def died(self, r: int, how: str) -> None:
+        """Rank ``r``'s engine ended (``how``: the exit as said to the user)."""
+        self.dead[r] = how
+
+    def still_busy(self, r: int) -> None:
+        """The notebook stopped waiting for rank ``r``, which still runs a cell."""
+        self.busy.add(r)
+
+    def settled(self, r: int) -> None:
+        """Rank ``r`` finished what it was running."""
+        self.busy.discard(r)
+
+    def group_broken(self) -> None:
+        """The process group cannot be used until it is re-formed."""
+        self.group_ok = False
+
+    def group_formed(self, *, all_settled: bool = False) -> None:
+        """A new group stands; ``all_settled``: every rank took part, so none runs an old cell."""
+        self.group_ok = True
+        if all_settled:
+            self.busy.clear()
+
+    def replaced(self, ranks) -> None:
+        """``ranks`` are fresh engines: their death marks are history."""
+        for r in ranks:
+            self.dead.pop(r, None)
+
+    def new_world(self) -> None:
+        """A resize: every rank alive and idle."""
+        self.dead.clear()
+        self.busy.clear()
 
 
 @dataclass(frozen=True)

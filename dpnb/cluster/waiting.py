@@ -63,6 +63,12 @@ DEADLOCK_SLOW_S = 2.0
 #: (shown while it runs; a wait is never released, it lasts up to the group
 #: timeout, torch's 30 minutes by default)
 WAIT_NOTE_AFTER_S = 10.0
+#: how often a wait asks whether a pending rank's process is frozen (stopped by
+#: SIGSTOP, held by a debugger); a cell done sooner is never asked
+FROZEN_POLL_S = 1.0
+#: frozen this long (seen at two looks) before its peers are released: a
+#: stopped-and-continued process (job control) is not a frozen rank
+FROZEN_AFTER_S = 2.0
 
 
 class Waiting:
@@ -90,6 +96,9 @@ class Waiting:
         self.deadlock_seen: tuple | None = None  # the last look's blocked calls
         self.paused = 0.0  # seconds spent at pdb prompts: the cell timeout skips them
         self.prompted_at: float | None = None
+        self.frozen_looked_at = self.t0
+        self.frozen_since: dict[int, float] = {}  # rank -> when it was first seen stopped
+        self.frozen: set[int] = set()  # named frozen: no side door is knocked on
 
     def prompted(self, spent: float) -> bool:
         """Note time spent answering a pdb prompt; True if one was answered."""
@@ -110,10 +119,14 @@ class Waiting:
         self.deaths_looked_at = now
         return True
 
+    def _answering(self) -> list[int]:
+        """Every rank but the frozen ones (a stopped process answers no side door)."""
+        return [r for r in range(len(self.t.ranks)) if r not in self.frozen]
+
     def _capture_where(self) -> None:
         """Ask every rank where it is, once, before anything is interrupted."""
         if not self.where:
-            answers = self.t.where(range(len(self.t.ranks)))
+            answers = self.t.where(self._answering())
             self.where = {r: dict(a, running=r in self.pending, selected=r in self.outcomes)
                           for r, a in answers.items() if a}
             # the report's culprits rest on these answers: keep them for a post-mortem
@@ -127,7 +140,7 @@ class Waiting:
             return
         self._capture_where()
         # every rank, idle ones too: closing their side is what frees a peer
-        self.released = self.t.release(range(len(self.t.ranks)))
+        self.released = self.t.release(self._answering())
         self.released_at = now
 
     def _interrupt(self, now: float, status: Status) -> None:
@@ -138,14 +151,14 @@ class Waiting:
         # a rank already writing its error report finishes by itself: an
         # interrupt would only replace its real error by KeyboardInterrupt
         reporting = self._reporting()
-        marked = set(self.pending) - reporting
+        marked = set(self.pending) - reporting - self.frozen
         if status == Status.TIMEOUT:
             inside = {r for r in self.pending if (self.where.get(r) or {}).get("collective")}
             if inside != marked:
                 marked -= inside
         for r in marked:
             self.outcomes[r].status = status
-        self.t.interrupt(self.pending - reporting)
+        self.t.interrupt(self.pending - reporting - self.frozen)
         self.interrupted_at = now
 
     def _only_finishing(self, now: float) -> bool:
@@ -212,10 +225,36 @@ class Waiting:
             self.wait_noted = True
             self.say(f"dpnb ({ran:.0f} s): {verdict}")
 
+    def _look_for_frozen(self, now: float) -> bool:
+        """Every FROZEN_POLL_S: name the pending ranks frozen for FROZEN_AFTER_S
+        (their outcome says how); True when one was newly named."""
+        if now - self.frozen_looked_at < FROZEN_POLL_S:
+            return False
+        self.frozen_looked_at = now
+        found = self.t.frozen(sorted(self.pending - self.frozen))
+        for r in list(self.frozen_since):
+            if r not in found:  # continued: it runs again
+                del self.frozen_since[r]
+        newly = []
+        for r, how in found.items():
+            if now - self.frozen_since.setdefault(r, now) >= FROZEN_AFTER_S:
+                self.outcomes[r].status, self.outcomes[r].note = Status.FROZEN, how
+                self.frozen.add(r)
+                newly.append(r)
+        for r in newly:
+            log.warning("rank %s frozen: %s", r, self.outcomes[r].note)
+            if self.say is not None:
+                self.say(f"dpnb: rank {r} is frozen: {self.outcomes[r].note}; it runs no code, "
+                         f"so its peers are released instead of waiting for the group timeout")
+        return bool(newly)
+
     def step(self, now: float) -> bool:
         """Act on the clock; True to stop waiting."""
         if not self.pending:
             return False
+        if self._look_for_frozen(now):
+            # its peers wait for it in a collective, or will: free them now
+            self._release(now)
         if self.failed_at is None and any(o.status in (Status.ERROR, Status.DIED)
                                           for o in self.outcomes.values()):
             self.failed_at = now
@@ -234,7 +273,7 @@ class Waiting:
             # ranks inside a collective now fail by themselves (released): waiters;
             # a rank in pdb is the user's to continue, never interrupted
             inside = {r for r, a in self.where.items() if a.get("collective") or a.get("debugger")} \
-                | self._reporting()
+                | self._reporting() | self.frozen
             rest = [r for r in self.pending if r not in inside]
             for r in rest:  # "late": a culprit unless it turns out to have been waiting too
                 self.outcomes[r].status = Status.LATE if waited else Status.STOPPED
@@ -245,6 +284,8 @@ class Waiting:
         if self.interrupted_at is not None and now - self.interrupted_at > RELEASE_AFTER_S[self.kind]:
             self._release(now)
         if self.released_at is not None:
+            if self.pending <= self.frozen:  # only frozen ranks left: none of them can answer
+                return True
             # ranks still writing their error report will finish: wait longer for them
             grace = RELEASED_GRACE_S + (REPORT_GRACE_S if self.pending <= self._reporting() else 0.0)
             since = max(self.released_at, self.prompted_at or 0.0)  # a debugged rank: its pace

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..errors import DpnbError
 from . import engines
 from .group import Group
-from .state import World, WorldRef
+from .worldref import World, WorldRef
 
 if TYPE_CHECKING:  # pragma: no cover
     from .launchers import EngineLauncher

@@ -14,8 +14,10 @@ plain payload views render.  Pure: no torch, no IPython.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from .indexed import Indexed
 
 #: the datapub key the payload travels under
 WIRE_KEY = "dpnb_progress"
@@ -60,3 +62,56 @@ class ProgressEvent:
 
 
 _NAMES = tuple(f.name for f in fields(ProgressEvent))
+
+
+@dataclass(frozen=True)
+class TrainSummary(Indexed):
+    """What one ``train`` call returns from every rank (the notebook keeps rank 0's):
+    the numbers every rank agrees on (the loss is the global mean, gathered every
+    step), the steps run and why they stopped, the batch layout, the throughput
+    and the checkpoints written.  Built by :func:`dpnb.engine.train.call.train`;
+    indexable as the dict it once was (``s["loss"]``)."""
+
+    rank: int = 0
+    strategy: str = "ddp"
+    steps: int = 0
+    requested_steps: int = 0
+    first_step: int = 0
+    last_step: int | None = None
+    interrupted: bool = False
+    stop_reason: str | None = None
+    loss: float | None = None
+    losses: list = field(default_factory=list)
+    global_batch: int = 0
+    micro_batch: int = 0
+    grad_accum: int = 1
+    dp: int = 1
+    lr: float | None = None
+    lr_scale: str = "none"
+    steps_per_epoch: int | None = None
+    epoch: int = 0
+    time_s: float = 0.0
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    data_note: str | None = None
+    checkpoints: list = field(default_factory=list)
+    checkpoint_dir: str | None = None
+
+    def progress_event(self) -> ProgressEvent:
+        """The call's end as a progress event: the one place the summary's
+        names (``last_step``, ``steps``, ``requested_steps``) meet progress's
+        (``step``, ``done``, ``total``)."""
+        return ProgressEvent(rank=self.rank, step=self.last_step, done=self.steps,
+                             total=self.requested_steps, loss=self.loss,
+                             samples_per_s=self.samples_per_s, tokens_per_s=self.tokens_per_s)
+
+    def to_record(self) -> dict:
+        return self.to_dict()
+
+    @classmethod
+    def from_record(cls, d: dict | None) -> TrainSummary | None:
+        """Known keys only (a record from an older or newer dpnb); None stays None."""
+        if d is None:
+            return None
+        names = set(cls._names())
+        return cls(**{k: v for k, v in d.items() if k in names})

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpnb.core.errors import ConfigError
-from dpnb.core.memory import OPTIMIZERS, OptimizerName, Strategy, _check_choice, _check_pos_int
-from dpnb.core.strategies import STRATEGIES
+from dpnb.core.memory import MODELED_OPTIMIZERS, OptimizerName, Strategy, _check_choice, _check_pos_int
+from dpnb.core.strategies import STRATEGIES, is_ddp
 from dpnb.core.units import dtype_bytes
 
 
@@ -255,7 +255,7 @@ def exact_rank_bytes(
     """
     _check_pos_int("world_size", world_size)
     _check_choice("strategy", strategy, STRATEGIES)
-    _check_choice("optimizer", optimizer, OPTIMIZERS)
+    _check_choice("optimizer", optimizer, MODELED_OPTIMIZERS)
     out: list[RankBytes] = []
     if strategy == "zero1" and len({p.dtype for p in params}) > 1:
         found = ", ".join(sorted({p.dtype for p in params}))
@@ -264,7 +264,7 @@ def exact_rank_bytes(
             "(it raises ValueError in _verify_same_dense_param_type); cast the model to one dtype "
             "or use FSDP2 (strategy 'zero2'/'zero3')"
         )
-    if strategy in ("ddp", "zero1"):
+    if is_ddp(strategy):
         full = sum(p.nbytes for p in params)
         grads = sum(p.nbytes for p in params if p.requires_grad)
         buckets = 0 if gradient_as_bucket_view else grads

@@ -16,7 +16,7 @@ device cgroups): each engine of a host then sees a different GPU, all of
 them as ``cuda:0``.  The host has as many GPUs as the engines see together,
 each rank drives the one it is shown, and ``--gpus`` has nothing left to
 choose; its code sees ``LOCAL_RANK=0`` of 1, as each task does under ``srun
-torchrun --nproc-per-node=1`` (:func:`dpnb.engine.workerenv.torchrun_env`),
+torchrun --nproc-per-node=1`` (:func:`dpnb.engine.proc.workerenv.torchrun_env`),
 so ``set_device(LOCAL_RANK)`` names that one GPU.  Pure: the engines' probes come in, a plan per engine goes out.
 """
 

@@ -63,7 +63,9 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 Strategy = Literal["ddp", "zero1", "zero2", "zero3"]
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "fp16-mixed")
-OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd-momentum", "sgd")
+#: the optimizers the memory model prices (SGD with and without momentum differ in state);
+#: not ``core.strategies.OPTIMIZERS``, the ones ``%dp wrap`` builds
+MODELED_OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd-momentum", "sgd")
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
 STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
@@ -114,7 +116,7 @@ def bytes_per_param_parts(
     ``docs/source/distrib_optimizer.md`` table, "fp16 param, fp16 grads" row).
     """
     _check_choice("precision", precision, PRECISIONS)
-    _check_choice("optimizer", optimizer, OPTIMIZERS)
+    _check_choice("optimizer", optimizer, MODELED_OPTIMIZERS)
     mixed = precision != "fp32"
     working = 2 if mixed else 4
     moments = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}[optimizer]

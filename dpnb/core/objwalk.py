@@ -1,6 +1,6 @@
 """A bounded walk from a namespace into the objects its names hold.
 
-Used after a re-formation (:mod:`dpnb.engine.rebind`) to find every object
+Used after a re-formation (:mod:`dpnb.engine.group.rebind`) to find every object
 that still holds the destroyed process group, wherever the user's code or a
 library put it: ``trainer.model_wrapped``, ``fabric_model._forward_module``,
 ``models[1]``, ``cfg['opt']``.  The walk knows no library; the caller's

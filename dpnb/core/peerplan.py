@@ -3,7 +3,7 @@ each rank's copy, and the line ``%dp memory`` shows.
 
 Under ZeRO-1/2/3 each rank's shard lives on that rank only; every K steps it
 is copied into the CPU memory of one other rank, its *holder*
-(:mod:`dpnb.engine.peercopy`).  A rank and its holder dying together lose the
+(:mod:`dpnb.engine.train.peercopy`).  A rank and its holder dying together lose the
 shard (the session falls back to a disk checkpoint), so on several hosts the
 holder is on another host when that is possible: a whole host lost is
 survivable.  Each rank holds exactly one copy (the holders are a permutation

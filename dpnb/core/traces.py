@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 #: the marker each rank records beside its wall clock when profiling starts
 CLOCK_MARKER = "dpnb:clock"
 END_MARKER = "dpnb:end"
-#: the span around a checked collective's check (dpnb.engine.cellguard): the
+#: the span around a checked collective's check (dpnb.engine.cell.cellguard): the
 #: rank entered the collective when the check began -- it waits there, on the
 #: check's own connections, for the ranks that have not called it yet
 CHECK_MARKER = "dpnb:check"

@@ -3,7 +3,7 @@
 Two sides read the same arguments: the notebook checks them before it sends
 anything (:func:`dpnb.session.verbs.train`, so a typo costs no round trip),
 and every rank checks them again before its step loop
-(:mod:`dpnb.engine.trainplan`, since ``cluster.call(ep.TRAIN, ...)`` and an
+(:mod:`dpnb.engine.train.trainplan`, since ``cluster.call(ep.TRAIN, ...)`` and an
 exported job reach the engine without the session).  Both ask
 :func:`count_problem`, so both refuse the same values with the same line --
 each raising its own layer's :class:`~dpnb.core.errors.UserError`.

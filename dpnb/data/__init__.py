@@ -8,7 +8,7 @@
 
 All of them are ordinary map-style ``torch.utils.data.Dataset`` /
 ``nn.Module`` objects: the training layer shards a dataset over the ranks with
-``DistributedSampler`` (see :func:`dpnb.engine.training.set_data`), so the same
+``DistributedSampler`` (see :func:`dpnb.engine.train.training.set_data`), so the same
 object is built identically on every rank (same seed, same text) and each rank
 reads only its own indices.
 """

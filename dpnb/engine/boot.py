@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from .setup import import_quietly, preload_modules
+from dpnb.engine.proc.preload import import_quietly, preload_modules
 
 
 def _preload() -> None:

@@ -1,7 +1,7 @@
 """Every engine function the notebook side calls, named once.
 
 The notebook never pickles a closure to a rank: it sends a dotted name
-(``cluster.call(TRAIN, ...)`` travels as ``"dpnb.engine.training.train"``)
+(``cluster.call(TRAIN, ...)`` travels as ``"dpnb.engine.train.training.train"``)
 and each engine imports and calls it (:func:`dpnb.engine.runner.call`).
 The runtime (:mod:`dpnb.cluster`), the session, the views and the magics
 import these names from here instead of spelling the strings, so a rename
@@ -27,54 +27,54 @@ BOOT_MODULE: Final = "dpnb.engine.boot"
 #: the per-host agent / zygote (``python -m``) the ssh and local launchers start
 HOSTAGENT_MODULE: Final = "dpnb.engine.hostagent"
 #: modules an exported batch job imports under a short alias (dpnb.session.export)
-TRAINING_MODULE: Final = "dpnb.engine.training"
-CHECKPOINT_MODULE: Final = "dpnb.engine.checkpoint"
+TRAINING_MODULE: Final = "dpnb.engine.train.training"
+CHECKPOINT_MODULE: Final = "dpnb.engine.train.checkpoint"
 
 # ------------------------------------------------------------- the runtime's
-SKIP_CHECKS_NEXT_CELL: Final = "dpnb.engine.cellguard.skip_checks_next_cell"
-POST_MORTEM: Final = "dpnb.engine.rankpdb.post_mortem"
+SKIP_CHECKS_NEXT_CELL: Final = "dpnb.engine.cell.cellguard.skip_checks_next_cell"
+POST_MORTEM: Final = "dpnb.engine.debugging.rankpdb.post_mortem"
 HAS_NAMES: Final = "dpnb.engine.runner.has_names_ns"
 LOG_RECORDS: Final = "dpnb.engine.runner.log_records"
 
 # ------------------------------------------------------------ training verbs
-WRAP: Final = "dpnb.engine.training.wrap"
-SET_DATA: Final = "dpnb.engine.training.set_data"
-TRAIN: Final = "dpnb.engine.training.train"
-RECORDS: Final = "dpnb.engine.training.records"
-SCALE_LR: Final = "dpnb.engine.training.scale_lr"
-CHECK: Final = "dpnb.engine.check.check"
-SAVE: Final = "dpnb.engine.checkpoint.save"
-LOAD: Final = "dpnb.engine.checkpoint.load"
-FULL_STATE_DICT: Final = "dpnb.engine.checkpoint.full_state_dict"
+WRAP: Final = "dpnb.engine.train.training.wrap"
+SET_DATA: Final = "dpnb.engine.train.training.set_data"
+TRAIN: Final = "dpnb.engine.train.training.train"
+RECORDS: Final = "dpnb.engine.train.training.records"
+SCALE_LR: Final = "dpnb.engine.train.training.scale_lr"
+CHECK: Final = "dpnb.engine.train.check.check"
+SAVE: Final = "dpnb.engine.train.checkpoint.save"
+LOAD: Final = "dpnb.engine.train.checkpoint.load"
+FULL_STATE_DICT: Final = "dpnb.engine.train.checkpoint.full_state_dict"
 
 # ----------------------------------------------------------------- profiling
-PROFILE_BEGIN: Final = "dpnb.engine.profile.begin"
-PROFILE_END: Final = "dpnb.engine.profile.end"
-PROFILE_DROP: Final = "dpnb.engine.profile.drop"
+PROFILE_BEGIN: Final = "dpnb.engine.metrics.profile.begin"
+PROFILE_END: Final = "dpnb.engine.metrics.profile.end"
+PROFILE_DROP: Final = "dpnb.engine.metrics.profile.drop"
 
 # --------------------------------------------------------------------- views
-WATCH: Final = "dpnb.engine.views.watch"
-LIVE_SUMMARY: Final = "dpnb.engine.views.live_summary"
-MEMORY_SNAPSHOT: Final = "dpnb.engine.views.memory_snapshot"
-GRADSYNC_RECORDS: Final = "dpnb.engine.views.gradsync_records"
-BENCH_COLLECTIVE: Final = "dpnb.engine.views.bench_collective"
-RING_DEMO: Final = "dpnb.engine.views.ring_demo"
-SET_STRAGGLE: Final = "dpnb.engine.views.set_straggle"
-STRAGGLE_STATE: Final = "dpnb.engine.views.straggle_state"
-BENCH_HIERARCHICAL: Final = "dpnb.engine.hierbench.bench_hierarchical"
-MEASURE_RESIDENCY: Final = "dpnb.engine.residency.measure_step"
+WATCH: Final = "dpnb.engine.metrics.views.watch"
+LIVE_SUMMARY: Final = "dpnb.engine.metrics.views.live_summary"
+MEMORY_SNAPSHOT: Final = "dpnb.engine.metrics.views.memory_snapshot"
+GRADSYNC_RECORDS: Final = "dpnb.engine.metrics.views.gradsync_records"
+BENCH_COLLECTIVE: Final = "dpnb.engine.metrics.views.bench_collective"
+RING_DEMO: Final = "dpnb.engine.metrics.views.ring_demo"
+SET_STRAGGLE: Final = "dpnb.engine.metrics.views.set_straggle"
+STRAGGLE_STATE: Final = "dpnb.engine.metrics.views.straggle_state"
+BENCH_HIERARCHICAL: Final = "dpnb.engine.metrics.hierbench.bench_hierarchical"
+MEASURE_RESIDENCY: Final = "dpnb.engine.metrics.residency.measure_step"
 
 # ------------------------------------------------------ recovery from memory
 #: what each survivor holds (a replica, peer copies), asked before anything is replaced
-REPLICA_INFO: Final = "dpnb.engine.rebuild.replica_info"
+REPLICA_INFO: Final = "dpnb.engine.train.rebuild.replica_info"
 #: every rank: the replaced one takes a survivor's replica over the re-formed group
-FROM_REPLICA: Final = "dpnb.engine.rebuild.from_replica"
+FROM_REPLICA: Final = "dpnb.engine.train.rebuild.from_replica"
 #: every rank rolls back to its snapshot; the replaced one takes its neighbour's copy
-FROM_PEERS: Final = "dpnb.engine.rebuild.from_peers"
+FROM_PEERS: Final = "dpnb.engine.train.rebuild.from_peers"
 #: every rank: the peer copies' interval (``%dp train --peer-copy-every K``)
-PEER_SET_EVERY: Final = "dpnb.engine.peercopy.set_every"
+PEER_SET_EVERY: Final = "dpnb.engine.train.peercopy.set_every"
 #: each rank's peer copies: interval, bytes held (``%dp memory``)
-PEER_INFO: Final = "dpnb.engine.peercopy.info"
+PEER_INFO: Final = "dpnb.engine.train.peercopy.info"
 
 # ------------------------------------------------------------------- grading
 #: one exercise case on every rank (``%dp grade``; dpnb.session.grading)

@@ -12,8 +12,8 @@ collectives as rings, :func:`dpnb.core.grading.sent_bytes`), and for ZeRO-1
 the bytes of the optimizer state it kept.
 
 While a case runs, the cell guard checks its calls as in a ``%%dp`` cell
-(:mod:`dpnb.engine.cellguard`): a send / recv pair of different sizes is a
-:class:`~dpnb.engine.p2pcheck.PointToPointMismatchError` on both ranks, not
+(:mod:`dpnb.engine.cell.cellguard`): a send / recv pair of different sizes is a
+:class:`~dpnb.engine.cell.p2pcheck.PointToPointMismatchError` on both ranks, not
 gloo's abort.  A deadlock or an endless loop is the notebook's call timeout:
 the ranks are interrupted and their group released
 (:mod:`dpnb.cluster.waiting`), as a ``%%dp --timeout`` cell is.
@@ -30,8 +30,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..core.grading import RTOL, ZERO1_LR, ZERO1_MOMENTUM, ZERO1_STEPS, exercise
-from .state import get_state
+from dpnb.core.grading import RTOL, ZERO1_LR, ZERO1_MOMENTUM, ZERO1_STEPS, exercise
+from dpnb.engine.state import get_state
 
 
 def _nbytes(t) -> int:

@@ -76,7 +76,7 @@ class _Forked:
 
 def _zygote_imports() -> None:
     """What every engine would import by itself, imported once before forking."""
-    from dpnb.engine.setup import PRELOAD_MODULES, import_quietly  # torch-free itself
+    from dpnb.engine.proc.preload import PRELOAD_MODULES, import_quietly  # torch-free itself
 
     def report(name: str, e: Exception) -> None:  # the agent's stderr reaches the notebook
         print(f"dpnb zygote: import of {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
@@ -144,7 +144,7 @@ class Agent:
         if "torch" not in sys.modules:
             return
         # lazy: torch-free at import (boot loads torch in a background thread)
-        from .device import driver_loaded
+        from dpnb.engine.device import driver_loaded
 
         # not torch.cuda.is_initialized(): is_available() without NVML already
         # ran cuInit, and a child forked after that cannot use the GPU either

@@ -1,6 +1,6 @@
 """Calling engine-side functions by name with the engine's namespace.
 
-The notebook sends ``call("dpnb.engine.training.train", args, kwargs)``;
+The notebook sends ``call("dpnb.engine.train.training.train", args, kwargs)``;
 only the dotted name travels, never a pickled closure, so the function that
 runs is whatever version of dpnb the engine has imported.
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 import copy
 import importlib
 
-from .. import log as dpnb_log
-from .setup import user_ns, wait_preload
+from dpnb import log as dpnb_log
+from dpnb.engine.proc.preload import wait_preload
+from dpnb.engine.proc.shell import user_ns
 
 
 def resolve(dotted: str):

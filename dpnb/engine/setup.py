@@ -20,44 +20,29 @@ The notebook calls these by name on every engine.  The order is:
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import resource
 import socket
 import sys
-import threading
 import time
 from datetime import timedelta
 
-from .. import compat
-from ..core.timeouts import form_timeout
-from .. import log as dpnb_log
-from . import outcount, process, seeding, tbtext
-from .lifecycle import torch_fn  # torch-free at import, like this module
-from .netplan import (backend_env, data_interface, group_backend, interface_of, launch_rank,
+from dpnb import compat
+from dpnb.core.timeouts import form_timeout
+from dpnb import log as dpnb_log
+from dpnb.engine.cell import outcount
+from dpnb.engine.proc import process, seeding
+from dpnb.engine.proc.preload import start_preload, wait_preload
+from dpnb.engine.proc.shell import _shell, user_ns
+from dpnb.engine.debugging import tbtext
+from dpnb.engine.group.lifecycle import torch_fn  # torch-free at import, like this module
+from dpnb.engine.group.netplan import (backend_env, data_interface, group_backend, interface_of, launch_rank,
                       route_address)
-from .rebind import rebind_user_objects
-from .state import STATE_NAME, EngineState, get_state
-from .workerenv import as_a_worker, torchrun_env
+from dpnb.engine.group.rebind import rebind_user_objects
+from dpnb.engine.state import STATE_NAME, EngineState, get_state
+from dpnb.engine.proc.workerenv import as_a_worker, torchrun_env
 
 log = logging.getLogger(__name__)
-
-
-def _shell():
-    """This engine's IPython shell."""
-    # lazy: boot imports this module before the kernel (and IPython) exists
-    from IPython import get_ipython
-
-    ip = get_ipython()
-    if ip is None:  # pragma: no cover - engines always run an IPython kernel
-        raise RuntimeError("dpnb engine functions must run inside an ipyparallel engine")
-    return ip
-
-
-def user_ns() -> dict:
-    """The namespace ``%%dp`` cells run in on this engine (its IPython user_ns)."""
-    return _shell().user_ns
 
 
 def probe(controller_addr: str = "127.0.0.1") -> dict:
@@ -74,7 +59,7 @@ def probe(controller_addr: str = "127.0.0.1") -> dict:
     host = socket.gethostname()
     ip = route_address(controller_addr)
     # lazy: torch-free at import (boot loads torch in a background thread)
-    from .device import device_count, gpu_ids, inherited_visible
+    from dpnb.engine.device import device_count, gpu_ids, inherited_visible
 
     ids = None
     try:
@@ -146,7 +131,7 @@ def init_rank(info: dict) -> dict:
     visible_devices, the CUDA_VISIBLE_DEVICES to show first, and
     device_fallback, the ordinal should CUDA already be initialised), master_addr,
     master_port, timeout_s, threads, watch_ppid, local_cluster, seed (None:
-    fresh entropy; see :mod:`dpnb.engine.seeding`).
+    fresh entropy; see :mod:`dpnb.engine.proc.seeding`).
     """
     wait_preload()
     # lazy: torch-free at import (boot loads torch in a background thread)
@@ -168,7 +153,7 @@ def init_rank(info: dict) -> dict:
     os.environ.update({str(k): str(v) for k, v in (info.get("env") or {}).items()})
     # compile caches and the side door out of the shared /tmp, in one folder
     # found once (unless the user chose where the caches go: --env)
-    from .private import private_caches, private_dir
+    from dpnb.engine.proc.private import private_caches, private_dir
 
     folder = private_dir()
     private_caches(folder)
@@ -182,7 +167,7 @@ def init_rank(info: dict) -> dict:
 
     if info["backend"] == "nccl":
         # lazy: torch-free at import (boot loads torch in a background thread)
-        from .device import NCCL_DEVICE, set_device, show_gpus
+        from dpnb.engine.device import NCCL_DEVICE, set_device, show_gpus
 
         index = int(info["device_index"])
         if info.get("visible_devices") and not show_gpus(info["visible_devices"]):
@@ -225,7 +210,10 @@ def init_rank(info: dict) -> dict:
     door = None
     if info.get("token"):
         # lazy: torch-free at import (boot loads torch in a background thread)
-        from . import cellguard, lifecycle, rankpdb, sidedoor
+        from dpnb.engine.cell import cellguard
+        from dpnb.engine.group import lifecycle
+        from dpnb.engine.debugging import rankpdb
+        from dpnb.engine import sidedoor
 
         door = sidedoor.open_door(state, info.get("door_addr") or "unix", info["token"],
                                   folder)
@@ -246,7 +234,7 @@ def _open_store(st, timeout: timedelta):
     :func:`listen_store` bound, every rank connects to it.
 
     With the cluster's token (always, from the notebook) it is dpnb's
-    authenticated store (:mod:`dpnb.engine.authstore`): a stranger who reaches
+    authenticated store (:mod:`dpnb.engine.group.authstore`): a stranger who reaches
     the port can neither read nor write a key.  Without one (an engine set up
     by hand) it is torch's ``TCPStore``.
     """
@@ -259,7 +247,7 @@ def _open_store(st, timeout: timedelta):
         st.store_sock = None
     if st.token:
         # lazy: torch-free at import (boot loads torch in a background thread)
-        from .authstore import AuthStore, StoreServer
+        from dpnb.engine.group.authstore import AuthStore, StoreServer
 
         if mine:
             if st.store_server is not None:  # the last formation's: its groups are gone
@@ -314,81 +302,11 @@ def form_group(master_port: int | None = None) -> dict:
     st.generation += 1
     if st.cell_guard is not None:  # the connections that check cells' collectives
         # lazy: torch-free at import (boot loads torch in a background thread)
-        from .cellguard import form_star
+        from dpnb.engine.cell.cellguard import form_star
 
         form_star(st, store)
-    _start_preload()
+    start_preload()
     return {"rank": st.rank, "generation": st.generation, "port": st.master_port}
-
-
-# Imported on the first %dp wrap: about 3 s of CPU per engine (DDP pulls in
-# torch._dynamo, FSDP pulls in DTensor).  Engines started through
-# dpnb.engine.boot import them while the cluster starts (the CPU is mostly
-# waiting then); other engines import them in the background once the group
-# is up, so the first wrap does not pay for them.
-PRELOAD_MODULES = ("torch.nn.parallel", "torch.distributed.optim", "torch.distributed.fsdp",
-            "torch._dynamo", "dpnb.engine.training")
-
-
-#: ``DPNB_PRELOAD=torch`` (set by the local launcher when the engines
-#: outnumber the cores): import torch only.  The preload is free while the
-#: CPU waits for the cluster to start; with 16 engines on 2 cores it is not --
-#: it made the start 1.4x raw ipyparallel's at N=16 and 1.7x at N=32 -- and
-#: only the first %dp wrap needs those modules.
-PRELOAD_ENV = "DPNB_PRELOAD"
-
-
-def preload_modules() -> tuple[str, ...]:
-    return () if os.environ.get(PRELOAD_ENV) == "torch" else PRELOAD_MODULES
-
-
-def import_quietly(names, report=None) -> None:
-    """Import ``names`` in order.  A failure goes to ``report(name, exc)`` (default: the
-    log), never raised: the real import, in the cell or call that needs it, reports it."""
-
-    report = report or (lambda n, e: log.info("preload of %s failed: %s: %s", n, type(e).__name__, e))
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # reported again, loudly, by the import that needs it
-            report(name, e)
-
-
-PRELOAD_THREAD = "dpnb-preload"  # every preload thread's name starts with this
-
-
-def _preloading() -> list:
-    return [t for t in threading.enumerate()
-            if t.name.startswith(PRELOAD_THREAD) and t.is_alive()]
-
-
-def wait_preload(*_ignored) -> None:
-    """Block until this engine's background imports are done.
-
-    Two threads importing the same modules at once can hand one of them a
-    partly initialised module (Python's answer to concurrent circular imports),
-    so every dpnb entry point on the engine -- and every cell, through a
-    ``pre_run_cell`` hook -- waits for them first: the threads, by name, of
-    :mod:`dpnb.engine.boot` and of :func:`_start_preload`.
-    """
-    me = threading.current_thread()
-    for t in _preloading():
-        if t is not me:
-            t.join()
-
-
-def _start_preload() -> None:
-    """Import what the first ``%dp wrap`` needs in the background, once per process."""
-    if _preloading() or all(m in sys.modules for m in preload_modules()):
-        return
-    threading.Thread(target=import_quietly, args=(preload_modules(),), name=PRELOAD_THREAD,
-                     daemon=True).start()
-    # lazy: boot imports this module before the kernel (and IPython) exists
-    from IPython import get_ipython
-
-    ip = get_ipython()
-    if ip is not None and wait_preload not in ip.events.callbacks.get("pre_run_cell", []):
-        ip.events.register("pre_run_cell", wait_preload)
 
 
 def preload_done() -> bool:
@@ -421,7 +339,7 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
     Every rank calls this at once.  dpnb's own wrap is re-bound by the
     callbacks the training layer registered in ``EngineState.on_reform``;
     then whatever else the namespace holds on the old group -- under a name
-    or inside another object -- is moved (:mod:`dpnb.engine.rebind`), and
+    or inside another object -- is moved (:mod:`dpnb.engine.group.rebind`), and
     ``rebound`` / ``left`` say what was moved and what could not be.  Both
     are collectives (DDP broadcasts parameters), so they run only when every
     rank has its objects: ``callbacks=False`` when some ranks are fresh
@@ -459,42 +377,3 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
     return out
 
 
-def status() -> dict:
-    """Liveness and memory of this rank, for ``%dp status``."""
-    wait_preload()
-
-    # lazy: torch-free at import (boot loads torch in a background thread)
-    import torch
-    import torch.distributed as dist
-
-    ns = user_ns()
-    st = ns.get(STATE_NAME)
-    rss = _rss_bytes()
-    out = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "rank": getattr(st, "rank", None),
-        "backend": getattr(st, "backend", None),
-        "device": str(getattr(st, "device", "")),
-        "group": dist.is_initialized(),
-        "generation": getattr(st, "generation", 0),
-        "rss_bytes": rss,
-        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "threads": torch.get_num_threads(),
-    }
-    if st is not None:
-        # lazy: torch-free at import (boot loads torch in a background thread)
-        from .device import is_accel, memory_allocated, memory_reserved
-
-        if is_accel(st.device):  # reported as cuda_* whatever the accelerator
-            out["cuda_allocated"] = memory_allocated(st.device)
-            out["cuda_reserved"] = memory_reserved(st.device)
-    return out
-
-
-def _rss_bytes() -> int:
-    try:
-        with open(f"/proc/{os.getpid()}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0

@@ -13,7 +13,7 @@ released both ranks 10 ms later, and a new group formed at once.
 So every engine runs one daemon thread, the side door, listening on a UNIX
 socket in its owner's private folder (local clusters) or a port of its own
 address (multi-host).  The notebook proves it holds the cluster's token
-(:mod:`dpnb.engine.wire`) and sends one command:
+(:mod:`dpnb.engine.proc.wire`) and sends one command:
 
 ``release``
     shut down every TCP connection this process opened since its first
@@ -39,9 +39,10 @@ from typing import Any
 
 import psutil
 
-from . import frames, rankpdb, wire
-from .collcheck import COLLECTIVES, DEVICE_WAIT_OP, DEVICE_WAITS
-from .private import private_dir
+from dpnb.engine.debugging import frames, rankpdb
+from dpnb.engine.proc import wire
+from dpnb.engine.cell.collcheck import COLLECTIVES, DEVICE_WAIT_OP, DEVICE_WAITS
+from dpnb.engine.proc.private import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def _device_wait(state, frame) -> dict | None:
                                                         path.endswith("dpnb/engine/device.py")):
         return None
     # lazy: torch-free at import (boot loads torch in a background thread)
-    from . import device
+    from dpnb.engine import device
 
     if not device.collective_pending(getattr(state, "collective_mark", None)):
         return None
@@ -222,9 +223,9 @@ class SideDoor:
     """The door of one engine process: an authenticated listener in its own thread.
 
     Local clusters listen on a UNIX socket in the owner's private folder
-    (:func:`dpnb.engine.private.private_dir`, mode 0700): no other user can
+    (:func:`dpnb.engine.proc.private.private_dir`, mode 0700): no other user can
     even connect.  Multi-host clusters listen on the rank's address, where the
-    handshake of :mod:`dpnb.engine.wire` turns strangers away within a
+    handshake of :mod:`dpnb.engine.proc.wire` turns strangers away within a
     deadline and without delaying anyone else.
     """
 
@@ -289,7 +290,7 @@ class SideDoor:
         """Fail every collective of this process at once (see the module docstring).
 
         Counted first, so a training step that was inside its gradient sync
-        refuses its optimizer step (:func:`dpnb.engine.step.optimizer_gate`).
+        refuses its optimizer step (:func:`dpnb.engine.train.step.optimizer_gate`).
         Under NCCL the communicators are aborted *before* the sockets shut:
         NCCL's watchdog must not see a broken connection before its abort
         flag is set (it would tear the process down).
@@ -299,7 +300,7 @@ class SideDoor:
         if getattr(self.state, "backend", None) == "nccl":
             # NCCL waits on the GPU, not on a socket: abort its communicators
             # (NCCL's abort is made to be called from another thread)
-            from .. import compat
+            from dpnb import compat
 
             out["aborted"] = compat.abort_groups()
         # the asking connection itself must survive the release

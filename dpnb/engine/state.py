@@ -40,37 +40,37 @@ class EngineState:
     # re-formed (the training layer registers one to re-bind wrapped models).
     on_reform: list = field(default_factory=list)
     # -- slots of the higher layers (kept across a re-init of this rank) --
-    train: Any = None  # dpnb.engine.train_state.TrainState once a model is wrapped
+    train: Any = None  # dpnb.engine.train.train_state.TrainState once a model is wrapped
     pending_data: Any = None  # a DataState chosen before the first wrap
-    peer: Any = None  # dpnb.engine.peercopy.PeerState: own snapshot, neighbour's copy
-    watch: Any = None  # dpnb.engine.views timing hooks for the gradsync view
+    peer: Any = None  # dpnb.engine.train.peercopy.PeerState: own snapshot, neighbour's copy
+    watch: Any = None  # dpnb.engine.metrics.views timing hooks for the gradsync view
     straggle_delay_s: float = 0.0  # injected per-step delay (%dp straggle)
     stop_requested: bool = False  # the Stop button: end training at a step boundary
     stop_file: str | None = None  # ... or this file appearing (any rank)
     store_sock: Any = None  # rank 0: the listening socket of the next group's store
-    store_server: Any = None  # rank 0: dpnb.engine.authstore.StoreServer of the current group
+    store_server: Any = None  # rank 0: dpnb.engine.group.authstore.StoreServer of the current group
     token: str | None = None  # the cluster's secret: store, side door and check star
     # the current group's store as a Python object: torch holds only its C++
     # half, and a store written in Python answers only while this one lives
     store: Any = None
     releases: int = 0  # side-door releases of this process's groups (the optimizer-step gate)
     side_door: Any = None  # dpnb.engine.sidedoor.SideDoor: release / where, from any thread
-    cell_guard: Any = None  # dpnb.engine.cellguard.Guard: counts and checks cells' collectives
+    cell_guard: Any = None  # dpnb.engine.cell.cellguard.Guard: counts and checks cells' collectives
     cell_calls: dict = field(default_factory=dict)  # collectives run by the current cell, by op
     current_collective: Any = None  # {"op", "seq", "group", ...} while a cell is inside one
     # NCCL: an event recorded on the stream right after the last collective
     # dpnb saw issued (dpnb.engine.device.mark_collective); not yet passed,
     # a device wait on this rank includes a collective (the deadlock rule)
     collective_mark: Any = None
-    debugger: Any = None  # dpnb.engine.rankpdb.RankPdb while this rank is stopped in pdb
-    lifecycle: Any = None  # dpnb.engine.lifecycle's replacements of init/destroy_process_group
-    pdb_hooks: Any = None  # dpnb.engine.rankpdb's breakpoint() / pdb.set_trace replacements
+    debugger: Any = None  # dpnb.engine.debugging.rankpdb.RankPdb while this rank is stopped in pdb
+    lifecycle: Any = None  # dpnb.engine.group.lifecycle's replacements of init/destroy_process_group
+    pdb_hooks: Any = None  # dpnb.engine.debugging.rankpdb's breakpoint() / pdb.set_trace replacements
     debug_detached: bool = False  # the notebook cannot prompt: skip breakpoints this cell
     debug_used: bool = False  # a breakpoint stopped this cell (tracing to undo at its end)
-    # (key, intra-host group, inter-host group) of dpnb.engine.hierbench; the
+    # (key, intra-host group, inter-host group) of dpnb.engine.metrics.hierbench; the
     # key holds the generation, so a re-formed group forms new subgroups
     subgroups: Any = None
-    profiler: Any = None  # dpnb.engine.profile's running torch.profiler, between begin and end
+    profiler: Any = None  # dpnb.engine.metrics.profile's running torch.profiler, between begin and end
     # the default group this rank formed last, held here because c10d forgets
     # it: an NCCL release aborts the groups, which empties c10d's world map
     # (dist.group.WORLD is None), and the re-formation must still know which

@@ -23,7 +23,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .. import session
 from ..cluster import agents, launch
-from ..errors import DpnbError, RemoteCellError
+from ..core.errors import UserError
+from ..errors import RemoteCellError
 from .cell_cmds import CellCommands
 from .cluster_cmds import ClusterCommands
 from .grade_cmds import GradeCommands
@@ -42,10 +43,6 @@ AREAS = (ClusterCommands, CellCommands, TrainingCommands, ViewCommands, JobComma
 def subcommands() -> dict[str, object]:
     """``name -> handler`` of every ``%dp`` subcommand (the parser is ``handler.parser``)."""
     return handlers(*AREAS)
-
-
-def _is_dpnb_error(e: Exception) -> bool:
-    return type(e).__module__.startswith("dpnb.")
 
 
 def _help_text() -> str:
@@ -100,11 +97,9 @@ class DPMagics(Magics, *AREAS):
             return self._dispatch(line)
         except RemoteCellError:
             raise  # IPython shows its report via _render_traceback_
-        except (DpnbError, ValueError) as e:
-            # DpnbError, and the views' ViewError / core ConfigError (both
-            # ValueErrors): bad input, told in one line
-            if isinstance(e, ValueError) and not _is_dpnb_error(e):
-                raise
+        except UserError as e:
+            # bad input, wherever dpnb raised it (DpnbError, ViewError, ConfigError ...):
+            # told in one line; any other error keeps its traceback
             raise UsageError(str(e)) from None
 
     dp.__doc__ = _help_text()

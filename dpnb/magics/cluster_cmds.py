@@ -14,7 +14,7 @@ from .. import session
 from ..cluster import keep
 from ..cluster.types import BACKENDS, LAUNCHERS, TORCH_DEFAULT_TIMEOUT_S, Status
 from ..display import show_status
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from .options import subcommand
 
 

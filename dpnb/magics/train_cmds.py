@@ -10,6 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..core.peerplan import parse_every
 from ..core.strategies import LR_SCALES, MIXED_PRECISION, OPTIMIZERS, STRATEGIES
+from ..core.trainargs import TrainArgs
 from ..session.profile import MAX_PROFILED_STEPS
 from .options import profile_options, subcommand
 
@@ -171,8 +172,8 @@ class TrainingCommands:
             ck["peer_copy_every"] = parse_every(a.peer_copy_every)
             print(f"dpnb: peer copies every {ck['peer_copy_every']} steps" if ck["peer_copy_every"]
                   else "dpnb: peer copies off")
-        return self._need().train(**ck, steps=a.steps, epochs=a.epochs, micro_batch=a.micro_batch,
-                               grad_accum=a.grad_accum, lr_scale=a.lr_scale,
-                               ref_batch=a.ref_batch, seq_len=a.seq_len, step_fn=a.step_fn,
-                               loss_fn=a.loss_fn, record=False if a.no_record else None,
-                               timeout=a.timeout)
+        return self._need().train(TrainArgs(
+            **ck, steps=a.steps, epochs=a.epochs, micro_batch=a.micro_batch,
+            grad_accum=a.grad_accum, lr_scale=a.lr_scale, ref_batch=a.ref_batch,
+            seq_len=a.seq_len, step_fn=a.step_fn, loss_fn=a.loss_fn,
+            record=False if a.no_record else None, timeout=a.timeout))

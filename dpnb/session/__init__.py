@@ -21,7 +21,9 @@ from typing import Any
 from ..cluster import Engines
 from ..core.profile import Profiled
 from ..core.profilesummary import summarize
+from ..core.trainargs import TrainArgs
 from ..core.viewsource import LastRun
+from ..errors import DpnbError
 from ..progress import progress_from_client
 from . import export as _export
 from . import grading as _grading
@@ -32,7 +34,7 @@ from . import verbs as _train
 from .feed import ProgressFeed
 from .record import SetupCell, SetupRecord
 from .results import ExportResult, ResizeResult, TrainResult
-from .state import TrainingState
+from .training_state import TrainingState
 
 __all__ = ["Cluster", "start", "TrainingState"]
 
@@ -60,7 +62,7 @@ class Cluster(Engines):
         # JupyterLab's sidebar (the runtime's publication) hears them all
         self.progress_feed = ProgressFeed()
         self.subscribe(lambda ev: self.published.progress(ev.as_dict()))
-        self.last_profile = None  # the property below: published too
+        self._last_profile: Profiled | None = None  # none yet: nothing to publish
         self.grade_tries: dict[str, int] = {}  # exercise -> tries so far (hints grow with them)
 
     @property
@@ -108,9 +110,13 @@ class Cluster(Engines):
         """Train on the dataset named ``dataset`` on every rank; see :func:`dpnb.session.verbs.set_data`."""
         return _train.set_data(self, dataset, **opts)
 
-    def train(self, **opts) -> TrainResult | None:
-        """Run training steps with live progress; see :func:`dpnb.session.verbs.train`."""
-        return _train.train(self, **opts)
+    def train(self, args: TrainArgs | None = None, /, **opts) -> TrainResult | None:
+        """Run training steps with live progress: ``c.train(steps=20, micro_batch=8)``, or
+        one :class:`~dpnb.core.trainargs.TrainArgs` (not both); see
+        :func:`dpnb.session.verbs.train`."""
+        if args is not None and opts:
+            raise DpnbError("give train either a TrainArgs or keywords, not both")
+        return _train.train(self, args if args is not None else TrainArgs.of(**opts))
 
     def check(self, model: str | None = None) -> dict:
         """Are the replicas in sync?  See :func:`dpnb.session.verbs.check`."""

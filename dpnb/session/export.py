@@ -7,7 +7,7 @@ each again:
   the model and the data; ``restart --resume`` replays the same list) -- they
   are copied into ``train.py`` as plain module-level code, in order;
 * the wrap and the data choice -- written as the same engine calls
-  (``dpnb.engine.training.wrap`` / ``.set_data``) with the same arguments;
+  (``dpnb.engine.train.training.wrap`` / ``.set_data``) with the same arguments;
 * the state reached by training -- saved now, with every rank writing its
   shard (``torch.distributed.checkpoint``), and loaded by the job, which
   DCP reshards for whatever number of ranks it runs on.
@@ -15,7 +15,7 @@ each again:
 The notebook's ``%dp train`` calls since the wrap become the job's schedule:
 the job skips what the checkpoint already holds, runs the rest, and
 ``--steps N`` goes on with the last call's settings.  Under ``torchrun`` each
-process is one rank (:mod:`dpnb.engine.job`), communicating exactly as the
+process is one rank (:mod:`dpnb.engine.train.job`), communicating exactly as the
 engines did.
 
 Whatever cannot be carried over is listed with its reason, never dropped
@@ -33,7 +33,7 @@ import stat
 
 from ..cluster.types import EntryKind
 from ..core.cellgraph import cell_summary
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..errors import DpnbError
 from .record import LoadStep, SetupCell, WatchStep
 from .results import ExportResult
@@ -128,7 +128,7 @@ def script(cluster, *, checkpoint: str | None, skipped: list[tuple[str, str]],
           if skipped else []),
         '"""',
         "",
-        "from dpnb.engine import checkpoint, job, training  # noqa: F401",
+        "from dpnb.engine.train import checkpoint, job, training  # noqa: F401",
         "",
         "# the checkpoint the notebook loaded after its wrap (path, step): its training",
         "# calls below start there (None: from the freshly built model)",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..core import grading as core
 from ..core.errors import ConfigError
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 
 log = logging.getLogger(__name__)
 

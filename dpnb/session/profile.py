@@ -1,10 +1,10 @@
 """``%%dp --profile``: profile one cell on every rank and bring the traces home.
 
 The sequence: every selected rank starts ``torch.profiler``
-(:func:`dpnb.engine.profile.begin`, one call, no collective); the cell runs
+(:func:`dpnb.engine.metrics.profile.begin`, one call, no collective); the cell runs
 exactly as an unprofiled one would; every rank stops and sends back its
 bounded record and, below a size cap, its Chrome trace
-(:func:`dpnb.engine.profile.end`).  The notebook puts the ranks on one
+(:func:`dpnb.engine.metrics.profile.end`).  The notebook puts the ranks on one
 clock and splits their time (:func:`dpnb.core.profile.analyze`), writes
 each rank's trace and one merged trace into a folder, and keeps the result
 as ``cluster.last_profile`` for ``%dp profile`` and
@@ -26,7 +26,7 @@ import uuid
 from ..core.errors import ConfigError
 from ..core.profile import Profiled, RankTrace, analyze, merged_trace
 from ..core.profilesummary import failure_note
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..errors import DpnbError
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ replays (:mod:`dpnb.engine.entrypoints`) and its arguments; nothing here
 communicates: the session sends the call (``cluster.call(*step.call())``).
 
 The train calls since the wrap are :attr:`TrainingState.train_log
-<dpnb.session.state.TrainingState>` beside this record; the runtime keeps
+<dpnb.session.training_state.TrainingState>` beside this record; the runtime keeps
 only its cell history (:attr:`dpnb.cluster.Engines.history`).
 
 :meth:`SetupRecord.to_record` writes the JSON a kept cluster's record has
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..core.cellgraph import cell_summary
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 
 log = logging.getLogger(__name__)
 

@@ -4,12 +4,12 @@ Under DDP every surviving rank holds the whole training state, fresher than any
 checkpoint on disk.  This module decides whether that path applies -- before
 any engine is replaced -- and drives it:
 
-1. ask the survivors what they hold (:func:`dpnb.engine.rebuild.replica_info`);
+1. ask the survivors what they hold (:func:`dpnb.engine.train.rebuild.replica_info`);
    the source is the survivor furthest along (lowest rank among equals);
 2. replace the dead engines and re-form the group (the runtime's restart);
 3. replay, on the replaced ranks only, the setup cells that built the model and
    the dataset (:mod:`.resume` finds them) and the dataset choice;
-4. on every rank, :func:`dpnb.engine.rebuild.from_replica`: the source
+4. on every rank, :func:`dpnb.engine.train.rebuild.from_replica`: the source
    broadcasts weights, optimizer state, step and data position over the new
    group; the replaced rank wraps, survivors re-bind;
 5. the timing hooks of ``%dp gradsync`` on the replaced ranks.
@@ -29,7 +29,7 @@ from ..cluster.diagnose import first_error
 from ..core.cellgraph import ResumePlan, cell_summary
 from ..core.peerplan import memory_line
 from ..core.strategies import is_fsdp
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
 from .record import DataStep, WatchStep, WrapStep

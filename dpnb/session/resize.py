@@ -30,11 +30,11 @@ from dataclasses import asdict
 from ..cluster.world import check_target, resize_world
 from ..core.errors import ConfigError
 from ..core.resize import ResizePlan, plan_resize
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..errors import DpnbError
 from . import resume
 from .results import ResizeResult
-from .state import BatchPlan
+from .training_state import BatchPlan
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from ..cluster.diagnose import first_error
 from ..cluster.types import EntryKind
 from ..core.cellgraph import HistoryCell, ResumePlan, cell_summary, plan
 from ..core.strategies import is_fsdp
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..errors import DpnbError
 from ..ranks import rank_label
 from . import replica, verbs

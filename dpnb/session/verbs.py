@@ -1,11 +1,11 @@
 """Notebook side of training: wrap, data, train with live progress, check,
 checkpoints.  Each function calls the engine-side function of the same name
-in :mod:`dpnb.engine.training` / :mod:`dpnb.engine.check` /
-:mod:`dpnb.engine.checkpoint` on every rank at once (they are collectives),
+in :mod:`dpnb.engine.train.training` / :mod:`dpnb.engine.train.check` /
+:mod:`dpnb.engine.train.checkpoint` on every rank at once (they are collectives),
 and turns the per-rank answers into one result.  The same functions back the
 ``%dp wrap / data / train / check / save / load / pull-model`` magics and the
 ``Cluster.wrap`` ... methods; what the next action needs to know of them goes
-to the session's :class:`~dpnb.session.state.TrainingState`.
+to the session's :class:`~dpnb.session.training_state.TrainingState`.
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ import os
 from typing import Any
 
 from ..ippcompat import result_metadata
-from ..core.events import ProgressEvent
+from ..core.events import ProgressEvent, TrainSummary
 from ..core.errors import ConfigError
-from ..core.peerplan import parse_every
+from ..core.trainargs import TrainArgs
 from ..core.strategies import STRATEGIES, is_fsdp, parse_comm_hook
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..errors import DpnbError
 from ..progress import TrainProgress
 from ..ranks import rank_label
 from .record import DataStep, LoadStep, WatchStep, WrapStep
 from .results import TrainResult
-from .state import LastTrain, TrainArgs, TrainCall, WrapRecord
+from .training_state import LastTrain, TrainCall, WrapRecord
 
 
 
@@ -46,7 +46,7 @@ def wrap(cluster, model: str = "model", strategy: str = "ddp", **opts) -> dict:
 
     ``strategy``: ``ddp`` | ``zero1`` (DDP + ZeroRedundancyOptimizer) |
     ``zero2`` / ``zero3`` (FSDP2 ``fully_shard`` without / with resharding
-    after forward).  Options go to :func:`dpnb.engine.training.wrap`
+    after forward).  Options go to :func:`dpnb.engine.train.training.wrap`
     (``bucket_cap_mb``, ``mixed_precision``, ``cpu_offload``, ``wrap_classes``,
     ``optimizer``, ``lr``, ``weight_decay``, ``momentum``, ...).
     """
@@ -83,15 +83,13 @@ def set_data(cluster, dataset: str, *, seed: int = 0, shuffle: bool = True) -> d
     return _rank0(_build(cluster, DataStep(dataset, seed=seed, shuffle=shuffle)))
 
 
-def train(cluster, *, steps: int | None = None, epochs: int | None = None,
-          micro_batch: int | None = None, grad_accum: int | None = None,
-          lr_scale: str = "none", ref_batch: int | None = None,
-          seq_len: int | None = None, step_fn: str | None = None, loss_fn: str | None = None,
-          record: bool | None = None, progress: bool = True,
-          timeout: float | None = None, checkpoint_every: int | None = None,
-          checkpoint_dir: str | None = None,
-          peer_copy_every: int | str | None = None) -> TrainResult | None:
+def train(cluster, args: TrainArgs) -> TrainResult | None:
     """Run training steps on every rank with a live progress display.
+
+    ``args`` is the call's one typed contract (:class:`dpnb.core.trainargs.TrainArgs`):
+    the batch layout is filled in here (from ``%dp resize``'s plan, else the
+    defaults), the whole call checked once, then sent as that one object to
+    every rank (``ep.TRAIN``).
 
     Ctrl-C (Jupyter's "interrupt kernel") stops every rank together after the
     same step (at most one step after the one that was running: the ranks
@@ -99,26 +97,23 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
     optimizer keep their state and a later ``train`` continues from the next
     step.
 
-    ``peer_copy_every``: the peer copies' interval K (``0`` / ``"off"``: none),
+    ``args.peer_copy_every``: the peer copies' interval K (``0`` / ``"off"``: none),
     kept for the session's later calls and set on every rank before each
     call, so a replaced rank copies at the same steps as the survivors.
     """
-    if steps is None and epochs is None:  # before the layout's defaults are chosen
+    if args.steps is None and args.epochs is None:  # before the layout's defaults are chosen
         raise DpnbError("say how long to train: --steps S or --epochs E")
-    micro_batch, grad_accum, from_plan = batch_layout(cluster, micro_batch, grad_accum)
-    args = TrainArgs.checked(steps=steps, epochs=epochs, micro_batch=micro_batch,
-                             grad_accum=grad_accum, lr_scale=lr_scale, ref_batch=ref_batch,
-                             seq_len=seq_len, step_fn=step_fn, loss_fn=loss_fn, record=record,
-                             publish=bool(progress), checkpoint_every=checkpoint_every,
-                             checkpoint_dir=checkpoint_dir)
+    micro_batch, grad_accum, from_plan = batch_layout(cluster, args.micro_batch, args.grad_accum)
+    args = TrainArgs.checked(**{**args.as_dict(), "micro_batch": micro_batch,
+                                "grad_accum": grad_accum})
     st = cluster.training
-    if peer_copy_every is not None:
-        st.peer_copy_every = parse_every(peer_copy_every)
+    if args.peer_copy_every is not None:
+        st.peer_copy_every = args.peer_copy_every
     if st.peer_copy_every is not None:  # every rank alike, a replaced one included
         cluster.call(ep.PEER_SET_EVERY, st.peer_copy_every)
     if args.checkpoint_dir is not None:  # restart --resume finds it even if this run dies
         st.autosave_dir = args.checkpoint_dir
-    view = TrainProgress(steps, kernel=None) if progress else None
+    view = TrainProgress(args.steps, kernel=None) if args.publish else None
     sent: dict = {}
 
     def on_poll(ars: dict) -> None:
@@ -129,21 +124,19 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
             cluster.progress_feed.publish(ev)
 
     # the live view hears this call's events; the session's other subscribers stay
-    unsubscribe = (cluster.subscribe(lambda ev: view.update(ev.as_dict())) if view is not None
-                   else lambda: None)
+    unsubscribe = (cluster.subscribe(view.update) if view is not None else lambda: None)
     try:
-        res = cluster.call(ep.TRAIN, timeout=timeout, on_poll=on_poll, raise_errors=False,
-                           **args.to_record())
+        res = cluster.call(ep.TRAIN, args, timeout=args.timeout, on_poll=on_poll,
+                           raise_errors=False)
     finally:
         unsubscribe()
-    summary = res.values[0] if res.ok else None
+    summary: TrainSummary | None = res.values[0] if res.ok else None
     if summary:
-        cluster.published.progress({"step": summary.get("last_step"), "loss": summary.get("loss"),
-                                    "samples_per_s": summary.get("samples_per_s")})
+        cluster.published.progress(summary.progress_event().as_dict())
     note = ""
-    if summary and summary.get("interrupted"):
-        note = (f"stopped at step {summary.get('last_step')} "
-                f"({summary.get('stop_reason')}); model and optimizer state kept")
+    if summary and summary.interrupted:
+        note = (f"stopped at step {summary.last_step} "
+                f"({summary.stop_reason}); model and optimizer state kept")
     if view is not None:
         view.close(summary, note=note)
     if not res.ok:
@@ -156,8 +149,8 @@ def train(cluster, *, steps: int | None = None, epochs: int | None = None,
         if ev is not None:
             finals[ev.rank] = ev.as_dict()
     st.last_train = LastTrain(args, summary, finals)
-    if summary and summary.get("steps"):
-        st.train_log.append(TrainCall.of(summary["steps"], cluster.world_size, args))
+    if summary and summary.steps:
+        st.train_log.append(TrainCall.of(summary.steps, cluster.world_size, args))
     if summary is None:
         return None
     if not from_plan:  # a layout of the user's own: the resize plan is history

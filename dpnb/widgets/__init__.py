@@ -48,7 +48,7 @@ Magics to wire (``%dp <view>`` → function, arguments → keyword)
     :func:`dpnb.core.exact_rank_bytes` (difference in bytes).  ``--no-stages``
     (with ``--live``): the live panel alone, ``stages=False``.
     ``--during [--micro-batch B]``: ``residency.show(cluster, micro_batch=B)``
-    runs one training step with the probe of :mod:`dpnb.engine.residency` and
+    runs one training step with the probe of :mod:`dpnb.engine.metrics.residency` and
     shows the peak parameter + gradient bytes per rank in forward and backward.
 
 ``%dp comm [--link NAME] [--n N] [--collectives all_reduce,reduce_scatter,all_gather] [--bandwidth GBs] [--latency US] [--save PATH]``
@@ -94,7 +94,7 @@ Magics to wire (``%dp <view>`` → function, arguments → keyword)
     communication, entries into collectives (the straggler), the collectives'
     bus bandwidth beside the α–β model.
 
-Engine-side helpers live in :mod:`dpnb.engine.views` (called by dotted name).
+Engine-side helpers live in :mod:`dpnb.engine.metrics.views` (called by dotted name).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from dpnb.core import (
 )
 
 from ..core.viewsource import ViewSource
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from . import _common as C
 
 MAX_DRAWN = 16  # ranks / micro-steps drawn individually in the grid

@@ -9,7 +9,7 @@ bandwidth large ones.  nccl-tests report algbw = S/t and busbw = algbw ×
 busbw comparable to the link's β for any N.
 
 The benchmark (:func:`bench`) runs the real collective on every live rank
-(``dpnb.engine.views.bench_collective``) over a range of sizes; the view
+(``dpnb.engine.metrics.views.bench_collective``) over a range of sizes; the view
 plots its algbw/busbw on the same axes as the model and fits α and β to it.
 """
 
@@ -23,7 +23,7 @@ import ipywidgets as w
 from dpnb.core import (LINKS, ConfigError, Link, algbw, bus_factor, busbw, collective_bytes,
                        collective_steps, collective_time)
 
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from . import _common as C
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")

@@ -11,7 +11,7 @@ progress events (:meth:`ViewSource.subscribe`: each one decoded once,
 progress (a cell that calls ``train`` itself has no session call), so it
 updates while the notebook's main thread waits for the training call.  When the cluster is idle, the "refresh" button (main thread) asks
 every rank for ``%dp status`` and its last records
-(``dpnb.engine.views.live_summary``; no collective).
+(``dpnb.engine.metrics.views.live_summary``; no collective).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import ipywidgets as w
 
 from ..core.viewsource import ViewSource
 from ..display import GROUP_ABOVE, byte_span, group_cells, group_status
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..progress import progress_from_client  # noqa: F401  (the decoder the session uses)
 from . import _common as C
 

@@ -34,7 +34,7 @@ from dpnb.core import (
 )
 from dpnb.core.strategies import is_ddp, is_fsdp
 
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from . import _common as C
 from .gradsync_data import (  # noqa: F401  (the view's data layer, re-exported)
     COMM_LANES,

@@ -1,7 +1,7 @@
 """The gradient-sync view's data layer: per-rank timelines from the engines'
 records, bucket rows, and the overlap model's prediction beside them.
 
-Pure functions of recorded dicts (see :func:`dpnb.engine.watch.gradsync_records`)
+Pure functions of recorded dicts (see :func:`dpnb.engine.metrics.watch.gradsync_records`)
 and :mod:`dpnb.core`; drawing lives in :mod:`dpnb.widgets.gradsync`.
 """
 
@@ -135,7 +135,7 @@ class GradsyncView:
     other: Prediction | None
     comparison: tuple[str, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
-    comm_hook: str = "none"  # how DDP sent the buckets (dpnb.engine.commhook)
+    comm_hook: str = "none"  # how DDP sent the buckets (dpnb.engine.train.commhook)
 
     @property
     def compressed(self) -> bool:
@@ -148,7 +148,7 @@ def _fnum(x) -> float | None:
 
 
 def rank_timeline(rec: dict) -> RankTimeline:
-    """Segments and overlap numbers of one rank's step record (see ``dpnb.engine.views.gradsync_records``)."""
+    """Segments and overlap numbers of one rank's step record (see ``dpnb.engine.metrics.views.gradsync_records``)."""
     segs: list[Segment] = []
     for k, f in enumerate(rec.get("forward") or []):
         if f.get("start") is not None and f.get("end") is not None:
@@ -325,7 +325,7 @@ def _cmp(what: str, measured: float, model: float, tol_s: float = 5e-5, rel: flo
 
 def data(records: list[dict], *, step: int | None = None, cap_mb: float | None = None,
          link: str | Link | None = None) -> GradsyncView:
-    """The gradsync view from each rank's step records (``dpnb.engine.views.gradsync_records``).
+    """The gradsync view from each rank's step records (``dpnb.engine.metrics.views.gradsync_records``).
 
     ``records``: a flat list of per-rank step dicts; ``step``: which step
     (default: the latest recorded on every rank); ``cap_mb``: another bucket

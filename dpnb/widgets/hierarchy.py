@@ -3,7 +3,7 @@
 On a cluster that spans hosts, one all-reduce benchmark mixes two links: the
 ranks of a host talk over loopback / NVLink, the hosts over the network.  A
 single α–β fit to it (or a one-host preset beside it) describes neither.  So
-this view runs :func:`dpnb.engine.hierbench.bench_hierarchical` on every
+this view runs :func:`dpnb.engine.metrics.hierbench.bench_hierarchical` on every
 rank: it measures each link on its own (an all-reduce inside every host at
 once; one across hosts among the ranks of each local rank, all at once),
 fits α and β to each, and sets the flat ring and the two-level algorithm
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from dpnb.core import HierarchicalAllReduce, Link, hierarchical_allreduce_time
 
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from . import _common as C
 from .comm import BenchResult, fit_link
 

@@ -31,9 +31,9 @@ from dpnb.core import (
     memory_table,
     min_dp_to_fit,
 )
-from dpnb.core.memory import OFFLOADS, OPTIMIZERS, PRECISIONS
+from dpnb.core.memory import MODELED_OPTIMIZERS as OPTIMIZERS, OFFLOADS, PRECISIONS
 
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..ranks import rank_label
 from . import _common as C
 
@@ -144,7 +144,7 @@ def data(n_params: float = 7e9, dp: int = 8, precision: str = "bf16-mixed", opti
 
 def live_data(snapshots: list[dict]) -> LiveMemory:
     """Measured vs :func:`dpnb.core.exact_rank_bytes` from each rank's
-    :func:`dpnb.engine.views.memory_snapshot` (a list in rank order).
+    :func:`dpnb.engine.metrics.views.memory_snapshot` (a list in rank order).
 
     The comparison is part by part: parameter storage (FSDP2: the padded
     shard), gradient storage (DDP's ``gradient_as_bucket_view`` buckets;

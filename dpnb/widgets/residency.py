@@ -3,7 +3,7 @@
 ``%dp memory --live`` compares what each rank holds between steps with the
 exact prediction; there ZeRO-2 and ZeRO-3 look the same (1/N of
 everything).  This view runs one ordinary training step with
-:func:`dpnb.engine.residency.measure_step` on every rank and shows the peak
+:func:`dpnb.engine.metrics.residency.measure_step` on every rank and shows the peak
 parameter and gradient bytes each rank held in its forward and in its
 backward, beside the whole model's parameter bytes.  Each strategy measured
 on this cluster (same model size) is kept, so wrapping with zero2, measuring,
@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dpnb.core.strategies import STRATEGIES
 from dpnb.core.units import fmt_bytes
 from dpnb.core.viewsource import ViewSource
 from dpnb.ranks import rank_label
 
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from . import _common as C
 
-ORDER = ("ddp", "zero1", "zero2", "zero3")
+ORDER = STRATEGIES  # the strategies in ZeRO-stage order
 
 
 @dataclass(frozen=True)

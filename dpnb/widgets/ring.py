@@ -25,7 +25,7 @@ from matplotlib.patches import Rectangle
 
 from dpnb.core import ConfigError, collective_bytes
 
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from . import _common as C
 
 MAX_PANELS_ALL = 9  # draw every step up to this many panels (n ≤ 5), else a selection
@@ -109,7 +109,7 @@ def live_from_ranks(per_rank: list[dict]) -> LiveRing:
 
 
 def run_live(cluster, numel: int | None = None, seed: int = 0) -> LiveRing:
-    """Run ``dpnb.engine.views.ring_demo`` on every rank (collective) and collect the result."""
+    """Run ``dpnb.engine.metrics.views.ring_demo`` on every rank (collective) and collect the result."""
     return live_from_ranks(C.call_ok(cluster, ep.RING_DEMO, numel, seed))
 
 

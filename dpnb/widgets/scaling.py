@@ -19,7 +19,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator
 
 from dpnb.core import ConfigError, Link, ScalingPoint, allreduce_comm, scaling
 
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from . import _common as C
 from .comm import PRESETS, make_link
 

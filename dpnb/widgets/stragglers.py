@@ -31,7 +31,7 @@ from dpnb.core import (
     straggler_probability,
 )
 
-from ..engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from . import _common as C
 
 MAX_STEPS_DRAWN = 10

@@ -36,7 +36,7 @@ class Net(nn.Module):
 
 
 def _setup(ns, seed, strategy):
-    from dpnb.engine import training as T
+    from dpnb.engine.train import training as T
 
     torch.manual_seed(seed)
     ns["net"] = Net()
@@ -46,8 +46,8 @@ def _setup(ns, seed, strategy):
 
 
 def _save_runs(ns, d3, d1):
-    from dpnb.engine import checkpoint as CK
-    from dpnb.engine import training as T
+    from dpnb.engine.train import checkpoint as CK
+    from dpnb.engine.train import training as T
 
     out = {}
     for strategy, d in (("zero3", d3), ("zero1", d1)):
@@ -60,8 +60,8 @@ def _save_runs(ns, d3, d1):
 
 
 def _load_runs(ns, d3, d1, micro_batch):
-    from dpnb.engine import checkpoint as CK
-    from dpnb.engine import training as T
+    from dpnb.engine.train import checkpoint as CK
+    from dpnb.engine.train import training as T
 
     out = {}
     for strategy, d in (("ddp", d3), ("zero3", d1)):
@@ -109,7 +109,7 @@ def test_checkpoint_files_hold_no_pickled_objects(runs):
     # and the allow-list reader can read the index
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from dpnb.engine.checkpoint import SafeFileSystemReader
+    from dpnb.engine.train.checkpoint import SafeFileSystemReader
 
     md = SafeFileSystemReader(runs["d3"]).read_metadata()
     kinds = {type(v) for v in md.state_dict_metadata.values()}

@@ -28,8 +28,8 @@ def make_net():
 
 
 def _train_each(ns):
-    from dpnb.engine import check as C
-    from dpnb.engine import training as T
+    from dpnb.engine.train import check as C
+    from dpnb.engine.train import training as T
 
     out = {}
     for hook in HOOKS:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers.mp import run_ranks
 
 from dpnb.data import CharTextDataset, SyntheticRegression, TinyLM
-from dpnb.engine.process import GC_EVERY
+from dpnb.engine.proc.process import GC_EVERY
 
 B, K = 2, 2
 DELAY = 0.3
@@ -24,7 +24,7 @@ def _net():
 
 
 def _fresh(ns, strategy="ddp", lr=0.05):
-    from dpnb.engine import training as T
+    from dpnb.engine.train import training as T
 
     ns["net"] = _net()
     ns["ds"] = SyntheticRegression(40, 6, 3, seed=4)
@@ -33,13 +33,13 @@ def _fresh(ns, strategy="ddp", lr=0.05):
 
 
 def _weights(ns):
-    from dpnb.engine import training as T
+    from dpnb.engine.train import training as T
 
     return {k: v.detach().clone() for k, v in T.train_state(ns).module.state_dict().items()}
 
 
 def _errors(ns):
-    from dpnb.engine import training as T
+    from dpnb.engine.train import training as T
 
     msgs = {}
     for name, kw in {
@@ -58,8 +58,8 @@ def _errors(ns):
 
 
 def _run(ns, stop_path):
-    from dpnb.engine import check as C
-    from dpnb.engine import training as T
+    from dpnb.engine.train import check as C
+    from dpnb.engine.train import training as T
 
     rank = ns["rank"]
     es = ns["_dpnb"]

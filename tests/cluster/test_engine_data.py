@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 
 from dpnb.data import Block, CharTextDataset, SyntheticRegression, TinyLM, load_tiny_text
-from dpnb.engine import training as T
-from dpnb.engine.checkpoint import SafeFileSystemReader
+from dpnb.engine.train import training as T
+from dpnb.engine.train.checkpoint import SafeFileSystemReader
 from dpnb.engine.state import EngineState
 
 

@@ -46,10 +46,10 @@ def make_net():
 
 
 def _run_all(ns):
-    from dpnb.engine import check as C
-    from dpnb.engine import checkpoint as CK
-    from dpnb.engine import training as T
-    from dpnb.engine.measure import local_tensor
+    from dpnb.engine.train import check as C
+    from dpnb.engine.train import checkpoint as CK
+    from dpnb.engine.train import training as T
+    from dpnb.engine.train.measure import local_tensor
 
     rank = ns["rank"]
     out = {}

@@ -45,9 +45,9 @@ class Deep(nn.Module):
 
 
 def _measure(ns):
-    from dpnb.engine import training as T
-    from dpnb.engine.measure import local_tensor
-    from dpnb.engine.training import bucket_records, measure_state_bytes
+    from dpnb.engine.train import training as T
+    from dpnb.engine.train.measure import local_tensor
+    from dpnb.engine.train.training import bucket_records, measure_state_bytes
 
     out = {}
     for strategy in STRATEGIES:

@@ -27,7 +27,7 @@ def _net():
 
 
 def _start(ns, strategy):
-    from dpnb.engine import training as T
+    from dpnb.engine.train import training as T
 
     ns["net"] = _net()
     ns["ds"] = SyntheticRegression(48, 8, 4, seed=1)
@@ -55,9 +55,9 @@ def _groups_in_use(st):
 def _run(ns, ports):
     import torch.distributed as dist
 
-    from dpnb.engine import check as C
-    from dpnb.engine import checkpoint as CK
-    from dpnb.engine import training as T
+    from dpnb.engine.train import check as C
+    from dpnb.engine.train import checkpoint as CK
+    from dpnb.engine.train import training as T
 
     es = ns["_dpnb"]
     out = {}

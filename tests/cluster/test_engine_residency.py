@@ -17,8 +17,8 @@ STRATEGIES = ("ddp", "zero2", "zero3")
 
 def _measure(ns):
     import dpnb.data
-    from dpnb.engine import residency
-    from dpnb.engine import training as T
+    from dpnb.engine.metrics import residency
+    from dpnb.engine.train import training as T
 
     out = {}
     for strategy in STRATEGIES:

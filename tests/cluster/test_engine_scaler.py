@@ -30,8 +30,8 @@ def _run(ns):
     import torch.distributed as dist
 
     from dpnb.engine import device
-    from dpnb.engine import training as T
-    from dpnb.engine import wrap as W
+    from dpnb.engine.train import training as T
+    from dpnb.engine.train import wrap as W
 
     rank = ns["rank"]
     out = {"per_rank": _overflow_on_rank_1(rank, device.grad_scaler("cpu")),

@@ -132,7 +132,7 @@ def test_from_scratch_starts_where_the_notebook_loaded_its_checkpoint(c, tmp_pat
 # name in the process itself (pt_gloo_runloop, gloo_tcp_loop).
 FINISH = """
 import torch, torch.distributed as dist
-from dpnb.engine import job, training
+from dpnb.engine.train import job, training
 ns = {}
 job.init(ns, backend="gloo", timeout_s=30)
 ns["net"] = torch.nn.Linear(4, 2)

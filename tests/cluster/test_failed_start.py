@@ -13,14 +13,18 @@ is then all that stops them.
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 import tempfile
+import threading
 
 import pytest
 
 import dpnb
-from dpnb.cluster import engines, group, launch, placement, processes
+import dpnb.cluster as cluster_mod
+from dpnb.cluster import Engines, engines, group, launch, placement, processes, publish
+from dpnb.lab import clusters as lab_clusters
 from helpers import nbutil as nbu
 
 
@@ -37,7 +41,7 @@ STEPS = {
     "engines registered, not yet probed": (engines, "probe"),
     "engines probed, ranks not placed": (placement, "assign_ranks"),
     "ranks initialised, group not formed": (group.Group, "form"),
-    "group formed, reaper not started": (processes.Processes, "start_reaper"),
+    "group formed, reaper not adopted": (processes.Processes, "adopt_reaper"),
 }
 
 
@@ -45,14 +49,30 @@ def _profiles() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "dpnb-profile-*")))
 
 
+def _live_clusters() -> list:
+    """Every Engines object of this process that still says it runs."""
+    return [o for o in gc.get_objects() if isinstance(o, Engines) and o.running]
+
+
 def _start_fails_and_leaves_nothing(monkeypatch) -> None:
     before, folders = nbu.descendants(os.getpid()), _profiles()
+    files, hooks = set(os.listdir(publish.publish_dir())), []
+    # the runtime's exit hooks, recorded (ipyparallel's own are not the runtime's to undo)
+    monkeypatch.setattr(cluster_mod.atexit, "register", lambda fn, *a: hooks.append(fn) or fn)
+    listed = {c["id"] for c in lab_clusters.clusters()}
     with pytest.raises(Injected):
         dpnb.start(1)
     spawned = {p: t for p, t in nbu.descendants(os.getpid()).items() if before.get(p) != t}
     # a clean stop takes about a quarter second; 10 s separates "stopped" from "left running"
     assert nbu.alive(spawned, wait_s=10) == {}
     assert _profiles() - folders == set()
+    # nothing of a cluster that never was: no record for JupyterLab's sidebar (its API
+    # lists nothing new), no publishing thread, no exit hook, no Engines that says it runs
+    assert set(os.listdir(publish.publish_dir())) - files == set()
+    assert {c["id"] for c in lab_clusters.clusters()} - listed == set()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("dpnb-publish")] == []
+    assert [f for f in hooks if f.__module__.startswith("dpnb")] == []
+    assert _live_clusters() == []
 
 
 @pytest.mark.parametrize("step", list(STEPS))

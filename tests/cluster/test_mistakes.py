@@ -17,6 +17,7 @@ import time
 import pytest
 
 import dpnb
+from dpnb.core.errors import UserError
 from dpnb.errors import DpnbError, RemoteCellError
 from helpers.releases import raise_before_all_reduce
 
@@ -151,7 +152,7 @@ def test_swapped_calls_and_branches_get_a_note_never_an_error(c):
 
 def test_an_uneven_last_batch_in_a_checked_loop_costs_no_engine(c):
     # the loop's all_reduce repeats, so after two rounds it runs without a check
-    # (dpnb.engine.collcheck.Pattern); rank 1's smaller last batch is checked and
+    # (dpnb.engine.cell.collcheck.Pattern); rank 1's smaller last batch is checked and
     # never reaches gloo, which would abort on the size mismatch
     pids = [r.pid for r in c.ranks]
     err, took = _raises(c, "for i in range(6):\n    t = torch.ones(3 if (rank == 1 and i == 5) "
@@ -179,7 +180,7 @@ def test_debug_shows_the_failing_ranks_locals(c):
 
 
 def test_an_error_alike_on_every_rank_is_written_by_dpnb_and_shown_once(c):
-    """Each rank writes its traceback with dpnb.engine.tbtext (IPython's layout,
+    """Each rank writes its traceback with dpnb.engine.debugging.tbtext (IPython's layout,
     no colours, no scan of torch's modules); the notebook shows it once."""
     err, _ = _raises(c, "def check(v):\n    raise ValueError(f'bad {v}')\nx = 1\ncheck(x)\n")
     assert err.summary.startswith("ranks 0-1 raised ValueError"), err.summary
@@ -198,7 +199,7 @@ def test_checkpoint_every_k_then_resume_loses_at_most_k_steps(c, tmp_path):
           "torch.nn.Linear(16, 1))", display=False, setup=True)
     c.wrap("net", "ddp", lr=0.01)
     c.set_data("ds")
-    with pytest.raises(DpnbError, match="whole number of steps >= 1"):
+    with pytest.raises(UserError, match="whole number of steps >= 1"):
         c.train(steps=2, micro_batch=8, progress=False, checkpoint_every=0,
                 checkpoint_dir=str(tmp_path))
     blocker = tmp_path / "a-file"
@@ -257,7 +258,7 @@ def test_a_value_that_does_not_serialize_on_the_engine_is_said_in_a_line(c):
 
 
 def test_the_startup_heap_is_frozen_and_what_cells_make_is_still_collected(c):
-    """dpnb.engine.process.freeze_startup_heap: a full collection no longer
+    """dpnb.engine.proc.process.freeze_startup_heap: a full collection no longer
     walks torch, IPython and ipyparallel, and a cell's own cyclic garbage is
     still freed."""
     c.run("import gc, weakref\nclass _Node:\n    pass\nnode = _Node()\nnode.me = node\n"

@@ -152,7 +152,7 @@ def test_a_failing_cell_keeps_its_partial_profile_and_bad_input_is_one_line(tmp_
         p = c.last_profile
         assert "ValueError" in p.failure and len(p.report.ranks) == 2
         assert [c_.op for c_ in p.report.collectives] == ["all_reduce"]
-        assert c.call("dpnb.engine.profile.drop").values == [False, False]  # nothing left running
+        assert c.call("dpnb.engine.metrics.profile.drop").values == [False, False]  # nothing left running
         with magics_on(c) as ip:
             with pytest.raises(Exception, match="--profile-dir goes with --profile"):
                 ip.run_cell_magic("dp", "--profile-dir /tmp/x", "pass")

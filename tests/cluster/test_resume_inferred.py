@@ -63,7 +63,7 @@ def _scenario(c, strategy: str, tmp_path) -> None:
     c.train(steps=10, micro_batch=8, progress=False)
     # never given --peer-copy-every: a sharded strategy copies each shard to its
     # holder every 10 steps (the first at step 10); DDP's replicas need no copy
-    info = c.call("dpnb.engine.peercopy.info").values
+    info = c.call("dpnb.engine.train.peercopy.info").values
     want = (10, 10) if strategy != "ddp" else (0, None)
     assert [(v["every"], v["own_step"]) for v in info] == [want] * c.world_size, info
     ck = str(tmp_path / "ck")
@@ -106,7 +106,7 @@ def test_resume_on_three_ranks_after_checkpoint_every(tmp_path):
               display=False)
         c.wrap("net", "zero3", optimizer="sgd", lr=0.05)
         c.set_data("ds")
-        c.call("dpnb.engine.peercopy.set_every", 0)  # no copy in memory: the disk path
+        c.call("dpnb.engine.train.peercopy.set_every", 0)  # no copy in memory: the disk path
         s = c.train(steps=4, micro_batch=4, progress=False, checkpoint_every=2,
                     checkpoint_dir=str(tmp_path / "auto"))
         assert len(s["checkpoints"]) == 2

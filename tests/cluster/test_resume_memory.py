@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dpnb
-from dpnb.engine import peercopy
+from dpnb.engine.train import peercopy
 from dpnb.errors import DpnbError, RemoteCellError
 from dpnb.session import replica
 
@@ -94,7 +94,7 @@ def _scenario(c, dead: int) -> None:
     step = _kill_and_rebuild(c, dead)
     again = c.train(steps=2, micro_batch=8, progress=False)
     assert again["first_step"] == step and again["steps"] == 2  # the curve goes on from there
-    assert [r["step"] for r in c.call("dpnb.engine.training.records", last=2).values[dead]] == [step, step + 1]
+    assert [r["step"] for r in c.call("dpnb.engine.train.training.records", last=2).values[dead]] == [step, step + 1]
     after = _states(c)
     assert all(_equal(s, after[0]) for s in after)  # replicas and optimizers in sync
     assert c.check()["ok"]
@@ -122,7 +122,7 @@ def test_ddp_rank_0_rebuilt_from_rank_1_on_three_ranks():
         _scenario(c, dead=0)
 
 
-PACK = "import dpnb.engine.peercopy as _pc\npacked = _pc.pack(_dpnb.train)\n"
+PACK = "import dpnb.engine.train.peercopy as _pc\npacked = _pc.pack(_dpnb.train)\n"
 
 
 def _split(buf):
@@ -171,7 +171,7 @@ def _sharded(c, strategy: str, dead: int, setup: str = SETUP, kill=None, k: int 
     # the loss records go on from the step rolled back to: the undone steps
     # past it are not kept beside their redone ones
     for r in alive:
-        steps = [x["step"] for x in c.call("dpnb.engine.training.records").values[r]]
+        steps = [x["step"] for x in c.call("dpnb.engine.train.training.records").values[r]]
         assert steps == sorted(set(steps)) and steps[-2:] == [step, step + 1], (r, steps)
     assert c.check()["ok"]
     return step
@@ -187,7 +187,7 @@ def test_zero3_rank_0_rebuilt_exactly_from_rank_1s_copy_at_a_chosen_k(healthy):
     step = _sharded(c, "zero3", dead=0, k=5)
     # the replaced rank copies at the survivors' K (the session set it before each call);
     # every rank keeps the pair it rolled back to (re-wrapped: FSDP) for a second death
-    info = c.call("dpnb.engine.peercopy.info").values
+    info = c.call("dpnb.engine.train.peercopy.info").values
     assert [v["every"] for v in info] == [5, 5] and [v["own_step"] for v in info] == [step] * 2
     assert replica.peer_copy_line(c).startswith("peer copies every 5 steps: ")
     c.train(steps=1, micro_batch=8, progress=False, peer_copy_every=K)  # back to the default
@@ -211,7 +211,7 @@ def test_bf16_zero2_rebuilt_bit_exact(healthy):
 
 # rank 1 SIGKILLs itself inside the exchange of the copy of step 2K: its
 # neighbour's receive is posted, nothing of that copy may be used
-DIE_IN_COPY = ("import os, signal, dpnb.engine.peercopy as _pc\n"
+DIE_IN_COPY = ("import os, signal, dpnb.engine.train.peercopy as _pc\n"
                "_ring = _pc.ring\n"
                "def _dying_ring(es, send, *a, **k):\n"
                "    if _pc.meta_of(send)[0]['step'] == 2 * _pc.DEFAULT_EVERY:\n"
@@ -232,12 +232,12 @@ def test_a_death_during_the_peer_copy_rolls_back_to_the_previous_copy(healthy):
     assert _sharded(healthy, "zero2", dead=1, kill=_die_in_copy) == K
     # the survivor's loss records: its steps before K carried over its re-wrap, the
     # undone ones after dropped, then the two trained again
-    steps = [x["step"] for x in healthy.call("dpnb.engine.training.records").values[0]]
+    steps = [x["step"] for x in healthy.call("dpnb.engine.train.training.records").values[0]]
     assert steps == list(range(K + 2)), steps
 
 
 # rank 2 says it is on another host: rank 0's copy goes there, not to rank 1
-OTHER_HOST = ("import dpnb.engine.peercopy as _pc\n"
+OTHER_HOST = ("import dpnb.engine.train.peercopy as _pc\n"
               "_pc.host_name = lambda: 'another-host'\n")
 
 

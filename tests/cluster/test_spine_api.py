@@ -9,7 +9,7 @@ import pytest
 
 from dpnb.cluster import transport
 from dpnb.ippcompat import reply_content, result_metadata
-from dpnb.engine import outcount
+from dpnb.engine.cell import outcount
 from dpnb.errors import DpnbError, RemoteCellError
 
 GROUP_TIMEOUT = 6.0  # matches tests/cluster/conftest.py

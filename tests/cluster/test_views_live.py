@@ -37,10 +37,10 @@ def cluster():
 
 def train(c, model_expr, strategy, data="ds", steps=2, **wrap_kw):
     c.run(f"net = {model_expr}", display=False)
-    c.call("dpnb.engine.training.wrap", "net", strategy, **wrap_kw)
-    c.call("dpnb.engine.training.set_data", data)
+    c.call("dpnb.engine.train.training.wrap", "net", strategy, **wrap_kw)
+    c.call("dpnb.engine.train.training.set_data", data)
     gradsync.watch(c)
-    return c.call("dpnb.engine.training.train", steps=steps, micro_batch=8).values
+    return c.call("dpnb.engine.train.training.train", steps=steps, micro_batch=8).values
 
 
 def test_live_gradsync_ddp(cluster):
@@ -121,7 +121,7 @@ def test_live_straggler_batch_dashboard(cluster):
     train(cluster, "mlp()", "ddp", steps=2)
     assert stragglers.inject(cluster, 1, 40) == [0.0, 0.04]
     try:
-        cluster.call("dpnb.engine.training.train", steps=2, micro_batch=8)
+        cluster.call("dpnb.engine.train.training.train", steps=2, micro_batch=8)
     finally:
         stragglers.clear(cluster)
     recs, delays = stragglers.fetch(cluster)

@@ -2,7 +2,7 @@
 (reduce-scatter then all-gather over ``tensor_split`` chunks, ``isend`` to the
 right, ``recv`` from the left), on 4 ranks over a 10-float tensor: chunks of
 3, 3, 2, 2.  One index off on one rank made gloo abort that engine (SIGABRT);
-the point-to-point check (dpnb.engine.p2pcheck) turns it into the cell's error.
+the point-to-point check (dpnb.engine.cell.p2pcheck) turns it into the cell's error.
 """
 
 from __future__ import annotations

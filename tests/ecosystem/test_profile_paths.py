@@ -84,5 +84,5 @@ def test_dpnb_train_profiled(c, tmp_path):
         for opts in ("--epochs 1", "--steps 500"):
             with pytest.raises(Exception, match="profile a few steps, not a whole run"):
                 ip.run_line_magic("dp", f"train {opts} --micro-batch 8 --profile")
-    assert c.call("dpnb.engine.profile.drop").values == [False, False]
+    assert c.call("dpnb.engine.metrics.profile.drop").values == [False, False]
     assert_whole(c, pids)

@@ -9,7 +9,7 @@ import time
 import pytest
 from helpers.ecosystem import assert_whole, script, torchrun
 
-from dpnb.engine.lifecycle import AS_TORCHRUN
+from dpnb.engine.group.lifecycle import AS_TORCHRUN
 from dpnb.errors import DpnbError, RemoteCellError
 
 #: a torchrun script of about 3 kB, as the issue's was: its report must not carry it
@@ -42,7 +42,7 @@ def test_a_second_script_imports_its_own_sibling_and_is_reported_from_its_frames
     assert f"at {tmp_path}/b/helpers.py line 4: raise ValueError(f'b helper {{x}}')" in report
     frames = [ln.strip() for ln in report.splitlines() if ln.strip().startswith("File ")]
     assert frames[0].startswith(f"File {b}:"), report
-    assert "dpnb.engine.script" not in report and "__import__" not in report, report
+    assert "dpnb.engine.cell.script" not in report and "__import__" not in report, report
     assert len(report) < 1500, report  # a normal traceback's size, not the script's
     # the first script again: its own sibling, fresh; the rank's modules given back
     assert "helpers from a" in c.run_script(a, display=False).outcomes[0].stdout

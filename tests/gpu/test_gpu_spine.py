@@ -56,7 +56,7 @@ def test_memory_measured_beside_exact_prediction(gpu_cluster):
     c.wrap("net", "zero3")
     c.set_data("ds")
     c.train(steps=2, micro_batch=16, progress=False)
-    snap = c.call("dpnb.engine.views.memory_snapshot").values[0]
+    snap = c.call("dpnb.engine.metrics.views.memory_snapshot").values[0]
     m = snap["measured"]
     assert m["allocated"] is not None and m["peak_allocated"] >= m["allocated"]
     specs = [ParamSpec(n, tuple(s), d, t) for n, s, d, t in snap["specs"]]

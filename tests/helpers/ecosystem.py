@@ -49,7 +49,7 @@ def torchrun(name: str, *args: str, cwd: str, fails: bool = False) -> str:
             break
         # torch 2.13's gloo teardown: a plain torchrun script (no dpnb) whose DDP
         # still holds the group can abort at interpreter exit after its last step
-        # (gloo's work thread frees a tensor without the GIL; see dpnb.engine.job's
+        # (gloo's work thread frees a tensor without the GIL; see dpnb.engine.train.job's
         # finish).  Under two test workers it aborted twice in a row once.  The
         # reference is run again rather than blamed on the code under test.
         log.warning("reference torchrun aborted at teardown; running it again:\n%s", p.stderr[-2000:])

@@ -31,7 +31,7 @@ def bucket_records_after_training(c) -> list:
     c.set_data("ds")
     c.train(steps=3, micro_batch=16, progress=False)
     last = []
-    for recs in c.call("dpnb.engine.training.bucket_records", 1).values:
+    for recs in c.call("dpnb.engine.train.training.bucket_records", 1).values:
         assert recs and len(recs[-1]["buckets"]) > 1
         assert all(b["end"] >= b["start"] >= 0 for b in recs[-1]["buckets"])
         last.append(recs[-1])

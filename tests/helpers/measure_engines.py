@@ -22,7 +22,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 WORLD = 4
 
-from dpnb.engine.measure import state_bytes as engine_state_bytes  # the engines' own meter
+from dpnb.engine.train.measure import state_bytes as engine_state_bytes  # the engines' own meter
 
 
 class Net(torch.nn.Module):

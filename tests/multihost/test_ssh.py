@@ -15,7 +15,7 @@ import torch
 
 import dpnb
 from dpnb.cluster import transport
-from dpnb.engine import peercopy
+from dpnb.engine.train import peercopy
 from dpnb.errors import RemoteCellError, StartError
 from helpers import hosts as _hosts
 from helpers.releases import raise_before_all_reduce
@@ -268,7 +268,7 @@ def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts):
                 f"({reached - step} steps lost; others rolled back to it)") in msg, msg
         assert c.ranks[dead].host == b.name
         expect = {r: want[r][0] for r in alive} | {dead: want[0][1]}
-        c.run("import dpnb.engine.peercopy as _pc\npacked = _pc.pack(_dpnb.train)\n", display=False)
+        c.run("import dpnb.engine.train.peercopy as _pc\npacked = _pc.pack(_dpnb.train)\n", display=False)
         for r in range(4):  # every rank's state is the snapshot it rolled back to
             (meta, off), (meta0, off0) = peercopy.meta_of(got := c.pull("packed", rank=r)), \
                 peercopy.meta_of(expect[r])

@@ -57,7 +57,7 @@ def test_standin_refuses_cpu_tensors_and_reduces_cuda_ones():
 def _bind(ns, seed=0):
     """A model bound as dpnb's wrap would leave it, without DDP (whose CPU
     parameters the stand-in's group would refuse, as NCCL's does)."""
-    from dpnb.engine.train_state import TrainState
+    from dpnb.engine.train.train_state import TrainState
 
     torch.manual_seed(seed)
     m = nn.Linear(4, 3)
@@ -72,7 +72,7 @@ def _bind(ns, seed=0):
 
 
 def _save_load(ns, path):
-    from dpnb.engine import checkpoint as CK
+    from dpnb.engine.train import checkpoint as CK
 
     m = _bind(ns)
     saved = CK.save(ns, path)
@@ -94,7 +94,7 @@ def test_save_and_load_on_an_nccl_like_group(tmp_path):
 
 # ------------------------------------------------------------ the collective check
 def _check(ns, differ):
-    from dpnb.engine import check as C
+    from dpnb.engine.train import check as C
 
     torch.manual_seed(0)
     ns["m"] = nn.Linear(4, 3)
@@ -115,7 +115,7 @@ def test_check_compares_ranks_through_the_comm_device(differ):
 
 # ------------------------------------------------------------ the step's stats gather
 def _stats(ns):
-    from dpnb.engine.step import _Loop
+    from dpnb.engine.train.step import _Loop
 
     es = ns["_dpnb"]
     loop = SimpleNamespace(cdev=es.comm_device, p=SimpleNamespace(world_size=es.world_size))
@@ -133,7 +133,7 @@ def test_step_stats_gather_every_ranks_four_values():
 
 # ------------------------------------------------------------ bench
 def _bench(ns):
-    from dpnb.engine import bench
+    from dpnb.engine.metrics import bench
 
     return {k: bench.bench_collective(ns, [64], k, iters=2, warmup=0) for k in bench.BENCH_KINDS}
 
@@ -151,7 +151,7 @@ def test_bench_times_each_collective_on_the_comm_device():
 
 
 def _ring(ns):
-    from dpnb.engine import bench
+    from dpnb.engine.metrics import bench
 
     return bench.ring_demo(ns, numel=8)
 
@@ -163,7 +163,7 @@ def test_ring_demo_matches_all_reduce_on_the_comm_device():
 
 # ------------------------------------------------------------ the profile
 def _profile(ns):
-    from dpnb.engine import profile as P
+    from dpnb.engine.metrics import profile as P
 
     P.begin(ns, "standin")
     t = torch.ones(256, device=ns["_dpnb"].comm_device)
@@ -222,7 +222,7 @@ def test_release_abort_then_reform_rebinds_user_objects_by_identity():
 
 # ------------------------------------------------------------ %dp run adoption
 def _adopt(ns):
-    from dpnb.engine import lifecycle
+    from dpnb.engine.group import lifecycle
 
     es = ns["_dpnb"]
     lifecycle.install(es)

@@ -3,7 +3,7 @@
 No GPU here: these are the settings the NCCL path gets, checked as a plan.
 """
 
-from dpnb.engine.netplan import backend_env
+from dpnb.engine.group.netplan import backend_env
 
 
 def test_local_gloo_stays_on_loopback():
@@ -30,7 +30,7 @@ def test_nccl_takes_the_route_to_the_group_not_the_controllers_vpn():
 
 
 def test_the_data_interface_is_the_one_routing_to_the_group_address():
-    from dpnb.engine.netplan import data_interface
+    from dpnb.engine.group.netplan import data_interface
 
     assert data_interface("127.0.0.1") == "lo"
 
@@ -40,7 +40,7 @@ def test_an_nccl_cluster_gives_cpu_tensors_gloo_as_torch_does_for_both_names():
     checkpoint metadata) need a CPU backend in the group dpnb forms."""
     from torch.distributed.distributed_c10d import BackendConfig
 
-    from dpnb.engine.netplan import group_backend
+    from dpnb.engine.group.netplan import group_backend
 
     devices = BackendConfig(group_backend("nccl")).get_device_backend_map()
     assert devices == {"cpu": "gloo", "cuda": "nccl"}

@@ -174,7 +174,7 @@ def test_nccl_two_ranks_on_one_gpu_is_refused_before_any_process_starts():
 
 
 def test_mismatch_names_each_ranks_op_shape_dtype_and_line():
-    from dpnb.engine.collcheck import CollectiveMismatchError
+    from dpnb.engine.cell.collcheck import CollectiveMismatchError
 
     table = {0: {"call": "all_reduce [4] float32", "at": "cell line 2", "check": 1},
              1: {"call": "all_reduce [5] float32", "at": "cell line 2", "check": 1}}
@@ -216,7 +216,7 @@ def test_a_release_always_means_re_forming():
 
 def test_preload_is_skipped_when_engines_outnumber_cores(monkeypatch):
     from dpnb.cluster.launchers.local import preload_setting
-    from dpnb.engine import setup
+    from dpnb.engine.proc import preload as setup
 
     # the launcher's rule: engines <= cores preload everything, more engines torch only
     assert [preload_setting(n, 2) for n in (1, 2, 3, 32)] == ["all", "all", "torch", "torch"]

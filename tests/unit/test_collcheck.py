@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpnb.engine.checkstar import Star
-from dpnb.engine.collcheck import (CheckReleased, CollectiveMismatchError, Pattern, describe,
+from dpnb.engine.cell.checkstar import Star
+from dpnb.engine.cell.collcheck import (CheckReleased, CollectiveMismatchError, Pattern, describe,
                                    digest, pairing_notes)
 
 
@@ -52,7 +52,7 @@ def test_lists_only_the_root_passes_do_not_count():
 
 def test_digest_is_the_same_in_every_process():
     # str hashes are salted per process; the check's digest must not be
-    code = "from dpnb.engine.collcheck import digest; print(digest('all_reduce [4] float32'))"
+    code = "from dpnb.engine.cell.collcheck import digest; print(digest('all_reduce [4] float32'))"
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=dict(os.environ, PYTHONHASHSEED=str(seed)), check=True).stdout
             for seed in (1, 2)}

@@ -14,7 +14,7 @@ import ast
 import json
 import pathlib
 
-from dpnb.engine.collcheck import COLLECTIVES
+from dpnb.engine.cell.collcheck import COLLECTIVES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FACTORIES = {"tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn",

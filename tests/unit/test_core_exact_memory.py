@@ -42,7 +42,7 @@ def test_exact_mode_matches_engines_byte_for_byte(engine_measurements: dict[str,
 
 
 def test_exact_mode_matches_training_meter(engine_measurements: dict[str, Any]) -> None:
-    """Shared check with the training code: dpnb.engine.measure.state_bytes on the same objects."""
+    """Shared check with the training code: dpnb.engine.train.measure.state_bytes on the same objects."""
     results = engine_measurements["results"]
     assert results and all("engine" in r for res in results for r in res["ranks"])
     world = engine_measurements["world"]

@@ -14,7 +14,7 @@ from dpnb.core import (
     min_dp_to_fit,
     zero_memory,
 )
-from dpnb.core.memory import OFFLOADS, OPTIMIZERS, PRECISIONS
+from dpnb.core.memory import MODELED_OPTIMIZERS as OPTIMIZERS, OFFLOADS, PRECISIONS
 
 SETTINGS = settings(max_examples=150, deadline=None)
 H100_BYTES = 80 * GB  # the "80 GB" of an H100 SXM, decimal as quoted

@@ -2,7 +2,7 @@
 reaches the end of an epoch, where samples are dropped -- not with a short
 call that drops nothing (the quick start's 20 steps over 20,233 samples)."""
 
-from dpnb.engine.train_state import DataState
+from dpnb.engine.train.train_state import DataState
 
 N = 20_233  # the quick start's dataset: 2 ranks x micro-batch 32 leave 9 of it over
 

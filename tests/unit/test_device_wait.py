@@ -19,7 +19,8 @@ from dpnb.cluster import deadlock
 from dpnb.cluster import waiting as W
 from dpnb.cluster.diagnose import where_verdict
 from dpnb.cluster.types import CellResult, RankOutcome
-from dpnb.engine import device, sidedoor
+from dpnb.engine import device
+from dpnb.engine import sidedoor
 
 from helpers.waiting import FakeTransport
 
@@ -121,7 +122,7 @@ def test_a_rank_synchronizing_behind_its_own_compute_is_running_not_deadlocked(m
 
 
 def test_the_cell_guard_marks_each_collective_it_passes_under_nccl(monkeypatch):
-    from dpnb.engine import cellguard
+    from dpnb.engine.cell import cellguard
 
     marks = []
     monkeypatch.setattr(device, "mark_collective", lambda dev: marks.append(dev) or "event")

@@ -9,6 +9,8 @@ training progress and a quiz question publish is captured and its text read.
 import IPython.display
 import pytest
 
+from dpnb.core.events import ProgressEvent, TrainSummary
+
 from dpnb import display as D
 from dpnb import progress, quiz
 
@@ -58,8 +60,8 @@ def test_status_in_a_kernel_keeps_the_table_as_its_text(shown):
 
 def test_training_progress_keeps_its_last_line_as_text(shown):
     p = progress.TrainProgress(total_steps=4, kernel=True)
-    p.update({"step": 3, "loss": 0.25, "total": 4, "samples_per_s": 10.0})
-    p.close({"last_step": 3, "loss": 0.25, "steps": 4, "requested_steps": 4})
+    p.update(ProgressEvent(rank=0, step=3, loss=0.25, total=4, samples_per_s=10.0))
+    p.close(TrainSummary(last_step=3, loss=0.25, steps=4, requested_steps=4))
     kinds = [k for k, _ in shown]
     assert kinds[0] == "display" and kinds[-1] == "update"
     final = shown[-1][1]

@@ -1,7 +1,7 @@
 """Displays from the ranks that redraw themselves, as the notebook shows them.
 
 An engine's ``handle.update(...)`` reaches the notebook as a display marked
-``DISPLAY_UPDATE`` (``dpnb.engine.process.forward_display_updates``); the
+``DISPLAY_UPDATE`` (``dpnb.engine.proc.process.forward_display_updates``); the
 real round trip through a kernel is ``tests/cluster/test_kernel.py::
 test_a_display_updated_through_its_handle_updates_live``.  Here: the pure
 folding of a rank's display list, and the streamer's live handles, with
@@ -11,7 +11,7 @@ fakes for ipyparallel's results and IPython's display.
 import IPython.display
 
 from dpnb.cluster import render
-from dpnb.engine.process import DISPLAY_UPDATE
+from dpnb.engine.proc.process import DISPLAY_UPDATE
 
 
 def _html(text, did=None, update=False):

@@ -1,13 +1,13 @@
 """Every engine function the notebook calls by name exists, and is named in one place.
 
-The notebook side never pickles a closure: it sends ``"dpnb.engine.views.
+The notebook side never pickles a closure: it sends ``"dpnb.engine.metrics.views.
 set_straggle"`` and the engine imports and calls it.  A typo, or a function
 renamed on one side only, would surface only when a user runs that view on
 a live cluster.  The names live in :mod:`dpnb.engine.entrypoints`; every
 caller outside ``dpnb/engine`` imports them from there (``ep.TRAIN``), so
 here each one is resolved the way an engine resolves it, and no other
 module outside the engine spells one as a string (nor a prefix to glue a
-name onto, as ``"dpnb.engine.training." + "train"`` once did).
+name onto, as ``"dpnb.engine.train.training." + "train"`` once did).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dpnb.engine import entrypoints
 
 PKG = pathlib.Path(__file__).resolve().parents[2] / "dpnb"
 NAME = re.compile(r"dpnb\.engine(\.[A-Za-z_]\w*)+")
-#: a dotted engine name, or the start of one (``"dpnb.engine.training."``)
+#: a dotted engine name, or the start of one (``"dpnb.engine.train.training."``)
 SPELLED = re.compile(r"dpnb\.engine\.([A-Za-z_]\w*\.?)*")
 
 
@@ -102,5 +102,5 @@ def test_no_module_outside_the_engine_spells_an_entry_point():
                 use = f"ep.{by_value[name]}" if name in by_value else \
                     "a new constant in dpnb/engine/entrypoints.py"
                 spelled.append(f"{rel}:{line} {name!r} -> {use} "
-                               f"(from ..engine import entrypoints as ep)")
+                               f"(from dpnb.engine import entrypoints as ep)")
     assert not spelled, "move these engine names to dpnb.engine.entrypoints:\n" + "\n".join(spelled)

@@ -1,4 +1,4 @@
-"""What grows with N on a rank and its host: the open-file limit (dpnb.engine.process), the wait for an agent's engines (dpnb.cluster.agents)."""
+"""What grows with N on a rank and its host: the open-file limit (dpnb.engine.proc.process), the wait for an agent's engines (dpnb.cluster.agents)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ def test_a_rank_raises_its_open_file_limit_to_what_its_group_needs(monkeypatch):
     past a 1,024 soft limit.  The soft limit goes up, never past the hard one."""
     import resource
 
-    from dpnb.engine import process
+    from dpnb.engine.proc import process
 
     set_to = []
     monkeypatch.setattr(resource, "setrlimit", lambda what, lim: set_to.append(lim))

@@ -154,7 +154,8 @@ def test_show_gpus_sets_the_list_once_and_refuses_after_cuinit(tmp_path, monkeyp
 
 
 def test_the_zygote_refuses_to_fork_once_the_driver_is_loaded(monkeypatch):
-    from dpnb.engine import device, hostagent
+    from dpnb.engine import device
+    from dpnb.engine import hostagent
 
     agent = object.__new__(hostagent.Agent)  # the check reads no attribute of it
     agent._check_fork_safe()  # CPU torch, no driver: fine
@@ -168,7 +169,7 @@ def test_a_gpu_per_task_rank_sees_local_rank_0_as_srun_torchrun_gives_each_task(
     its code sees must name it (``set_device(LOCAL_RANK)`` in Accelerate,
     Lightning, most scripts), as ``srun torchrun --nproc-per-node=1`` gives:
     each task its own agent, local rank 0 of 1, one node per task."""
-    from dpnb.engine.workerenv import torchrun_env
+    from dpnb.engine.proc.workerenv import torchrun_env
 
     probes = {0: _probe("n1", 0, ids=("GPU-a",), visible="0"),
               1: _probe("n1", 1, ids=("GPU-b",), visible="1")}

@@ -105,7 +105,7 @@ def _in(mod: str, *prefixes: str) -> bool:
 
 def test_the_graph_is_read():
     g = _graph()
-    assert "dpnb.cluster.transport" in g and "dpnb.engine.step" in g
+    assert "dpnb.cluster.transport" in g and "dpnb.engine.train.step" in g
     assert "dpnb.cluster.diagnose" in g["dpnb.cluster"]  # a known edge is seen
 
 
@@ -159,11 +159,10 @@ def test_the_runtime_imports_nothing_above_it():
     assert not {m: t for m, t in bad.items() if t}
 
 
-#: the engine's training side: what a model, its data, its steps and its views need
-TRAINING = tuple(f"dpnb.engine.{m}" for m in (
-    "training", "step", "trainplan", "train_state", "wrap", "microbatch", "dataset", "checkpoint",
-    "autosave", "stop", "measure", "watch", "commhook", "check", "residency", "views", "bench",
-    "hierbench", "job"))
+#: the engine's training side, by room: a model, its data, its steps, its checkpoints
+#: and peer copies (``train``), and what the views measure (``metrics``)
+TRAINING_ROOMS = ("dpnb.engine.train", "dpnb.engine.metrics")
+TRAINING = tuple(m for m in _modules() if _in(m, *TRAINING_ROOMS))
 
 
 def test_the_runtime_imports_nothing_of_training():
@@ -355,4 +354,113 @@ def test_the_rank_table_changes_in_one_place():
                         continue
                     if in_place or ast.unparse(base.value) != "self" or fn.name != "__init__":
                         writes.append(f"{m}:{n.lineno} {ast.unparse(t)}")
+    assert not writes, writes
+
+
+#: the engine's rooms, bottom up: each may import the rooms before it, never one after
+ENGINE_ROOMS = ("proc", "group", "debugging", "cell", "train", "metrics")
+#: engine modules every room may import (they import no room themselves)
+ENGINE_SHARED = ("dpnb.engine.state", "dpnb.engine.device", "dpnb.engine.entrypoints")
+
+
+def _room(mod: str) -> str | None:
+    parts = mod.split(".")
+    if parts[:2] != ["dpnb", "engine"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in ENGINE_ROOMS else "top"
+
+
+def test_the_engine_is_rooms_each_saying_what_it_owns():
+    """At most 15 modules directly in ``dpnb/engine/``; every sub-package has a
+    docstring that says what it owns and what it may import."""
+    eng = PKG / "engine"
+    direct = sorted(p.name for p in eng.glob("*.py"))
+    assert len(direct) <= 15, direct
+    rooms = sorted(p.name for p in eng.iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(ENGINE_ROOMS), rooms
+    for r in rooms:
+        doc = ast.get_docstring(ast.parse((eng / r / "__init__.py").read_text())) or ""
+        assert "import" in doc and len(doc) > 120, f"dpnb/engine/{r}/__init__.py: say what it owns and may import"
+
+
+def test_the_engine_rooms_import_only_downwards():
+    """A room imports the rooms below it (``ENGINE_ROOMS``' order) and the shared
+    modules; the shared modules import no room; the top-level modules (boot,
+    setup, side door ...) no training room."""
+    g = _graph()
+    bad = []
+    for m, ts in g.items():
+        r = _room(m)
+        if r is None:
+            continue
+        for t in ts:
+            rt = _room(t)
+            if rt is None or t in ENGINE_SHARED or rt == r:
+                continue
+            if m in ENGINE_SHARED:
+                bad.append(f"{m} -> {t} (shared modules import no room)")
+            elif r == "top":
+                if rt in ("train", "metrics"):
+                    bad.append(f"{m} -> {t}")
+            elif rt == "top" or ENGINE_ROOMS.index(rt) > ENGINE_ROOMS.index(r):
+                bad.append(f"{m} -> {t}")
+    assert not bad, bad
+
+
+def test_one_name_one_meaning():
+    """At most one module named ``state.py`` and one class named ``Guard`` in dpnb."""
+    states = [str(p.relative_to(PKG.parent)) for p in PKG.rglob("state.py")]
+    assert len(states) <= 1, states
+    guards = [f"{p.relative_to(PKG.parent)}:{n.lineno}" for p in PKG.rglob("*.py")
+              for n in ast.walk(ast.parse(p.read_text()))
+              if isinstance(n, ast.ClassDef) and n.name == "Guard"]
+    assert len(guards) <= 1, guards
+
+
+def test_no_train_function_takes_more_than_three_parameters():
+    """The train call is one typed ``TrainArgs`` (``dpnb/core/trainargs.py``) across the
+    rank boundary: every ``train`` in the engine and the session takes at most 3."""
+    wide = []
+    for p in [*(PKG / "engine").rglob("*.py"), *(PKG / "session").rglob("*.py")]:
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "train":
+                a = n.args
+                count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) \
+                    + (a.vararg is not None) + (a.kwarg is not None)
+                if count > 3:
+                    wide.append(f"{p.relative_to(PKG.parent)}:{n.lineno} ({count})")
+    assert not wide, wide
+
+
+def test_the_ranks_health_is_written_only_by_its_own_methods():
+    """``Health.dead`` / ``busy`` / ``group_ok``: the transport, the group, restart and
+    status report what happened through ``Health``'s methods (``died``,
+    ``still_busy``, ``group_broken`` ...); nothing else assigns or mutates them."""
+    fields, mutators = {"dead", "busy", "group_ok"}, {"add", "discard", "pop", "clear", "update",
+                                                      "remove", "setdefault", "popitem"}
+    writes = []
+    for m, p in _modules().items():
+        tree = ast.parse(p.read_text())
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef) and cls.name == "Health":
+                for x in ast.walk(cls):
+                    x._health_own = True  # its own methods may
+        for n in ast.walk(tree):
+            if getattr(n, "_health_own", False):
+                continue
+            targets = n.targets if isinstance(n, ast.Assign) else \
+                [n.target] if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                base = t.value if isinstance(t, ast.Subscript) else t
+                if isinstance(base, ast.Attribute) and base.attr in fields \
+                        and "health" in ast.unparse(base.value) or \
+                        isinstance(base, ast.Attribute) and base.attr in fields \
+                        and ast.unparse(base.value) == "h":
+                    writes.append(f"{m}:{n.lineno} {ast.unparse(t)}")
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr in mutators and isinstance(n.func.value, ast.Attribute) \
+                    and n.func.value.attr in fields \
+                    and ("health" in ast.unparse(n.func.value.value)
+                         or ast.unparse(n.func.value.value) == "h"):
+                writes.append(f"{m}:{n.lineno} {ast.unparse(n)}")
     assert not writes, writes

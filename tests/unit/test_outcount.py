@@ -1,4 +1,4 @@
-"""A cell's reply carries what it published (dpnb.engine.outcount), and the
+"""A cell's reply carries what it published (dpnb.engine.cell.outcount), and the
 notebook waits for exactly that much output (dpnb.cluster.transport): here on
 a fake kernel and a fake AsyncResult; on real engines in
 tests/cluster/test_spine_api.py."""
@@ -8,7 +8,7 @@ import threading
 import types
 
 from dpnb.cluster import transport
-from dpnb.engine import outcount
+from dpnb.engine.cell import outcount
 
 
 class FakeSession:

@@ -68,7 +68,7 @@ def _res(**outs):
 
 
 def test_user_line_is_the_innermost_frame_of_a_cell_or_of_the_users_file():
-    tb = ("Cell In[7], line 1\n----> 1 __import__('dpnb.engine.script').run(...)\n\n"
+    tb = ("Cell In[7], line 1\n----> 1 __import__('dpnb.engine.cell.script').run(...)\n\n"
           "File /home/u/proj/train.py:40, in main()\n     39 x = 1\n---> 40 loss.backward()\n\n"
           "File /venv/lib/python3.11/site-packages/torch/_tensor.py:625, in backward\n"
           "--> 625 torch.autograd.backward()\n")
@@ -117,7 +117,7 @@ def test_kept_never_prints_an_empty_rank_list():
 
 # ------------------------------------------------------------------ frames
 def test_frames_tell_cells_and_user_files_from_libraries():
-    from dpnb.engine import frames
+    from dpnb.engine.debugging import frames
 
     assert frames.is_cell("/tmp/ipykernel_123/456.py") and not frames.is_library("<ipython-input-3>")
     assert frames.is_library(os.__file__) and frames.is_library(frames.__file__)
@@ -130,7 +130,7 @@ def test_frames_tell_cells_and_user_files_from_libraries():
 
 # ------------------------------------------------------------------ lifecycle
 def test_init_process_group_is_adopted_only_when_it_asks_for_this_group():
-    from dpnb.engine.lifecycle import _differences
+    from dpnb.engine.group.lifecycle import _differences
 
     st = types.SimpleNamespace(backend="gloo", world_size=2, rank=1)
     assert _differences(st, "gloo", -1, -1) == []
@@ -143,7 +143,7 @@ def test_init_process_group_is_adopted_only_when_it_asks_for_this_group():
 
 # ------------------------------------------------------------------ %dp run
 def test_a_script_runs_as_main_with_its_argv_and_leaves_its_globals(tmp_path):
-    from dpnb.engine.script import ScriptExit, run
+    from dpnb.engine.cell.script import ScriptExit, run
 
     path = str(tmp_path / "job.py")
     src = ("import sys, argparse\nimport helper\n"
@@ -170,7 +170,7 @@ def test_a_script_runs_as_main_with_its_argv_and_leaves_its_globals(tmp_path):
 def test_the_rank_debugger_publishes_its_prompt_and_runs_the_lines_it_is_fed(monkeypatch):
     import ipyparallel.datapub
 
-    from dpnb.engine import rankpdb
+    from dpnb.engine.debugging import rankpdb
 
     published = []
     monkeypatch.setattr(ipyparallel.datapub, "publish_data", lambda d: published.append(d))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from dpnb.engine import private
+from dpnb.engine.proc import private
 
 
 def _mode(p: str) -> int:

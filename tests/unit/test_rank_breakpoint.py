@@ -11,7 +11,7 @@ SCRIPT = r"""
 import json, types
 import torch, torch.distributed as dist
 from torch.distributed import HashStore
-from dpnb.engine import rankpdb
+from dpnb.engine.debugging import rankpdb
 
 dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
 other = dist.new_group([0])

@@ -1,7 +1,7 @@
-"""Which steps keep their DDP bucket timeline (dpnb.engine.train_state.records_buckets), and
-the garbage collector around a train call (dpnb.engine.process.scheduled_gc)."""
+"""Which steps keep their DDP bucket timeline (dpnb.engine.train.train_state.records_buckets), and
+the garbage collector around a train call (dpnb.engine.proc.process.scheduled_gc)."""
 
-from dpnb.engine.train_state import RECORD_EVERY, records_buckets
+from dpnb.engine.train.train_state import RECORD_EVERY, records_buckets
 
 
 def kept(record, default_on, first, n):
@@ -27,7 +27,7 @@ def test_the_collector_is_off_during_a_call_and_restored_after_even_on_an_error(
 
     import pytest
 
-    from dpnb.engine.process import scheduled_gc
+    from dpnb.engine.proc.process import scheduled_gc
 
     assert gc.isenabled()
     with pytest.raises(ValueError):

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from dpnb import compat
-from dpnb.engine import sidedoor, step
-from dpnb.engine.train_state import TrainError
+from dpnb.engine import sidedoor
+from dpnb.engine.train import step
+from dpnb.engine.train.train_state import TrainError
 
 
 def test_gate_passes_a_quiet_step_and_refuses_a_released_one():

@@ -14,8 +14,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-from dpnb.engine.lifecycle import AS_TORCHRUN, _as_torch
-from dpnb.engine.script import run
+from dpnb.engine.group.lifecycle import AS_TORCHRUN, _as_torch
+from dpnb.engine.cell.script import run
 
 
 def _script(folder, helper_value: str):
@@ -85,10 +85,10 @@ def test_a_script_folder_holding_dpnb_or_a_venv_never_re_imports_them(tmp_path):
 
     root = __import__("os").path.dirname(__import__("os").path.dirname(dpnb.__file__))
     path = __import__("os").path.join(root, "scratch_script_world.py")
-    before = sys.modules["dpnb"], sys.modules["dpnb.engine.script"], sys.modules["torch"]
+    before = sys.modules["dpnb"], sys.modules["dpnb.engine.cell.script"], sys.modules["torch"]
     ns: dict = {}
     run(ns, path, [], "import dpnb, torch\nx = 1\n")
-    assert (sys.modules["dpnb"], sys.modules["dpnb.engine.script"], sys.modules["torch"]) == before
+    assert (sys.modules["dpnb"], sys.modules["dpnb.engine.cell.script"], sys.modules["torch"]) == before
 
 
 @pytest.mark.parametrize("kwargs, exc, message", [

@@ -15,11 +15,11 @@ from dpnb.session.record import DataStep, LoadStep, SetupCell, SetupRecord, Watc
 OLD_SETUP_LOG = [
     {"kind": "cell", "label": "cell: import torch (+1 lines)",
      "code": "import torch\nnet = torch.nn.Linear(2, 2)\n", "dotted": "", "args": [], "kwargs": {}},
-    {"kind": "call", "label": "wrap net (zero1)", "code": "", "dotted": "dpnb.engine.training.wrap",
+    {"kind": "call", "label": "wrap net (zero1)", "code": "", "dotted": "dpnb.engine.train.training.wrap",
      "args": ["net", "zero1"], "kwargs": {"lr": 0.1, "bucket_cap_mb": 1}},
     {"kind": "call", "label": "gradsync timing hooks", "code": "",
-     "dotted": "dpnb.engine.views.watch", "args": [], "kwargs": {}},
-    {"kind": "call", "label": "data ds", "code": "", "dotted": "dpnb.engine.training.set_data",
+     "dotted": "dpnb.engine.metrics.views.watch", "args": [], "kwargs": {}},
+    {"kind": "call", "label": "data ds", "code": "", "dotted": "dpnb.engine.train.training.set_data",
      "args": ["ds"], "kwargs": {"seed": 3, "shuffle": False}},
 ]
 

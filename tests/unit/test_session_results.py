@@ -13,9 +13,10 @@ import os
 
 import pytest
 
-from dpnb.errors import DpnbError
+from dpnb.core.errors import UserError
 from dpnb.session.results import ExportResult, TrainResult
-from dpnb.session.state import TrainArgs
+from dpnb.core.events import TrainSummary
+from dpnb.core.trainargs import TrainArgs
 
 
 def test_train_args_checked_once_refuse_in_one_line_and_freeze():
@@ -28,14 +29,14 @@ def test_train_args_checked_once_refuse_in_one_line_and_freeze():
                      (dict(steps=0), "--steps must be a whole number >= 1 (got 0)"),
                      (dict(steps=1, lr_scale="cubic"), "--lr-scale must be one of"),
                      (dict(steps=1, checkpoint_every=True), "--checkpoint-every must be")]:
-        with pytest.raises(DpnbError, match=line.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(UserError, match=line.replace("(", r"\(").replace(")", r"\)")):
             TrainArgs.checked(**kw)
 
 
 def test_results_are_typed_and_still_indexed_like_the_dicts_they_were():
     summary = {"rank": 0, "steps": 2, "loss": 0.5, "losses": [0.7, 0.5], "global_batch": 16,
                "micro_batch": 8, "grad_accum": 1, "dp": 2, "first_step": 0, "last_step": 1}
-    s = TrainResult.of(summary, batch_note="from %dp resize")
+    s = TrainResult.of(TrainSummary(**summary), batch_note="from %dp resize")
     assert s.loss == s["loss"] == 0.5 and s.get("batch_note") == "from %dp resize"
     assert s.get("nope") is None and "losses" in s and "nope" not in s
     with pytest.raises(KeyError):

@@ -1,4 +1,4 @@
-"""Where a SIGINT may raise while an engine handles a request (dpnb.engine.process.in_the_code).
+"""Where a SIGINT may raise while an engine handles a request (dpnb.engine.proc.process.in_the_code).
 
 The cluster tier (test_spine_api) lands one after a cell's code; here the
 apply side: only the function an ``apply`` runs -- the ``exec`` right under
@@ -8,7 +8,7 @@ around it (serializing the result, formatting the error) that leads to the reply
 
 import sys
 
-from dpnb.engine.process import in_the_code
+from dpnb.engine.proc.process import in_the_code
 
 
 def do_apply(fn, helper):

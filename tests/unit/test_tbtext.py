@@ -1,4 +1,4 @@
-"""A failed cell's traceback written on the rank (dpnb.engine.tbtext): the
+"""A failed cell's traceback written on the rank (dpnb.engine.debugging.tbtext): the
 text IPython's Context mode writes, without its module scans."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from IPython.core.ultratb import FormattedTB
 
 from dpnb.cluster.diagnose import user_line
-from dpnb.engine import tbtext
+from dpnb.engine.debugging import tbtext
 
 SRC = "def inner(a, b=2):\n    x = 1\n    return x / 0\nx = 1\ny = 2\ninner(x)\nz = 3\n"
 #: IPython's own text differs here (its chained frame shows the line the frame

@@ -14,11 +14,12 @@ import types
 import pytest
 
 from dpnb.core.traincounts import count_problem
-from dpnb.engine.train_state import TrainError
-from dpnb.engine.trainplan import plan
-from dpnb.errors import DpnbError
+from dpnb.engine.train.train_state import TrainError
+from dpnb.engine.train.trainplan import plan
+from dpnb.core.errors import UserError
+from dpnb.core.trainargs import TrainArgs
 from dpnb.session import verbs
-from dpnb.session.state import TrainingState
+from dpnb.session.training_state import TrainingState
 
 BAD = [dict(steps=0), dict(epochs=0), dict(steps=-2), dict(steps=True), dict(steps=1.5),
        dict(steps=3, micro_batch=0), dict(steps=3, grad_accum=0), dict(steps=3, micro_batch=True)]
@@ -41,14 +42,14 @@ def _engine(kw: dict) -> str:
     if args["steps"] is None and args["epochs"] is None:
         args["steps"] = 1
     with pytest.raises(TrainError) as e:  # raised before the rank looks at its data
-        plan({}, None, None, **args)
+        plan({}, None, None, TrainArgs(**args))
     return str(e.value)
 
 
 def _notebook(kw: dict) -> str:
     cluster = types.SimpleNamespace(training=TrainingState())
-    with pytest.raises(DpnbError) as e:  # raised before anything is sent
-        verbs.train(cluster, **kw)
+    with pytest.raises(UserError) as e:  # raised before anything is sent
+        verbs.train(cluster, TrainArgs(**kw))
     return str(e.value)
 
 

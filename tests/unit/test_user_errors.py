@@ -38,7 +38,7 @@ def test_each_error_name_is_one_class():
         if c.__module__.startswith("dpnb."):
             by_name.setdefault(c.__name__, set()).add(f"{c.__module__}.{c.__qualname__}")
     assert {n: w for n, w in by_name.items() if len(w) > 1} == {}
-    from dpnb.engine.train_state import ViewError as on_ranks
+    from dpnb.engine.train.train_state import ViewError as on_ranks
     from dpnb.widgets import ViewError as in_notebook
 
     assert on_ranks is in_notebook and issubclass(on_ranks, ValueError) \

@@ -21,7 +21,9 @@ import typing
 from dpnb.cluster import Engines
 from dpnb.core.viewsource import LastRun, ViewSource
 from dpnb.session import Cluster
-from dpnb.session.state import LastTrain, TrainArgs, TrainingState
+from dpnb.core.events import TrainSummary
+from dpnb.core.trainargs import TrainArgs
+from dpnb.session.training_state import LastTrain, TrainingState
 
 PKG = pathlib.Path(__file__).resolve().parents[2] / "dpnb"
 WIDGETS = PKG / "widgets"
@@ -94,7 +96,7 @@ def test_the_session_keeps_residency_per_strategy_for_one_model_size():
 
 def test_the_session_hands_views_the_last_run_typed():
     assert _session().last_run() is None
-    t = LastTrain(TrainArgs(micro_batch=8, grad_accum=2, steps=3), {"last_step": 2}, {0: {"step": 2}})
+    t = LastTrain(TrainArgs(micro_batch=8, grad_accum=2, steps=3), TrainSummary(last_step=2), {0: {"step": 2}})
     run = _session(last_train=t).last_run()
     assert isinstance(run, LastRun)
     assert run.settings["micro_batch"] == 8 and run.settings["grad_accum"] == 2

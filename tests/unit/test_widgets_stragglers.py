@@ -79,16 +79,16 @@ class FakeCluster:
 def test_inject_tells_only_the_chosen_rank_then_reports_every_rank():
     c = FakeCluster()
     assert stragglers.inject(c, 2, 120) == FakeCluster.STATE  # in rank order, as reported
-    assert c.calls == [("dpnb.engine.views.set_straggle", (120.0,), [2]),
-                       ("dpnb.engine.views.straggle_state", (), None)]
+    assert c.calls == [("dpnb.engine.metrics.views.set_straggle", (120.0,), [2]),
+                       ("dpnb.engine.metrics.views.straggle_state", (), None)]
     with pytest.raises(stragglers.C.ViewError, match="out of range"):
         stragglers.inject(c, 5, 10)
     stragglers.clear(c)
-    assert c.calls[-1] == ("dpnb.engine.views.set_straggle", (0.0,), None)  # every rank
+    assert c.calls[-1] == ("dpnb.engine.metrics.views.set_straggle", (0.0,), None)  # every rank
 
 
 def test_a_rank_stores_the_delay_in_seconds():
-    from dpnb.engine import views
+    from dpnb.engine.metrics import views
     from dpnb.engine.state import EngineState
 
     ns = {"_dpnb": EngineState(rank=1, world_size=2, local_rank=1, local_world_size=2,

@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 
 from dpnb.cluster.sidedoor import knock
-from dpnb.engine import wire
-from dpnb.engine.authstore import AuthStore, StoreServer
+from dpnb.engine.proc import wire
+from dpnb.engine.group.authstore import AuthStore, StoreServer
 from dpnb.engine.sidedoor import SideDoor
 
 TOKEN = "a-cluster-secret"
@@ -202,7 +202,7 @@ def test_refusals_are_logged_at_most_once_a_minute():
     got: list[str] = []
     h = logging.Handler()
     h.emit = lambda rec: got.append(rec.getMessage())
-    logger = logging.getLogger("dpnb.engine.wire")
+    logger = logging.getLogger("dpnb.engine.proc.wire")
     logger.addHandler(h)
     try:
         r = wire.Refusals("test-listener", every=60)

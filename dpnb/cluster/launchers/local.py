@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from .. import agents as agents_mod
-from ...engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ..processes import local_exit, same_process, start_time
 from ..types import RankInfo
 from .base import AgentLauncher, EngineLauncher, cpu_capacity, gpu_capacity, ipp_launcher_pids
@@ -33,7 +33,7 @@ def preload_setting(n: int, cores: int) -> str:
 
 def local_gpu_count() -> int:
     """GPUs this host's processes see (the engines' own count, asked here)."""
-    from ...engine.device import device_count  # imports torch: only for --backend nccl
+    from dpnb.engine.device import device_count  # imports torch: only for --backend nccl
 
     return device_count()
 
@@ -65,7 +65,7 @@ class LocalLauncher(EngineLauncher):
         engines import torch and ipyparallel while the controller starts,
         then read the connection file themselves.
         """
-        from ...engine.setup import PRELOAD_ENV  # imports torch: the start's own import
+        from dpnb.engine.proc.preload import PRELOAD_ENV  # imports torch: the start's own import
 
         launcher = icluster.config.LocalEngineSetLauncher
         launcher.engine_cmd = [sys.executable, "-m", ep.BOOT_MODULE]

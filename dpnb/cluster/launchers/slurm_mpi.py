@@ -21,7 +21,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 
-from ...engine import entrypoints as ep
+from dpnb.engine import entrypoints as ep
 from ...errors import DpnbError
 from ..types import RankInfo
 from .base import EngineLauncher, ipp_launcher_pids

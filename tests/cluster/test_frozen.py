@@ -1,0 +1,102 @@
+"""A frozen rank -- its engine stopped with SIGSTOP, as a stuck kernel, a swapped-out
+process or a debugger left attached would be -- is named, its peers are released
+long before the group timeout, and training goes on once it is continued.
+
+The cluster's group timeout is 120 s here, so only the release (not a timeout)
+can end the call within the bounds asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import dpnb
+from dpnb.errors import RemoteCellError
+
+GROUP_TIMEOUT = 120.0
+
+MODEL = """
+import torch
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+g = torch.Generator().manual_seed(1)
+ds = torch.utils.data.TensorDataset(torch.randn(4096, 16, generator=g), torch.randn(4096, 1, generator=g))
+import time as _t
+def slow_loss(out, target):
+    _t.sleep(0.02)  # a step long enough to be frozen inside
+    return torch.nn.functional.mse_loss(out, target)
+"""
+
+STEP = "from dpnb.engine.train.training import train_state\n_step = train_state(globals()).step"
+
+
+@pytest.fixture(scope="module")
+def c():
+    c = dpnb.start(2, timeout=GROUP_TIMEOUT)
+    c.run(MODEL, display=False)
+    c.wrap("net", "ddp", lr=1e-2)
+    c.set_data("ds")
+    yield c
+    for r in c.ranks:  # never leave a stopped engine behind a failed assert
+        try:
+            os.kill(r.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    c.stop()
+
+
+def _steps(c) -> list[int]:
+    c.run(STEP, display=False)
+    return list(c.pull("_step"))
+
+
+def test_a_rank_frozen_during_train_is_named_released_and_training_continues(c):
+    before = _steps(c)
+    out: dict = {}
+
+    def train():
+        try:
+            out["result"] = c.train(steps=400, micro_batch=4, loss_fn="slow_loss", progress=False)
+        except RemoteCellError as e:
+            out["error"] = e
+        out["returned"] = time.monotonic()
+
+    t = threading.Thread(target=train)
+    t.start()
+    time.sleep(3.0)  # well into the run
+    assert t.is_alive(), out
+    frozen_at = time.monotonic()
+    os.kill(c.ranks[1].pid, signal.SIGSTOP)
+    try:
+        t.join(30)  # twice the bound asserted below; the group timeout is 120 s
+        assert not t.is_alive(), "train still waiting 30 s after rank 1 was frozen"
+        took = out["returned"] - frozen_at
+        err = out.get("error")
+        assert err is not None, out
+        text = str(err) + "\n" + err.report if hasattr(err, "report") else str(err)
+        # named as frozen (not dead, not "still running"), within the bound, not the group timeout
+        assert "rank 1 is frozen" in text and "stopped" in text, text
+        assert f"PID {c.ranks[1].pid}" in text, text
+        assert took < 15.0, f"released after {took:.1f} s"
+        assert 1 in c.busy and not c.dead
+    finally:
+        os.kill(c.ranks[1].pid, signal.SIGCONT)
+    # continued: its call fails at once, the next call re-forms the group, state kept
+    deadline = time.monotonic() + 30
+    while c.busy and time.monotonic() < deadline:
+        c.status()
+        time.sleep(0.2)
+    assert not c.busy, c.busy
+    mid = _steps(c)
+    assert mid[0] > before[0] + 10, (before, mid)  # it trained before the freeze
+    assert abs(mid[0] - mid[1]) <= 1, f"the ranks' step counters drifted apart: {mid}"
+    res = c.train(steps=5, micro_batch=4, progress=False)
+    after = _steps(c)
+    assert res.steps == 5 and after[0] == after[1], after
+    assert after[0] - max(mid) <= 5 and after[0] - min(mid) >= 5 - 1, (mid, after)
+    assert c.check()["ok"]  # the replicas agree: no step half-applied on one rank
