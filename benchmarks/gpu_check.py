@@ -70,7 +70,7 @@ def _part_a(c) -> tuple[str, str]:
 
 def _part_b(c) -> tuple[str, str]:
     res = c.run(
-        "import time\nfrom dpnb import compat\nfrom dpnb.engine import step\n"
+        "import time\nfrom dpnb import compat\nfrom dpnb.engine.train import step\n"
         "from dpnb.engine.train.train_state import TrainError\n" + _BUSY +
         "compat.set_group_timeout(1.0)\n"
         "busy(5.0)\n"

@@ -21,7 +21,7 @@ from typing import Callable
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 SHM_MIN_BYTES = 1 << 30  # DataLoader workers and NCCL's shared memory want more than Docker's 64 MB
-NOFILE_MIN = 4096  # what 64 ranks' rank 0 needs (engine/process.py: 4 per rank + 256), and more
+NOFILE_MIN = 4096  # what 64 ranks' rank 0 needs (engine/proc/process.py: 4 per rank + 256), and more
 
 
 @dataclass(frozen=True)

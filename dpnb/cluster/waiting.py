@@ -119,9 +119,14 @@ class Waiting:
         self.deaths_looked_at = now
         return True
 
+    def _stopped(self) -> set[int]:
+        """Ranks seen stopped (named frozen or not yet): a stopped process answers no
+        side door, and a knock on it would hold this wait for the knock's timeout."""
+        return self.frozen | set(self.frozen_since)
+
     def _answering(self) -> list[int]:
-        """Every rank but the frozen ones (a stopped process answers no side door)."""
-        return [r for r in range(len(self.t.ranks)) if r not in self.frozen]
+        """Every rank but the stopped ones."""
+        return [r for r in range(len(self.t.ranks)) if r not in self._stopped()]
 
     def _capture_where(self) -> None:
         """Ask every rank where it is, once, before anything is interrupted."""
@@ -176,7 +181,7 @@ class Waiting:
         if self.asked_at is not None and now - self.asked_at < FINISHING_POLL_S:
             return self.finishing
         self.asked_at = now
-        answers = self.t.where(sorted(self.pending))
+        answers = self.t.where(sorted(self.pending - self._stopped()))
         self.finishing = all(
             a and not a.get("collective") and (a.get("reporting") or not a.get("in_cell"))
             for a in (answers.get(r) for r in self.pending))
@@ -202,7 +207,7 @@ class Waiting:
                     now - self.deadlock_looked_at < DEADLOCK_POLL_S:
                 return False
         self.deadlock_looked_at = now
-        answers = self.t.where(sorted(self.pending))
+        answers = self.t.where(sorted(self.pending - self._stopped()))
         why = deadlock.certain(answers, self.pending, len(self.t.ranks))
         if not why:
             self._note_wait(now, answers)

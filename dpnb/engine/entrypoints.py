@@ -27,6 +27,8 @@ BOOT_MODULE: Final = "dpnb.engine.boot"
 #: the per-host agent / zygote (``python -m``) the ssh and local launchers start
 HOSTAGENT_MODULE: Final = "dpnb.engine.hostagent"
 #: modules an exported batch job imports under a short alias (dpnb.session.export)
+#: the room an exported job imports ``checkpoint``, ``job`` and ``training`` from
+TRAIN_ROOM: Final = "dpnb.engine.train"
 TRAINING_MODULE: Final = "dpnb.engine.train.training"
 CHECKPOINT_MODULE: Final = "dpnb.engine.train.checkpoint"
 

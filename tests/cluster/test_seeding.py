@@ -112,7 +112,7 @@ def test_an_exported_job_seeds_its_ranks_as_the_notebook_did(tmp_path):
         port = s.getsockname()[1]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port))
-    code = ("from dpnb.engine import job\nimport torch\nimport torch.distributed as dist\n"
+    code = ("from dpnb.engine.train import job\nimport torch\nimport torch.distributed as dist\n"
             "class args: backend = 'gloo'; timeout = 30\n"
             f"{init}\nprint(torch.initial_seed())\ndist.destroy_process_group()\n")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -114,3 +114,31 @@ def test_a_cell_done_within_the_death_poll_never_asks_for_deaths():
     assert not w.time_to_look_for_deaths(w.t0 + 0.01)
     assert w.time_to_look_for_deaths(w.t0 + W.DEATH_POLL_S + 0.01)
     assert not w.time_to_look_for_deaths(w.t0 + W.DEATH_POLL_S + 0.02)
+
+
+def test_a_frozen_rank_is_named_after_two_looks_and_only_its_peers_are_released():
+    """Rank 2's process is stopped: seen at one look, named FROZEN once it stayed so
+    for FROZEN_AFTER_S; then the others' groups are released and its side door --
+    which a stopped process cannot answer -- is never knocked on; with only frozen
+    ranks left, the wait ends at once instead of after the release's grace."""
+    how = "its engine (PID 42) is stopped (SIGSTOP, Ctrl-Z or a job-control stop)"
+    t = FakeTransport(ANSWERS, frozen={2: how})
+    w = W.Waiting(t, [0, 1, 2], "execute", timeout=None)
+    w.step(w.t0 + W.FROZEN_POLL_S)  # first seen stopped: not yet named
+    assert w.outcomes[2].status == "pending" and not t.released
+    w.step(w.t0 + W.FROZEN_POLL_S + W.FROZEN_AFTER_S)
+    assert w.outcomes[2].status == "frozen" and w.outcomes[2].note == how
+    assert t.released == [[0, 1]] and all(2 not in asked for asked in t.asked_where)
+    w.pending -= {0, 1}  # the released ranks report back
+    assert w.step(w.t0 + W.FROZEN_POLL_S + W.FROZEN_AFTER_S + 0.1) is True
+
+
+def test_a_rank_stopped_and_continued_within_the_bound_is_not_frozen():
+    t = FakeTransport(ANSWERS, frozen={2: "stopped"})
+    w = W.Waiting(t, [0, 1, 2], "execute", timeout=None)
+    w.step(w.t0 + W.FROZEN_POLL_S)
+    t.stopped.clear()  # continued (job control, a brief debugger stop)
+    w.step(w.t0 + W.FROZEN_POLL_S + W.FROZEN_AFTER_S)
+    t.stopped[2] = "stopped"  # stopped again: the clock starts over
+    w.step(w.t0 + 2 * W.FROZEN_POLL_S + W.FROZEN_AFTER_S)
+    assert w.outcomes[2].status == "pending" and not t.released
