@@ -17,8 +17,10 @@ changed.
 
 ``--fast``: the entries whose tests all lie in tests/unit.  ``--share K/N``:
 the K-th of N slices of the other entries (``--share auto/N``: K from the
-number of commits, so N consecutive commits run them all; ``.ci/run`` runs
-one slice a landing -- sizes and budget in tests/README.md).  With WORDs,
+number of commits; ``--share next/N --ledger FILE``: the slice after the one
+the ledger says was run last, so N consecutive runs with that ledger run them
+all -- ``.ci/run`` runs one slice a landing this way; sizes and budget in
+tests/README.md).  With WORDs,
 only the entries whose name contains one of them.  ``--baseline FILE``: the
 outcomes (``$DPNB_TEST_OUTCOMES``) of a pytest run on this same tree, read
 instead of running the named tests once unbroken.  ``--list``: every entry,
@@ -1119,6 +1121,13 @@ MUTATIONS = [
   "            if r not in found:  # continued: it runs again\n                del self.frozen_since[r]\n",
   "            if r not in found:  # continued: it runs again\n                pass\n",
   ["tests/unit/test_waiting.py::test_a_rank_stopped_and_continued_within_the_bound_is_not_frozen"]),
+ # issue 52: every entry in any 5 consecutive landings (CI's rotation ledger)
+ ("rotation: each landing takes the next slice", "tests/helpers/breakrun.py",
+  '"next": (ran + 1) % slices,', '"next": ran % slices,',
+  ["tests/unit/test_break_checker.py::test_the_rotation_ledger_runs_every_slice_in_any_n_consecutive_landings"]),
+ ("rotation: a re-run of a commit takes its slice again", "tests/helpers/breakrun.py",
+  'int(led["ran"] if led.get("commit") == head(root) else led["next"])', 'int(led["next"])',
+  ["tests/unit/test_break_checker.py::test_the_rotation_ledger_runs_every_slice_in_any_n_consecutive_landings"]),
 ]
 
 
@@ -1129,16 +1138,27 @@ def _pick(args) -> list[breakrun.Entry]:
     if args.fast:
         return [e for e in chosen if e.fast]
     if args.share:
-        k, n = args.share.split("/")
-        k = breakrun.commit_count() if k == "auto" else int(k)
-        return breakrun.share([e for e in chosen if not e.fast], k, int(n))
+        k, n = _slice(args)
+        return breakrun.share([e for e in chosen if not e.fast], k, n)
     return chosen
+
+
+def _slice(args) -> tuple[int, int]:
+    """``--share K/N``: K given, ``auto`` (the number of commits), or ``next`` (the
+    rotation ledger's next slice, ``--ledger``)."""
+    k, n = args.share.split("/")
+    if k == "next":
+        return breakrun.ledger_slice(args.ledger, int(n)), int(n)
+    return (breakrun.commit_count() if k == "auto" else int(k)) % int(n), int(n)
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fast", action="store_true", help="only the entries of the unit tier")
-    ap.add_argument("--share", metavar="K/N", help="slice K of N of the other entries (K may be auto)")
+    ap.add_argument("--share", metavar="K/N",
+                    help="slice K of N of the other entries (K may be auto, or next: the ledger's)")
+    ap.add_argument("--ledger", metavar="FILE", help="the rotation ledger --share next/N reads "
+                    "and, when every entry of the slice was caught, advances")
     ap.add_argument("--baseline", metavar="FILE", help="outcomes of an unbroken pytest run")
     ap.add_argument("--jobs", type=int, default=2, help="breaks side by side (default 2)")
     ap.add_argument("--list", action="store_true", help="list the entries, run nothing")
@@ -1153,6 +1173,10 @@ def main(argv: list[str]) -> int:
     if not chosen:
         print(f"NOT RUN  no entry matches {' '.join(args.words)}")
         return 1
+    if args.share:
+        k, n = _slice(args)
+        print(f"slice {k} of {n}: {len(chosen)} of the {sum(not e.fast for e in breakrun.entries(MUTATIONS))} "
+              f"entries outside the unit tier", flush=True)
     skipped = [e for e in chosen if e.cannot_run_here]
     for e in skipped:
         print(f"cannot run here  {e.name}: {e.cannot_run_here}")
@@ -1169,6 +1193,11 @@ def main(argv: list[str]) -> int:
     bad = len(invalid) + sum(v.bad for v in verdicts)
     print(f"{caught} caught, {bad} not caught (MISSED, INVALID or NOT RUN), "
           f"{len(skipped)} cannot run here, of {len(chosen) + len(skipped)} entries chosen")
+    if args.share and args.ledger and not bad:
+        k, n = _slice(args)
+        breakrun.ledger_advance(args.ledger, k, n)
+        print(f"slice {k} of {n} done; the rotation ledger {args.ledger} names slice "
+              f"{(k + 1) % n} next")
     return 1 if bad else 0
 
 

@@ -25,6 +25,7 @@ on top of :class:`Engines`; this package never imports it.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import collections
 import logging
 import os
@@ -100,12 +101,11 @@ class Engines:
         self.published: publish.Publication | None = None  # set by go_live, once it is whole
 
     def go_live(self) -> Engines:
-        """The cluster is whole (its group formed, or a kept one attached): only now
-        is it published for JupyterLab's sidebar and its exit hook registered, so a
-        start that fails before leaves no record, no thread and no hook behind."""
-        self.published = publish.Publication(self)  # for JupyterLab's sidebar (dpnb.lab)
-        # A kernel that exits normally stops its cluster (and removes the profile with its
-        # keys), or lets go of a kept one; a weak reference lets an unused Cluster go.
+        """Whole now (group formed, or a kept one attached): only now published for
+        JupyterLab's sidebar, with its exit hook, so a failed start leaves neither.
+        The hook stops the cluster (profile and keys too) or lets a kept one go; a
+        weak reference lets an unused Cluster go."""
+        self.published = publish.Publication(self)
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None and ref()._at_exit()))
         return self
@@ -183,9 +183,7 @@ class Engines:
         try:
             self.group.init_ranks()
             self.group.form()
-            # Our controller and engines (or mpiexec, or the ssh clients of the
-            # host agents) are children of this process: the start's reaper guards
-            # them from now on with the cluster's own list
+            # the start's reaper guards this process's children from now on by the cluster's list
             self.procs.adopt_reaper(watch, self.ranks)
         except BaseException:
             self.running = False  # the start tears the processes down; this object is dead
@@ -241,7 +239,7 @@ class Engines:
 
     # ------------------------------------------------------------------ run
     def run(self, code: str, ranks=None, *, timeout: float | None = None, stream: bool = True,
-            display: bool = True, raise_errors: bool = True, setup: bool = False,
+            display: bool = True, raise_errors: bool = True,
             unchecked: bool = False, history: bool = True) -> CellResult:
         """Run ``code`` on the selected ranks (all by default), like ``%%dp``.
 
@@ -249,26 +247,29 @@ class Engines:
         ``!cmd``, ``%magic`` and the last expression's value work).  Output
         streams while the cell runs and is then shown grouped by rank, with
         identical output shown once.  ``timeout`` bounds the cell's wall time:
-        ranks still running then are interrupted and reported.  ``setup=True``
-        (``%%dp --setup``) marks the cell in the history, for ``restart
-        --resume`` to replay (the session records it once it succeeded everywhere).  ``unchecked=True`` (``%%dp
+        ranks still running then are interrupted and reported.  ``unchecked=True`` (``%%dp
         --unchecked``): its collectives skip the mismatch check
         (:mod:`dpnb.engine.cell.cellguard`).  ``history=False``: not recorded (a replay).
         """
         sel = self._select(ranks)
         if not isinstance(code, str):
             raise DpnbError("code must be a string of Python source")
-        if setup and len(sel) != self.world_size:
-            raise DpnbError("a --setup cell must run on every rank (resume replays it on all)")
         ars = self.transport.execute(code, sel, unchecked=unchecked)
         res = self.transport.wait(ars, sel, timeout=timeout, stream=stream and display,
                                   kind=WaitKind.EXECUTE)
         if display:
             show_result(res)
         if history:
-            self.history.append(CellRecord(EntryKind.CELL, code, None if len(sel) == self.world_size
-                                           else tuple(sel), setup, res.ok))
+            self.remember(CellRecord(EntryKind.CELL, code, None if len(sel) == self.world_size
+                                     else tuple(sel), res.ok))
         return self._finish(res, raise_errors)
+
+    def remember(self, rec: CellRecord) -> CellRecord:
+        """Append ``rec`` to the history, numbered after everything sent before it."""
+        seq = self.history[-1].seq + 1 if self.history else 0
+        rec = dataclasses.replace(rec, seq=seq)
+        self.history.append(rec)
+        return rec
 
     def run_script(self, path: str, args=(), **kw) -> CellResult:
         """Run a torchrun script on every rank, as torchrun would (``%dp run``);
@@ -387,7 +388,7 @@ class Engines:
             raise DpnbError("push takes a dict of name -> value with valid Python names")
         ars = self.transport.broadcast(_runner_fn("set_values"), (values,), sel)
         self._finish(self._wait_values(ars, sel), True)
-        self.history.append(CellRecord(EntryKind.PUSH, names=tuple(values)))
+        self.remember(CellRecord(EntryKind.PUSH, names=tuple(values)))
 
     def pull(self, name: str, rank: int | None = None):
         """``name`` on ``rank``, or one value per rank (one round trip); tensors on the CPU."""

@@ -236,7 +236,7 @@ def from_record(cls, rec: dict):
     c.group.restore(rec)
     c.created, c.keep_s = float(rec["created"]), float(rec["ttl_s"])
     # records of older dpnb have no history
-    c.history.extend(CellRecord.from_record(h) for h in rec.get("history") or [])
+    c.history.extend(CellRecord.from_record(h, seq=i) for i, h in enumerate(rec.get("history") or []))
     c.restore_session(rec)
     return c.go_live()
 

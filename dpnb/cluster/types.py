@@ -236,23 +236,28 @@ class CellRecord:
     what it could and could not carry into a batch job.
 
     ``kind``: ``"cell"`` (``code`` run on ``ranks``, ``None`` meaning every
-    rank; ``setup`` when marked ``%%dp --setup``; ``ok`` when it succeeded
-    everywhere) or ``"push"`` (``names`` sent from the notebook).
+    rank; ``ok`` when it succeeded everywhere) or ``"push"`` (``names`` sent
+    from the notebook).  ``seq``: its number among everything this cluster
+    was sent, kept when older records leave the bounded history: the
+    session's setup record names a ``%%dp --setup`` cell by it (the runtime
+    does not know what a setup cell is).
     """
 
     kind: EntryKind
     code: str = ""
     ranks: tuple | None = None
-    setup: bool = False
     ok: bool = True
     names: tuple = ()
+    seq: int = 0
 
     def to_record(self) -> dict:
         return {"kind": self.kind, "code": self.code,
-                "ranks": list(self.ranks) if self.ranks else None, "setup": self.setup,
-                "ok": self.ok, "names": list(self.names)}
+                "ranks": list(self.ranks) if self.ranks else None,
+                "ok": self.ok, "names": list(self.names), "seq": self.seq}
 
     @classmethod
-    def from_record(cls, h: dict) -> CellRecord:
-        return cls(kind=EntryKind(h["kind"]), code=h["code"], setup=h["setup"], ok=h["ok"],
-                   ranks=tuple(h["ranks"]) if h["ranks"] else None, names=tuple(h["names"]))
+    def from_record(cls, h: dict, seq: int = 0) -> CellRecord:
+        """``seq``: the position to take when the record has none (an older dpnb's)."""
+        return cls(kind=EntryKind(h["kind"]), code=h["code"], ok=h["ok"],
+                   ranks=tuple(h["ranks"]) if h["ranks"] else None, names=tuple(h["names"]),
+                   seq=int(h.get("seq", seq)))

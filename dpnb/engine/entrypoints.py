@@ -83,6 +83,15 @@ PEER_INFO: Final = "dpnb.engine.train.peercopy.info"
 GRADE_CASE: Final = "dpnb.engine.grading.run_case"
 
 
+#: entry points a kept cluster's record may name as dpnb wrote them before the
+#: engine's rooms (2026-11-28): read back as today's (dpnb.session.record)
+RENAMED: Final = {
+    "dpnb.engine.training.wrap": WRAP,
+    "dpnb.engine.training.set_data": SET_DATA,
+    "dpnb.engine.views.watch": WATCH,
+}
+
+
 def all_names() -> dict[str, str]:
     """Every constant above, by its Python name (the entry-point test resolves each)."""
     return {k: v for k, v in globals().items() if k.isupper() and isinstance(v, str)}

@@ -81,9 +81,12 @@ class Cluster(Engines):
         """Run a cell (``%%dp``); see :meth:`dpnb.cluster.Engines.run`.  ``setup=True``
         (``%%dp --setup``): once it succeeded on every rank, the cell is a step of
         the setup record that ``restart --resume`` replays and ``%dp export`` writes."""
-        res = super().run(code, ranks, setup=setup, **kw)
-        if res.ok and setup:
-            self.setup_log.add(SetupCell(code))
+        if setup and ranks is not None and len(self._select(ranks)) != self.world_size:
+            raise DpnbError("a --setup cell must run on every rank (resume replays it on all)")
+        res = super().run(code, ranks, **kw)
+        if res.ok and setup and kw.get("history", True):
+            # the one record of a setup cell: the session's, naming the runtime's entry
+            self.setup_log.add(SetupCell(code, self.history[-1].seq))
         return res
 
     def profile(self, code: str, ranks=None, *, out_dir: str | None = None, **run_kw):

@@ -84,7 +84,7 @@ def skipped_cells(cluster) -> list[tuple[str, str]]:
         elif rec.ranks is not None:
             out.append((what, f"ran on rank{'s' if len(rec.ranks) > 1 else ''} "
                               f"{','.join(map(str, rec.ranks))} only (rank-selected)"))
-        elif not rec.setup:
+        elif not cluster.setup_log.marks(rec):
             out.append((what, "not marked %%dp --setup (run it again with --setup to include it)"))
         else:
             why = _setup_cell_problem(rec.code, pushed)

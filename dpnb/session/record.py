@@ -36,9 +36,12 @@ SETUP_MAX = 200
 
 @dataclass(frozen=True)
 class SetupCell:
-    """A ``%%dp --setup`` cell that succeeded on every rank: its code."""
+    """A ``%%dp --setup`` cell that succeeded on every rank: its code, and ``seq``,
+    the number of its entry in the runtime's history (None: from an older dpnb's
+    record, where the history entry was marked instead; matched by its code)."""
 
     code: str
+    seq: int | None = None
 
     @property
     def label(self) -> str:
@@ -46,7 +49,7 @@ class SetupCell:
 
     def to_record(self) -> dict:
         return {"kind": "cell", "label": self.label, "code": self.code, "dotted": "",
-                "args": [], "kwargs": {}}
+                "args": [], "kwargs": {}, **({} if self.seq is None else {"seq": self.seq})}
 
 
 @dataclass(frozen=True)
@@ -146,11 +149,12 @@ Step = SetupCell | CallStep | LoadStep
 def step_from_record(d: dict) -> Step:
     """One :meth:`to_record` entry (or an older dpnb's ``setup_log`` entry) back as a step."""
     if d.get("kind") == "cell":
-        return SetupCell(d.get("code", ""))
+        return SetupCell(d.get("code", ""), d.get("seq"))
     if d.get("kind") == "load":
         path, step = d.get("args") or []
         return LoadStep(str(path), int(step))
     dotted, args, kw = d.get("dotted"), list(d.get("args") or []), dict(d.get("kwargs") or {})
+    dotted = ep.RENAMED.get(dotted, dotted)  # a record written before the engine's rooms
     if dotted == ep.WRAP:
         return WrapStep(args[0], args[1] if len(args) > 1 else kw.pop("strategy", "ddp"), kw)
     if dotted == ep.WATCH:
@@ -175,6 +179,12 @@ class SetupRecord:
 
     def cells(self) -> list[SetupCell]:
         return [e for e in self.entries if isinstance(e, SetupCell)]
+
+    def marks(self, rec) -> bool:
+        """Is the runtime's history entry ``rec`` one of the setup cells recorded here?"""
+        cells = self.cells()
+        return any(c.seq == rec.seq for c in cells if c.seq is not None) or \
+            any(c.code == rec.code for c in cells if c.seq is None)
 
     def calls(self) -> list[CallStep]:
         """The engine calls a replay sends again, in order (cells and loads are not)."""

@@ -68,7 +68,8 @@ def needed(c: "Cluster") -> dict[str, str]:
 
 
 def history_cells(c: "Cluster") -> list[HistoryCell]:
-    return [HistoryCell(index=i + 1, code=rec.code, ok=rec.ok, ranks=rec.ranks, setup=rec.setup)
+    return [HistoryCell(index=i + 1, code=rec.code, ok=rec.ok, ranks=rec.ranks,
+                        setup=c.setup_log.marks(rec))
             for i, rec in enumerate(c.history) if rec.kind == EntryKind.CELL]
 
 

@@ -93,6 +93,38 @@ def share(chosen: list[Entry], k: int, slices: int) -> list[Entry]:
     return [e for i, e in enumerate(chosen) if i % slices == k % slices]
 
 
+def head(root: str = ROOT) -> str:
+    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def ledger_slice(path: str, slices: int, root: str = ROOT) -> int:
+    """The slice this run takes from the rotation ledger ``path`` (JSON kept by CI on
+    its machine, ``{"next", "ran", "commit", "slices"}``): the ledger's ``next``; the
+    slice already run when this commit ran one before (a re-run does not skip a
+    slice); ``commit_count() % slices`` when there is no ledger yet (a fresh machine)
+    or it was kept for another number of slices."""
+    try:
+        with open(path) as f:
+            led = json.load(f)
+        if led.get("slices") == slices:
+            return int(led["ran"] if led.get("commit") == head(root) else led["next"]) % slices
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"rotation ledger {path} not read ({type(e).__name__}: {e}): "
+              f"starting from the number of commits", flush=True)
+    return commit_count(root) % slices
+
+
+def ledger_advance(path: str, ran: int, slices: int, root: str = ROOT) -> None:
+    """Slice ``ran`` was run and every entry of it caught: the next run takes the next."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"next": (ran + 1) % slices, "ran": ran, "commit": head(root),
+                   "slices": slices, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f)
+    os.replace(tmp, path)
+
+
 def commit_count(root: str = ROOT) -> int:
     r = subprocess.run(["git", "rev-list", "--count", "HEAD"], cwd=root, capture_output=True,
                        text=True)

@@ -132,3 +132,28 @@ def test_a_required_tier_that_skipped_fails_ci_naming_the_tier_and_why():
                    "configurable-http-proxy not found",
                    "tier shared must run here, but none of its tests ran"]
     assert require_tiers.problems(recs, ["browser"]) == []  # gpu's skip is not asked about
+
+
+def test_the_rotation_ledger_runs_every_slice_in_any_n_consecutive_landings(tmp_path, monkeypatch):
+    """CI's ledger: each landing (a new commit) takes the slice after the last one run,
+    a re-run of the same commit takes the same slice again, a slice with an entry
+    not caught does not advance it, and a fresh machine starts from the commit count."""
+    ledger, n = str(tmp_path / "rotation.json"), 5
+    commit = {"sha": "c0", "count": 17}
+    monkeypatch.setattr(breakrun, "head", lambda root=breakrun.ROOT: commit["sha"])
+    monkeypatch.setattr(breakrun, "commit_count", lambda root=breakrun.ROOT: commit["count"])
+    assert breakrun.ledger_slice(ledger, n) == 17 % n  # no ledger yet
+    ran = []
+    for landing in range(12):
+        commit.update(sha=f"c{landing}", count=17 + 3 * landing)  # landings bring several commits
+        k = breakrun.ledger_slice(ledger, n)
+        assert breakrun.ledger_slice(ledger, n) == k  # asking again changes nothing
+        ran.append(k)
+        breakrun.ledger_advance(ledger, k, n)
+        assert breakrun.ledger_slice(ledger, n) == k  # a re-run of this commit: the same slice
+    for i in range(len(ran) - n + 1):
+        assert set(ran[i:i + n]) == set(range(n)), ran
+    commit.update(sha="c-red")  # this landing's slice missed an entry: not advanced
+    k = breakrun.ledger_slice(ledger, n)
+    commit.update(sha="c-fixed")
+    assert breakrun.ledger_slice(ledger, n) == k

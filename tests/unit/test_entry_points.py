@@ -76,7 +76,8 @@ def test_every_named_entry_point_resolves():
 
 def test_every_dotted_engine_name_resolves():
     """The engine's own dotted strings too (its messages name functions to call)."""
-    names = _names()
+    # the names a kept record may hold from before the engine's rooms: read back, never called
+    names = {k: v for k, v in _names().items() if k not in entrypoints.RENAMED}
     assert len(names) >= 20, names
     broken = {}
     for dotted, where in sorted(names.items()):

@@ -15,11 +15,11 @@ from dpnb.session.record import DataStep, LoadStep, SetupCell, SetupRecord, Watc
 OLD_SETUP_LOG = [
     {"kind": "cell", "label": "cell: import torch (+1 lines)",
      "code": "import torch\nnet = torch.nn.Linear(2, 2)\n", "dotted": "", "args": [], "kwargs": {}},
-    {"kind": "call", "label": "wrap net (zero1)", "code": "", "dotted": "dpnb.engine.train.training.wrap",
+    {"kind": "call", "label": "wrap net (zero1)", "code": "", "dotted": "dpnb.engine.training.wrap",
      "args": ["net", "zero1"], "kwargs": {"lr": 0.1, "bucket_cap_mb": 1}},
     {"kind": "call", "label": "gradsync timing hooks", "code": "",
-     "dotted": "dpnb.engine.metrics.views.watch", "args": [], "kwargs": {}},
-    {"kind": "call", "label": "data ds", "code": "", "dotted": "dpnb.engine.train.training.set_data",
+     "dotted": "dpnb.engine.views.watch", "args": [], "kwargs": {}},
+    {"kind": "call", "label": "data ds", "code": "", "dotted": "dpnb.engine.training.set_data",
      "args": ["ds"], "kwargs": {"seed": 3, "shuffle": False}},
 ]
 
@@ -29,7 +29,10 @@ def test_an_old_setup_log_reads_back_as_typed_steps_and_writes_the_same_json():
     assert list(rec.entries) == [SetupCell("import torch\nnet = torch.nn.Linear(2, 2)\n"),
                                  WrapStep("net", "zero1", {"lr": 0.1, "bucket_cap_mb": 1}),
                                  WatchStep(), DataStep("ds", seed=3, shuffle=False)]
-    assert rec.to_record() == OLD_SETUP_LOG
+    # written back the same, the entry points by today's names (the engine's rooms)
+    assert rec.to_record() == [dict(d, dotted=ep.RENAMED.get(d["dotted"], d["dotted"]))
+                               for d in OLD_SETUP_LOG]
+    assert [d["dotted"] for d in rec.to_record()[1:]] == [ep.WRAP, ep.WATCH, ep.SET_DATA]
     assert rec.wrapped and rec.last(DataStep).dataset == "ds"
     # what resume sends again: each call step's entry point and arguments, as recorded
     assert [s.call() for s in rec.calls()] == [

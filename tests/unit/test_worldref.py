@@ -38,8 +38,11 @@ def test_a_world_is_replaced_whole_and_fresh_ranks_lose_their_doors():
 def test_the_world_the_history_and_the_launcher_come_back_from_their_records():
     w = World(ranks=_ranks(2)).with_doors({1: ("10.0.0.2", 4000)}).formed(29501, 3)
     assert World.from_record(json.loads(json.dumps(w.to_record()))) == w
-    cell = CellRecord(EntryKind.CELL, "x = 1", (0,), True, False)
+    cell = CellRecord(EntryKind.CELL, "x = 1", (0,), ok=False, seq=7)
     assert CellRecord.from_record(json.loads(json.dumps(cell.to_record()))) == cell
+    # an older dpnb's entry: no seq (its position is taken), a "setup" mark (the session's now)
+    old = {"kind": "cell", "code": "x = 1", "ranks": None, "setup": True, "ok": True, "names": []}
+    assert CellRecord.from_record(old, seq=3) == CellRecord(EntryKind.CELL, "x = 1", seq=3)
     launcher = launcher_from_record(launcher_for(LaunchSpec(env=(("A", "1"),))).to_record())
     assert launcher.spec.env == (("A", "1"),) and launcher.spec.kept
 
