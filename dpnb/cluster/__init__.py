@@ -50,7 +50,8 @@ from .restart import Restarted, restart as _restart
 from .worldref import World, WorldRef
 from .transport import Transport, _runner_fn, unpack_value, unsendable
 from .types import (BACKENDS, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult, EntryKind, Health,
-                    LaunchSpec, RankInfo, RankOutcome, Status, WaitKind, default_timeout)
+                    LaunchSpec, RankInfo, RankOutcome, StartOptions, Status, WaitKind,
+                    default_timeout)
 
 __all__ = ["Engines", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
            "assign_ranks", "describe_exit"]
@@ -112,50 +113,32 @@ class Engines:
 
     # ------------------------------------------------------------------ start
     @classmethod
-    def start(cls, n: int = 2, *, backend: str = "auto", engines: str = "local",
-              gpus: str | Sequence[int] | None = None, timeout: float | None = None,
-              threads: int | None = None, start_timeout: float = 120.0,
-              launcher_args: Sequence[str] | None = None,
-              controller_ip: str | None = None, env=None, remote_python: str | None = None,
-              ssh_config: str | None = None, master_addr: str | None = None,
-              zygote: bool | None = None, warm=None, keep=None, seed: int | None = None) -> Engines:
-        """Start ``n`` engines and join them in a torch.distributed group.
+    def start(cls, n: int = 2, *, warm=None, **options) -> Engines:
+        """Start ``n`` engines and join them in a torch.distributed group.  The
+        keywords are one :class:`~dpnb.cluster.types.StartOptions` (what each
+        means is said there), an unknown one refused in one line; ``warm``: a
+        :class:`agents.WarmZygote` started earlier, taken if usable."""
+        return cls.start_with(StartOptions.of(n, **options), warm=warm)
 
-        ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
-        own, else gloo.  ``engines``: ``local``, ``ssh`` (``launcher_args``
-        ``["node1=4", "node2=4"]``, one host agent per host, see
-        :mod:`dpnb.cluster.agents`), ``mpi`` (mpiexec options in
-        ``launcher_args``) or ``slurm`` (sbatch settings).  ``gpus``: device
-        ordinals per host.  ``timeout``: seconds a collective may wait for a
-        busy peer (default: torch's; :mod:`dpnb.core.timeouts`).  ``env``:
-        ``{"GLOO_SOCKET_IFNAME": "eth1"}`` or ``["K=V", ...]`` for every
-        engine; ``remote_python``: the Python on other hosts (default
-        ``python3``); ``ssh_config``: an ssh config file;
-        ``master_addr``: the group's store address instead of rank 0's route
-        to the controller.  ``zygote``: local engines forked from one process
-        that imported torch once (:mod:`dpnb.engine.hostagent`); default: on
-        hosts without an NVIDIA driver (see :func:`launch.zygote_default`);
-        ``warm``: a :class:`agents.WarmZygote` started earlier, taken if usable.
-        ``keep``: a time to live (``"2h"``): the cluster outlives this kernel
-        by that long, for :meth:`attach` (local engines; see :mod:`.keep`).
-        ``seed``: rank r seeds its generators with ``seed + r`` (default: fresh
-        entropy, as torchrun's processes; :mod:`dpnb.engine.proc.seeding`).
-        """
-        ttl = keeping.checked_ttl(keep) if keep is not None else None
-        spec = LaunchSpec(engines=engines, launcher_args=tuple(launcher_args or ()),
-                          controller_ip=controller_ip, env=launch.parse_env(env),
-                          remote_python=remote_python, ssh_config=ssh_config,
-                          master_addr=master_addr, kept=ttl is not None,
-                          zygote=launch.zygote_for(engines, kept=ttl is not None, asked=zygote))
-        gpu_list = launch.check_start_args(n, backend, engines, timeout, threads, gpus, seed)
+    @classmethod
+    def start_with(cls, o: StartOptions, warm=None) -> Engines:
+        """Start the cluster ``o`` describes (checked here, once, before anything starts)."""
+        ttl = keeping.checked_ttl(o.keep) if o.keep is not None else None
+        spec = LaunchSpec(engines=o.engines, launcher_args=o.launcher_args,
+                          controller_ip=o.controller_ip, env=launch.parse_env(o.env),
+                          remote_python=o.remote_python, ssh_config=o.ssh_config,
+                          master_addr=o.master_addr, kept=ttl is not None,
+                          zygote=launch.zygote_for(o.engines, kept=ttl is not None, asked=o.zygote))
+        gpu_list = launch.check_start_args(o.n, o.backend, o.engines, o.timeout, o.threads, o.gpus,
+                                           o.seed)
         starter = launcher_for(spec)
-        starter.check_start(n)  # bad launcher settings fail before anything starts
+        starter.check_start(o.n)  # bad launcher settings fail before anything starts
         _log.install()
-        icluster, client, profile_dir, watch = launch.bring_up(n, starter, start_timeout, warm)
+        icluster, client, profile_dir, watch = launch.bring_up(o.n, starter, o.start_timeout, warm)
         try:
-            c = cls._form(icluster, client, n=n, backend=backend, starter=starter, gpus=gpu_list,
-                          timeout=timeout, threads=threads, profile_dir=profile_dir, seed=seed,
-                          watch=watch)
+            c = cls._form(icluster, client, n=o.n, backend=o.backend, starter=starter,
+                          gpus=gpu_list, timeout=o.timeout, threads=o.threads,
+                          profile_dir=profile_dir, seed=o.seed, watch=watch)
             if ttl is not None:
                 c.keep_s = ttl
                 keeping.hold(c, ttl)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..core.paths import shown_path
-from dpnb.engine.cell.collcheck import DEVICE_WAIT_OP, POINT_TO_POINT
+from dpnb.engine.cell.collcheck import DEVICE_WAIT_OP, MOVED_PREFIX, POINT_TO_POINT, moved_notes
 from ..errors import DpnbError, RemoteCellError
 from ..ranks import rank_label
 from .types import USER_ENAMES, CellResult, RankOutcome, Status
@@ -82,11 +82,13 @@ def user_line(traceback: str) -> str:
 
 
 def cell_notes(res: CellResult) -> list[str]:
-    """Every rank's notes, each distinct one once, in rank order."""
+    """Every rank's notes, each distinct one once, in rank order; the ranks' records
+    of calls that repeated the agreed loop from another line, compared and said only
+    where they differ (:func:`~dpnb.engine.cell.collcheck.moved_notes`)."""
     out: list[str] = []
     for r in res.ranks:
-        out += [n for n in res.outcomes[r].notes if n not in out]
-    return out
+        out += [n for n in res.outcomes[r].notes if n not in out and not n.startswith(MOVED_PREFIX)]
+    return out + moved_notes({r: res.outcomes[r].notes for r in res.ranks})
 
 
 def first_error(res: CellResult) -> str:

@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dpnb.engine import entrypoints as ep, runner, setup
+from dpnb.engine import runner, setup
 from ..errors import DpnbError
 from ..ippcompat import (output_wait, rank_replies, reply_content, result_metadata,
                          shell_ignores_engine_comms)
 from dpnb.engine.cell import outcount
+from dpnb.engine.cell.collcheck import mark_unchecked
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .launchers import EngineLauncher
@@ -128,7 +129,6 @@ class Transport:
         # cells and calls to several ranks / pushes to many; the last of each kept
         self._wide: dict[str, tuple] = {}
         self.token = secrets.token_hex(16)  # opens the engines' side doors
-        self._flags: list = []  # the --unchecked flags sent ahead of the current cell
         self.status_seen: tuple | None = None  # the last %dp status answers (cluster/status.py)
         shell_ignores_engine_comms()  # an engine's widget must not break a terminal shell
 
@@ -155,11 +155,11 @@ class Transport:
 
     # ---------------------------------------------------------------- sending
     def execute(self, code: str, sel: list[int], unchecked: bool = False) -> dict:
-        """Send a cell to every rank of ``sel``.  ``unchecked``: first, in the same
-        engine queue (so no round trip is waited for), tell each rank to count
-        but not check the cell's collectives."""
+        """Send a cell to every rank of ``sel``.  ``unchecked``: each rank counts but
+        does not check the cell's collectives, told in the cell's own request
+        (:func:`~dpnb.engine.cell.cellguard.mark_unchecked`: no request before it)."""
         if unchecked:
-            self._flags = list(self.call_async(ep.SKIP_CHECKS_NEXT_CELL, (), {}, sel).values())
+            code = mark_unchecked(code)
         if len(sel) == 1:
             return {sel[0]: self.view(sel[0]).execute(code, silent=False, block=False)}
         # one view for all: its requests leave in one tight loop, and each
@@ -197,17 +197,6 @@ class Transport:
                     else self.client[list(eids)])
             got = self._wide[kind] = (eids, view)
         return got[1]
-
-    def _settle_flags(self) -> None:
-        """Say (in the log) if a rank did not take an ``--unchecked`` flag; it ran
-        before the cell, so by now its answer is in."""
-        flags, self._flags = self._flags, []
-        for ar in flags:
-            try:
-                ar.get(1.0)
-            except Exception as e:  # the cell ran checked on that rank: say so, go on
-                log.warning("--unchecked was not taken by an engine: %s: %s",
-                            type(e).__name__, e)
 
     def apply(self, fn, args: tuple, sel: list[int], per_rank: dict | None = None) -> dict:
         """``fn(*args)`` on every rank of ``sel`` (``per_rank[r]`` replaces ``args``).
@@ -271,7 +260,6 @@ class Transport:
         finally:
             if streamer is not None:
                 streamer.close()
-        self._settle_flags()
         for r in w.pending:  # gave up waiting: the engine is still busy with it
             o = w.outcomes[r]
             if o.status in (Status.PENDING, Status.LATE):

@@ -8,10 +8,11 @@ from the engines and what the diagnosis and the output renderer read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from ..errors import DpnbError
 from ..core.timeouts import (FORM_TIMEOUT_S, TORCH_DEFAULT_TIMEOUT_S,  # noqa: F401
                              default_timeout, form_timeout)
 
@@ -49,6 +50,66 @@ class RankInfo:
     # the launcher bound this engine its own GPU (Slurm --gpus-per-task): its
     # code sees LOCAL_RANK 0 of 1, as under `srun torchrun --nproc-per-node=1`
     own_gpu: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartOptions:
+    """One ``%dp start`` / ``dpnb.start(...)`` call's options, as one value.
+
+    Built by the magic's parser, by ``dpnb.start(n, **kw)`` (:meth:`of`: an
+    unknown keyword refused in one line) and by JupyterLab's Start form alike,
+    and read by :meth:`dpnb.cluster.Engines.start_with`, which checks it once
+    (:func:`dpnb.cluster.launch.check_start_args`) before anything starts.
+
+    ``backend``: ``auto`` picks NCCL when every engine has a GPU of its
+    own, else gloo.  ``engines``: ``local``, ``ssh`` (``launcher_args``
+    ``["node1=4", "node2=4"]``, one host agent per host, see
+    :mod:`dpnb.cluster.agents`), ``mpi`` (mpiexec options in
+    ``launcher_args``) or ``slurm`` (sbatch settings).  ``gpus``: device
+    ordinals per host.  ``timeout``: seconds a collective may wait for a
+    busy peer (default: torch's; :mod:`dpnb.core.timeouts`).  ``env``:
+    ``{"GLOO_SOCKET_IFNAME": "eth1"}`` or ``["K=V", ...]`` for every
+    engine; ``remote_python``: the Python on other hosts (default
+    ``python3``); ``ssh_config``: an ssh config file;
+    ``master_addr``: the group's store address instead of rank 0's route
+    to the controller.  ``zygote``: local engines forked from one process
+    that imported torch once (:mod:`dpnb.engine.hostagent`); default: on
+    hosts without an NVIDIA driver (see :func:`dpnb.cluster.launch.zygote_default`);
+    ``keep``: a time to live (``"2h"``): the cluster outlives this kernel
+    by that long, for :meth:`dpnb.cluster.Engines.attach` (local engines; see :mod:`dpnb.cluster.keep`).
+    ``seed``: rank r seeds its generators with ``seed + r`` (default: fresh
+    entropy, as torchrun's processes; :mod:`dpnb.engine.proc.seeding`).
+    """
+
+    n: int = 2
+    backend: str = "auto"
+    engines: str = "local"
+    gpus: Any = None  # "0,1" or a list of device ordinals
+    timeout: float | None = None
+    threads: int | None = None
+    start_timeout: float = 120.0
+    launcher_args: tuple[str, ...] = ()
+    controller_ip: str | None = None
+    env: Any = None  # {"K": "V"} or ["K=V", ...]
+    remote_python: str | None = None
+    ssh_config: str | None = None
+    master_addr: str | None = None
+    zygote: bool | None = None
+    keep: Any = None  # a time to live ("2h", seconds)
+    seed: int | None = None
+
+    @classmethod
+    def of(cls, n: int = 2, **kw) -> StartOptions:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kw) - names)
+        if unknown:
+            raise DpnbError(f"start takes no {', '.join(unknown)}: its options are "
+                            f"{', '.join(sorted(names - {'n'}))} (and warm)")
+        if kw.get("launcher_args") is not None:
+            kw["launcher_args"] = tuple(kw["launcher_args"])
+        else:
+            kw.pop("launcher_args", None)
+        return cls(n=n, **kw)
 
 
 @dataclass(frozen=True)

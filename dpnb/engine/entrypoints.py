@@ -33,7 +33,6 @@ TRAINING_MODULE: Final = "dpnb.engine.train.training"
 CHECKPOINT_MODULE: Final = "dpnb.engine.train.checkpoint"
 
 # ------------------------------------------------------------- the runtime's
-SKIP_CHECKS_NEXT_CELL: Final = "dpnb.engine.cell.cellguard.skip_checks_next_cell"
 POST_MORTEM: Final = "dpnb.engine.debugging.rankpdb.post_mortem"
 HAS_NAMES: Final = "dpnb.engine.runner.has_names_ns"
 LOG_RECORDS: Final = "dpnb.engine.runner.log_records"

@@ -31,6 +31,7 @@ from ..cluster import keep as keeping
 from ..cluster import launch
 from ..cluster.launchers import launcher_for
 from ..cluster.launchers.slurm_mpi import SLURM_KEYS
+from ..cluster.types import StartOptions
 from ..cluster.types import LaunchSpec
 from ..core.errors import UserError
 from ..errors import DpnbError
@@ -142,7 +143,7 @@ def main(argv: list[str]) -> int:
     from ..session import Cluster
 
     kwargs = json.loads(argv[0])
-    c = Cluster.start(kwargs.pop("n"), **kwargs)
+    c = Cluster.start_with(StartOptions(**{**kwargs, "launcher_args": tuple(kwargs["launcher_args"])}))
     # free: listed from its record, the reaper's countdown runs (this process's exit
     # would let go too; done here so the line below is printed only once it is free)
     keeping.release(c)

@@ -12,7 +12,7 @@ from .. import cluster as cl
 from .. import log as dlog
 from .. import session
 from ..cluster import keep
-from ..cluster.types import BACKENDS, LAUNCHERS, TORCH_DEFAULT_TIMEOUT_S, Status
+from ..cluster.types import BACKENDS, LAUNCHERS, TORCH_DEFAULT_TIMEOUT_S, StartOptions, Status
 from ..display import show_status
 from dpnb.engine import entrypoints as ep
 from .options import subcommand
@@ -71,13 +71,14 @@ class ClusterCommands:
             c = self.cluster
             raise UsageError(f"a dpnb cluster is already running ({c.world_size} ranks, "
                              f"{c.backend}): %dp stop it first, or %dp restart")
-        c = session.Cluster.start(a.n, backend=a.backend, engines=a.engines, gpus=a.gpus,
-                             timeout=a.timeout, threads=a.threads, seed=a.seed,
-                             launcher_args=a.launcher_args, controller_ip=a.controller_ip,
-                             env=a.env, remote_python=a.remote_python,
-                             ssh_config=a.ssh_config, master_addr=a.master_addr,
-                             zygote=False if a.no_zygote else None,
-                             warm=None if a.no_zygote or a.keep else self.warm, keep=a.keep)
+        o = StartOptions(n=a.n, backend=a.backend, engines=a.engines, gpus=a.gpus,
+                         timeout=a.timeout, threads=a.threads, seed=a.seed,
+                         launcher_args=tuple(a.launcher_args or ()),
+                         controller_ip=a.controller_ip, env=a.env,
+                         remote_python=a.remote_python, ssh_config=a.ssh_config,
+                         master_addr=a.master_addr, zygote=False if a.no_zygote else None,
+                         keep=a.keep)
+        c = session.Cluster.start_with(o, warm=None if a.no_zygote or a.keep else self.warm)
         self.warm = None  # taken by the start, or closed by it if unusable
         self.cluster = c
         devs = sorted({r.device for r in c.ranks})

@@ -17,6 +17,7 @@ import time
 import pytest
 
 import dpnb
+from dpnb.cluster.diagnose import cell_notes
 from dpnb.core.errors import UserError
 from dpnb.errors import DpnbError, RemoteCellError
 from helpers.releases import raise_before_all_reduce
@@ -148,6 +149,28 @@ def test_swapped_calls_and_branches_get_a_note_never_an_error(c):
     # the same line on every rank: nothing to say
     r = c.run("t = torch.ones(1)\nfor i in range(5):\n    dist.all_reduce(t)\n", display=False)
     assert r.ok and not any(o.notes for o in r.outcomes.values())
+
+
+def test_identical_code_on_every_rank_gives_no_note_and_a_real_move_still_does(c):
+    # issue 58: a barrier after a loop of barriers, identical on every rank, repeats the
+    # agreed loop from another line on every rank alike: it paired line with line
+    r = c.run("for i in range(3):\n    dist.barrier()\ndist.barrier()\n", display=False)
+    assert r.ok and cell_notes(r) == [], cell_notes(r)
+    # a hand-written ZeRO-style loop: reduce_scatter, all_gather, a barrier in the loop
+    # and one after it, as course notebooks write it
+    r = c.run("w = torch.ones(8)\nfor step in range(4):\n    g = torch.ones(8) * (rank + 1)\n"
+              "    shard = torch.empty(4)\n    dist.reduce_scatter_tensor(shard, g)\n"
+              "    full = torch.empty(8)\n    dist.all_gather_into_tensor(full, shard)\n"
+              "    w -= 0.1 * full\n    dist.barrier()\ndist.barrier()\n", display=False)
+    assert r.ok and cell_notes(r) == [], cell_notes(r)
+    # rank 1's last call of the loop comes from another line than rank 0's: said
+    r = c.run("t = torch.ones(1)\nfor i in range(4):\n"
+              "    if rank == 0 or i < 3: dist.all_reduce(t)\n"
+              "    else: dist.all_reduce(t)\n", display=False)
+    assert r.ok and cell_notes(r) == [
+        "all_reduce was called from different lines on different ranks after repeating the "
+        "agreed loop (not compared: rank 0 at cell line 3; rank 1 at cell line 4): each result "
+        "may mix values from these lines"], cell_notes(r)
 
 
 def test_an_uneven_last_batch_in_a_checked_loop_costs_no_engine(c):

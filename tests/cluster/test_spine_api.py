@@ -143,9 +143,10 @@ def test_a_pull_from_every_rank_leaves_through_one_view(healthy, monkeypatch):
 
 
 def test_an_unchecked_cell_is_unchecked_on_every_rank_and_only_that_cell(healthy):
-    """``%%dp --unchecked``: each rank is told, in its engine queue right before
-    the cell, to count but not check that cell's collectives; the next cell is
-    checked again.  Read from the calls the check saw, not from the guard's flag:
+    """``%%dp --unchecked``: each rank is told, in the cell's own request (its last
+    line, a comment), to count but not check that cell's collectives; the next
+    cell is checked again.  One request per rank: the engines' queues show no
+    other task for the unchecked cell.  Read from the calls the check saw, not from the guard's flag:
     the star numbers every collective handed to it (``Star.call``)."""
     probe = ("from dpnb.engine.state import get_state\n"
              "star = get_state(globals()).cell_guard.star\n"
@@ -155,7 +156,14 @@ def test_an_unchecked_cell_is_unchecked_on_every_rank_and_only_that_cell(healthy
              "    dist.all_reduce(t)\n"
              "checks = star.seq - s0\n"
              "total = t.item()")
-    assert healthy.run(probe, display=False, unchecked=True).ok
+    sent = []
+    real = healthy.transport.call_async
+    healthy.transport.call_async = lambda *a, **k: sent.append(a) or real(*a, **k)
+    try:
+        assert healthy.run(probe, display=False, unchecked=True).ok
+    finally:
+        del healthy.transport.call_async
+    assert sent == []  # no request ahead of the cell: the flag travelled with it
     assert healthy.pull("checks") == [0, 0]
     assert healthy.pull("total") == [8.0, 8.0]  # the collectives themselves ran: 1 -> 2 -> 4 -> 8
     assert healthy.run(probe, display=False).ok

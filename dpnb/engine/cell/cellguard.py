@@ -44,7 +44,6 @@ from dpnb.core.traces import CHECK_MARKER
 from dpnb.engine.cell import checkstar, collcheck, p2pcheck
 from dpnb.engine import device
 from dpnb.engine.debugging import frames, rankpdb
-from dpnb.engine.state import get_state
 
 
 class Guard:
@@ -60,7 +59,6 @@ class Guard:
         self.star: checkstar.Star | None = None
         self.active = False  # a %%dp cell is running
         self.checking = True  # ... and its collectives are checked
-        self.unchecked_next = False  # %%dp --unchecked: the next cell only
         self.depth = 0  # inside a wrapped collective (nested calls pass through)
         self.main = threading.main_thread().ident
         self.p2p = False  # the group is gloo: point-to-point calls are checked
@@ -68,14 +66,13 @@ class Guard:
         self.nccl = False  # the group is NCCL: each collective passed is marked on the stream
 
     # -- cell hooks ----------------------------------------------------------
-    def pre(self, *_info) -> None:
+    def pre(self, info=None, *_rest) -> None:
         st = self.state
         st.cell_calls = {}
         st.current_collective = None
         st.debug_detached = False  # breakpoints stop again (dpnb.engine.debugging.rankpdb)
         self.active = True
-        self.checking = not self.unchecked_next
-        self.unchecked_next = False
+        self.checking = not collcheck.is_unchecked(info)  # %%dp --unchecked: this cell only
         self.depth = 0
         if self.star is not None:
             self.star.reset_cell()  # every rank starts the cell's history afresh
@@ -262,12 +259,3 @@ def form_star(state, store) -> None:
     guard.nccl = getattr(state, "backend", None) == "nccl"
     guard.star = checkstar.Star.form(store, state.rank, state.world_size, state.master_addr,
                                      door.token, state.master_port, state.timeout_s)
-
-
-def skip_checks_next_cell(ns: dict) -> bool:
-    """``%%dp --unchecked``: the next cell's collectives are counted, not checked.
-    Sent just before the cell, in the same engine queue."""
-    guard = get_state(ns).cell_guard
-    if guard is not None:
-        guard.unchecked_next = True
-    return True

@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import json
 import os
 from typing import Any
 
@@ -76,6 +77,9 @@ POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv"})
 CELL = "<cell>"
 #: what marks a note line on a rank's stderr (the notebook shows it once, after the cell)
 NOTE_PREFIX = "[dpnb note] "
+#: a note line that is a moved call's record (JSON), not a sentence: the notebook
+#: compares the ranks' records and says something only when they differ
+MOVED_PREFIX = "moved-call "
 #: every torch.distributed function the cell guard wraps
 COLLECTIVES = frozenset(SPECS) | POINT_TO_POINT
 #: the device waits a rank blocks in with a GPU (torch's and dpnb's own):
@@ -151,6 +155,23 @@ def digest(text: str) -> int:
     (Python's ``hash`` of a str is salted per process)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little",
                           signed=True)
+
+
+#: the last line a ``%%dp --unchecked`` cell is sent with: the flag travels in the
+#: cell's own request (IPython hands the raw cell to ``pre_run_cell``), no round
+#: trip before it; a comment, last, so no line of the user's moves
+UNCHECKED_MARK = "# dpnb: --unchecked"
+
+
+def mark_unchecked(code: str) -> str:
+    """``code`` as a ``%%dp --unchecked`` cell is sent (see :data:`UNCHECKED_MARK`)."""
+    return code + ("" if code.endswith("\n") else "\n") + UNCHECKED_MARK + "\n"
+
+
+def is_unchecked(info) -> bool:
+    """Does the cell IPython is about to run carry :data:`UNCHECKED_MARK` last?"""
+    raw = getattr(info, "raw_cell", None)
+    return isinstance(raw, str) and raw.rstrip().endswith(UNCHECKED_MARK)
 
 
 # ----------------------------------------------------------------- patterns
@@ -272,12 +293,44 @@ def pairing_notes(paired: list[dict], moved: list[dict], limit: int = 3) -> list
         if key in seen:
             continue
         seen.add(key)
-        lines.append(f"rank {m['rank']}'s {m['op']} came from {m['at']} where the same call a "
-                     f"loop earlier came from {m['before']}: the other ranks' may come from "
-                     f"other lines (not compared: it repeated the agreed loop)")
+        lines.append(moved_record(m))
     if len(lines) > limit:
         lines = lines[:limit] + [f"... and {len(lines) - limit} more calls paired across lines"]
     return lines
+
+
+def moved_record(m: dict) -> str:
+    """A moved call as the note line a rank writes: its record, for the notebook to
+    compare with the other ranks' (:func:`moved_notes`)."""
+    return MOVED_PREFIX + json.dumps({k: m[k] for k in ("rank", "op", "seq", "at", "before")})
+
+
+def moved_notes(notes_by_rank: dict[int, list[str]]) -> list[str]:
+    """The moved-call records among the ranks' notes, in words -- only where they
+    differ between ranks.  A call that repeated the agreed loop from another line
+    on *every* rank alike (a ``barrier`` after a loop of barriers, a library's own
+    collectives after the user's) paired line with line as it should: no note.
+    Where some ranks moved and others did not, or moved elsewhere, the unchecked
+    call may have paired different lines: one sentence naming who called from where."""
+    moves: dict[tuple, dict[int, str]] = {}
+    for r, notes in notes_by_rank.items():
+        for n in notes:
+            if n.startswith(MOVED_PREFIX):
+                m = json.loads(n[len(MOVED_PREFIX):])
+                moves.setdefault((m["op"], m["seq"], m["before"]), {})[r] = m["at"]
+    out = []
+    ranks = sorted(notes_by_rank)
+    for (op, _seq, before), at in moves.items():
+        if len(at) == len(ranks) and len(set(at.values())) == 1:
+            continue  # every rank's call moved alike
+        where: dict[str, list[int]] = {}
+        for r in ranks:
+            where.setdefault(at.get(r, before), []).append(r)
+        out.append(f"{op} was called from different lines on different ranks after repeating "
+                   f"the agreed loop (not compared: " + "; ".join(
+                       f"{rank_text(rs)} at {a}" for a, rs in where.items()) +
+                   "): each result may mix values from these lines")
+    return out
 
 
 def rank_text(ranks: list[int]) -> str:
