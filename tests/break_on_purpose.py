@@ -698,7 +698,7 @@ MUTATIONS = [
   '        if shutil.which("ssh") is None:', "        if False:",
   ["tests/unit/test_launchers.py::test_no_ssh_client_is_one_line_before_anything_starts"]),
  ("hosted: --keep without a writable state folder is one line before anything starts",
-  "dpnb/cluster/__init__.py", "ttl = keeping.checked_ttl(keep) if keep", "ttl = keeping.parse_ttl(keep) if keep",
+  "dpnb/cluster/__init__.py", "ttl = keeping.checked_ttl(o.keep) if o.keep", "ttl = keeping.parse_ttl(o.keep) if o.keep",
   ["tests/unit/test_keep_records.py::test_no_writable_state_folder_is_one_line_before_anything_starts"]),
  ("hosted: no writable state folder lists no kept clusters (not an error)", "dpnb/cluster/keep.py",
   "    except DpnbError as e:  # nowhere to keep one", "    except OSError as e:  # nowhere to keep one",
@@ -1144,6 +1144,19 @@ MUTATIONS = [
   "    return out + moved_notes({r: res.outcomes[r].notes for r in res.ranks})",
   "    return out",
   ["tests/cluster/test_mistakes.py::test_identical_code_on_every_rank_gives_no_note_and_a_real_move_still_does"]),
+ ("rotation: an entry keeps its slice when entries are added", "tests/helpers/breakrun.py",
+  "    return [e for e in chosen if slice_of(e, slices) == k % slices]",
+  "    return [e for i, e in enumerate(chosen) if i % slices == k % slices]",
+  ["tests/unit/test_break_checker.py::test_the_share_slices_hold_every_entry_once_and_keep_it_when_the_list_grows"]),
+ ("breaks run lean: a plugin a named test's file never mentions is not loaded", "tests/helpers/breakrun.py",
+  "        if not any(w in text for w in words for text in texts):\n            out += [\"-p\", f\"no:{plugin}\"]",
+  "        if False:\n            out += [\"-p\", f\"no:{plugin}\"]",
+  ["tests/unit/test_break_checker.py::test_a_break_runs_without_the_plugins_its_tests_never_use"]),
+ # issue 59: an OOM kill named as one
+ ("oom: an engine the OOM killer ended is named as an OOM kill", "dpnb/cluster/transport.py",
+  "        if \"SIGKILL\" in how and before is not None and after is not None and after > before:",
+  "        if False:",
+  ["tests/cluster/test_oom.py::test_an_engine_the_oom_killer_ends_is_named_as_an_oom_kill"]),
 ]
 
 

@@ -107,6 +107,7 @@ class Engines:
         The hook stops the cluster (profile and keys too) or lets a kept one go; a
         weak reference lets an unused Cluster go."""
         self.published = publish.Publication(self)
+        self.transport.watch_oom(range(self.world_size))  # an OOM kill is named as one
         ref = weakref.ref(self)
         atexit.register(lambda: (ref() is not None and ref()._at_exit()))
         return self
@@ -336,6 +337,7 @@ class Engines:
         self.worlds.set(self.world.with_ranks(ranks, fresh=fresh))
         self.engine_launcher.remember(self.ranks)
         self.procs.write_reaper_file(self.ranks)
+        self.transport.watch_oom(range(len(ranks)) if new_world else fresh)
 
     def reform_all(self, new: Sequence[int] = ()) -> dict:
         """Re-form the group when some ranks are fresh engines needing ``init_rank``."""

@@ -52,6 +52,48 @@ def frozen_state(pid: int) -> str | None:
         return None
 
 
+#: where the cgroup file system is mounted (v2 unified, or v1's memory controller)
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def oom_counter(pid: int) -> str | None:
+    """The file that counts OOM kills in this host's process ``pid``'s memory cgroup
+    (v2 ``memory.events``, v1 ``memory.oom_control``; their ``oom_kill`` line), read
+    while it runs: once it is dead its cgroup can no longer be found."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        log.debug("cgroup of %s not read: %s", pid, e)
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy
+            cand = os.path.join(CGROUP_ROOT, path.lstrip("/"), "memory.events")
+        elif "memory" in controllers.split(","):
+            cand = os.path.join(CGROUP_ROOT, "memory", path.lstrip("/"), "memory.oom_control")
+        else:
+            continue
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def oom_kills(counter: str | None) -> int | None:
+    """The ``oom_kill`` count in :func:`oom_counter`'s file (None: not known)."""
+    if counter is None:
+        return None
+    try:
+        with open(counter) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError) as e:
+        log.debug("OOM count %s not read: %s", counter, e)
+    return None
+
+
 def describe_exit(code) -> str:
     """``exit code 3`` / ``killed by signal 9 (SIGKILL) (...)`` from a return code."""
     if code is None:

@@ -26,7 +26,7 @@ from dpnb.engine.cell.collcheck import mark_unchecked
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .launchers import EngineLauncher
-from .processes import frozen_state
+from .processes import frozen_state, oom_counter, oom_kills
 from .render import Streamer, split_notes, without_native_logs
 from .sidedoor import knock_all
 from .worldref import WorldRef
@@ -130,6 +130,7 @@ class Transport:
         self._wide: dict[str, tuple] = {}
         self.token = secrets.token_hex(16)  # opens the engines' side doors
         self.status_seen: tuple | None = None  # the last %dp status answers (cluster/status.py)
+        self.oom_base: dict[int, tuple] = {}  # rank -> (its cgroup's OOM counter, the count)
         shell_ignores_engine_comms()  # an engine's widget must not break a terminal shell
 
     def to_record(self) -> dict:
@@ -378,7 +379,7 @@ class Transport:
                                                   EXIT_REPORT_S) or (
                         "its engine left the controller (its exit not yet reported)")
             if how is not None:
-                dead[r] = how
+                dead[r] = self._oom_cause(r, how)
         return dead
 
     def _registered(self) -> set:
@@ -406,6 +407,27 @@ class Transport:
         for r, how in self.find_dead(sorted(self.health.busy)).items():
             self.health.settled(r)
             self.health.died(r, how)
+
+    def watch_oom(self, ranks: Iterable[int]) -> None:
+        """Note, for each of this host's ``ranks``, its memory cgroup's OOM-kill count
+        now (a replaced rank anew): a death by SIGKILL later, with that count grown,
+        was the kernel's OOM killer (:meth:`find_dead` says so)."""
+        here = socket.gethostname()
+        for r in ranks:
+            ri = self.ranks[r]
+            if self.launcher.engines_here or ri.host == here:
+                counter = oom_counter(ri.pid)
+                self.oom_base[r] = (counter, oom_kills(counter))
+
+    def _oom_cause(self, r: int, how: str) -> str:
+        """``how`` rank ``r`` ended, naming the OOM killer when its cgroup counted a kill."""
+        counter, before = self.oom_base.get(r, (None, None))
+        after = oom_kills(counter)
+        if "SIGKILL" in how and before is not None and after is not None and after > before:
+            return (f"killed by the kernel's OOM killer: its memory cgroup reached its limit "
+                    f"({counter}: oom_kill {before} -> {after}); ask for less memory per rank, "
+                    f"or more for the cgroup")
+        return how
 
     def frozen(self, ranks: Iterable[int]) -> dict[int, str]:
         """Ranks of this host whose engine process is frozen (stopped by SIGSTOP or

@@ -19,6 +19,7 @@ so the checkout itself is never changed; entries of the namespace tiers
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import queue
@@ -87,10 +88,18 @@ def entries(mutations) -> list[Entry]:
     return [Entry(n, f, o, w, tuple(t)) for n, f, o, w, t in mutations]
 
 
+def slice_of(e: Entry, slices: int) -> int:
+    """The slice entry ``e`` belongs to: a digest of its name, so an entry keeps its
+    slice when others are added or removed around it (a slice by position in the
+    list moved every entry after an insertion, and one could miss its turn)."""
+    h = hashlib.blake2b(e.name.encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") % slices
+
+
 def share(chosen: list[Entry], k: int, slices: int) -> list[Entry]:
-    """Slice ``k`` of ``slices`` of the entries: by their position in the list,
-    so consecutive slices together hold every entry exactly once."""
-    return [e for i, e in enumerate(chosen) if i % slices == k % slices]
+    """Slice ``k`` of ``slices`` of the entries: any ``slices`` consecutive values of
+    ``k`` together hold every entry exactly once."""
+    return [e for e in chosen if slice_of(e, slices) == k % slices]
 
 
 def head(root: str = ROOT) -> str:
@@ -194,6 +203,30 @@ def failed(rec: dict[str, str] | None) -> bool:
     return bool(rec) and (rec.get("call") == "failed" or rec.get("setup") == "failed")
 
 
+#: pytest plugins a named test file does without unless it mentions them (each is
+#: loaded at every pytest start: hypothesis's alone cost 0.8 s of a unit break's 1.9 s);
+#: one process, no xdist: a break runs its few named tests in one
+PLUGINS = {"hypothesispytest": ("hypothesis",), "anyio": ("anyio", "async def"),
+           "xdist": ("xdist",)}
+
+
+def lean(tests: tuple[str, ...] | list[str], root: str = ROOT) -> list[str]:
+    """``-p no:NAME`` for each plugin of :data:`PLUGINS` no named test's file mentions."""
+    texts = []
+    for t in tests:
+        path = os.path.join(root, t.split("::", 1)[0])
+        try:
+            with open(path) as f:
+                texts.append(f.read())
+        except OSError:  # a folder or a missing file: keep every plugin
+            return []
+    out = []
+    for plugin, words in PLUGINS.items():
+        if not any(w in text for w in words for text in texts):
+            out += ["-p", f"no:{plugin}"]
+    return out
+
+
 def unbroken_outcomes(ids: list[str], root: str = ROOT) -> dict[str, dict[str, str]]:
     """One run of ``ids`` on the unbroken tree, every outcome read."""
     with tempfile.TemporaryDirectory(prefix="dpnb-baseline-") as d:
@@ -268,8 +301,8 @@ def try_break(e: Entry, ids: list[str], tree: str) -> Verdict:
         with open(path, "w") as fh:
             fh.write(text.replace(e.old, e.new))
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            *e.tests], cwd=tree, capture_output=True, text=True,
-                           env=_env(tree, outcomes))
+                            *lean(e.tests, tree), *e.tests], cwd=tree, capture_output=True,
+                           text=True, env=_env(tree, outcomes))
     finally:
         with open(path, "w") as fh:
             fh.write(text)

@@ -158,7 +158,7 @@ def test_the_oldest_declared_torch_and_ipyparallel_pass_the_unit_tier_and_a_2_ra
     key = hashlib.sha256(repr((sys.version_info[:2], torch_v, ipp_v, sorted(deps), sorted(tools),
                                sorted(agent))).encode()).hexdigest()[:16]
     kept = Path(os.environ.get("DPNB_VENV_CACHE",
-                               Path.home() / ".cache" / "dpnb" / "oldest-venv")) / key
+                               Path.home() / ".cache" / "dpnb")) / "oldest-venv" / key
     done = kept / "dpnb-complete"
     fresh = not (done.exists() and time.time() - done.stat().st_mtime < VENV_MAX_AGE_S)
     venv = kept  # built in place when fresh: a venv's scripts name their own path

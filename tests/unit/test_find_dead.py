@@ -25,6 +25,7 @@ def _transport(exits: dict, registered):
     t = object.__new__(Transport)  # only what find_dead reads: no client, no shell
     ranks = [SimpleNamespace(rank=r, engine_id=10 + r) for r in range(3)]
     t.worlds = SimpleNamespace(now=SimpleNamespace(ranks=ranks, doors={}))
+    t.oom_base = {}  # no cgroup watched: deaths are said as they were reported
     t.launcher = _Launcher(lambda ri, door: exits.get(ri.rank))
 
     def ids():
