@@ -1157,6 +1157,9 @@ MUTATIONS = [
   "        if \"SIGKILL\" in how and before is not None and after is not None and after > before:",
   "        if False:",
   ["tests/cluster/test_oom.py::test_an_engine_the_oom_killer_ends_is_named_as_an_oom_kill"]),
+ ("views: every view saves through save(path, cluster, **kw)", "dpnb/widgets/comm.py",
+  "def save(path: str, cluster=None, **kw: Any) -> str:", "def save(path: str, **kw: Any) -> str:\n    cluster = None",
+  ["tests/cluster/test_view_magics.py::test_model_views_need_no_cluster"]),
 ]
 
 

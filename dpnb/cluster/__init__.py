@@ -432,6 +432,17 @@ class Engines:
     def restore_session(self, rec: dict) -> None:
         """Take back what :meth:`session_record` wrote (``%dp attach``); nothing here."""
 
+    def wait_settled(self, timeout_s: float) -> list[int]:
+        """Wait up to ``timeout_s`` for live ranks still running an old cell to finish
+        it (nothing is interrupted); the ranks still busy then."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.transport.refresh_busy()
+            busy = sorted(r for r in self.busy if r not in self.dead)
+            if not busy or time.monotonic() >= deadline:
+                return busy
+            time.sleep(0.2)
+
     def kill_rank(self, r: int) -> None:
         """Stop rank ``r``'s engine for good, the launcher's way (by PID on this
         host, through its host's agent, or through the controller)."""

@@ -32,7 +32,7 @@ from ..errors import DpnbError
 from .launch import _quiet_ipp_log
 from .group import Group
 from .launchers import from_record as launcher_from_record
-from .processes import same_process, start_time
+from .processes import json_records, remove_record, same_process, start_time
 from .worldref import World
 from .types import CellRecord
 
@@ -132,21 +132,14 @@ def kept() -> list[dict]:
     except DpnbError as e:  # nowhere to keep one: none kept (the server's listing goes on)
         log.info("no kept clusters: %s", e)
         return out
-    for name in sorted(os.listdir(d)):
-        if not name.endswith(".json"):
-            continue
-        path = os.path.join(d, name)
+    for path, rec, err in json_records(d):
         try:
-            with open(path) as f:
-                rec = json.load(f)
+            if err is not None:
+                raise err
             with open(keep_file(rec["profile_dir"])) as f:
                 k = json.load(f)
         except (OSError, ValueError, KeyError) as e:
-            log.info("kept-cluster record %s is stale (%s): removing it", path, e)
-            try:
-                os.remove(path)
-            except OSError as e2:
-                log.info("could not remove %s: %s", path, e2)
+            remove_record(path, f"kept-cluster record stale ({e})")
             continue
         owner = k.get("owner_pid")
         held = owner is not None and same_process(int(owner), k.get("owner_start"))

@@ -14,6 +14,7 @@ when the kernel is gone.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -92,6 +93,30 @@ def oom_kills(counter: str | None) -> int | None:
     except (OSError, ValueError) as e:
         log.debug("OOM count %s not read: %s", counter, e)
     return None
+
+
+def json_records(directory: str):
+    """``(path, record, error)`` for each ``*.json`` file of ``directory``, in name
+    order: the record read, or the error that kept it from being read.  The folders
+    of records processes leave for others -- a kernel's published cluster, a kept
+    cluster -- are read this way, each dropping the stale ones by its own rule."""
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".json"):
+            path = os.path.join(directory, name)
+            try:
+                with open(path) as f:
+                    yield path, json.load(f), None
+            except (OSError, ValueError) as e:
+                yield path, None, e
+
+
+def remove_record(path: str, why: str) -> None:
+    """Drop a stale record, saying why (in the log), and whether it could be removed."""
+    log.info("%s: removing %s", why, path)
+    try:
+        os.remove(path)
+    except OSError as e:
+        log.info("could not remove %s: %s", path, e)
 
 
 def describe_exit(code) -> str:

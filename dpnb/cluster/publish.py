@@ -35,7 +35,7 @@ import weakref
 
 from ..core.profilesummary import ProfileSummary
 from dpnb.engine.proc.private import private_dir
-from .processes import same_process, start_time
+from .processes import json_records, remove_record, same_process, start_time
 from .types import Status
 
 log = logging.getLogger(__name__)
@@ -188,26 +188,16 @@ class Publication:
 def published(directory: str | None = None) -> list[dict]:
     """Every record whose kernel is still running; stale ones (their kernel died
     without cleaning up) are removed.  Local ranks' ``alive`` also checks the PID."""
-    d = directory or publish_dir()
     out = []
-    for name in sorted(os.listdir(d)):
-        if not name.endswith(".json"):
-            continue
-        path = os.path.join(d, name)
-        try:
-            with open(path) as f:
-                rec = json.load(f)
-            k = rec["kernel"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            log.info("published cluster record %s unreadable (%s): skipped", path, e)
+    for path, rec, err in json_records(directory or publish_dir()):
+        k = rec.get("kernel") if isinstance(rec, dict) else None
+        if not isinstance(k, dict):  # being written, or not a record: skipped, not removed
+            log.info("published cluster record %s unreadable (%s): skipped", path,
+                     err or "no kernel")
             continue
         if not same_process(int(k["pid"]), k.get("start")):
-            log.info("published cluster %s: its kernel %s is gone; removing %s",
-                     rec.get("id"), k.get("pid"), path)
-            try:
-                os.remove(path)
-            except OSError as e:
-                log.info("could not remove %s: %s", path, e)
+            remove_record(path, f"published cluster {rec.get('id')}: its kernel "
+                                f"{k.get('pid')} is gone")
             continue
         for r in rec.get("ranks", []) if rec.get("local") else ():
             started = r.get("pid_start")  # None: the engine was gone when first published

@@ -267,7 +267,7 @@ class ViewCommands:
 
         view = getattr(widgets, module)
         if getattr(a, "save", None):
-            path = view.save(a.save, cluster, **kw) if module != "comm" else view.save(a.save, **kw)
+            path = view.save(a.save, cluster, **kw)
             print(f"dpnb: wrote {path}")
         else:
             view.show(cluster, **kw)

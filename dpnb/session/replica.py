@@ -40,6 +40,10 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 
+#: how long a restart --resume waits for survivors still finishing a failed call
+SETTLE_S = 30.0
+
+
 def _summary(code: str) -> str:
     return cell_summary(code) or "(empty)"
 
@@ -51,6 +55,9 @@ def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
     if hard:
         return None, "--hard replaces every engine", {}
     c.status()  # finds deaths not yet seen (a second rank killed with the first)
+    # a survivor may still be finishing the call its peers' death failed (released, it
+    # reports back in seconds; on a loaded host, past the wait's grace): let it
+    c.wait_settled(SETTLE_S)
     alive = [r for r in range(c.world_size) if r not in c.dead]
     if not alive or not c.dead:
         return None, "no rank died" if alive else "no rank survived", {}

@@ -387,6 +387,10 @@ def show_bench(cluster, sizes=None, kind: str = "all_reduce", iters: int = 5, li
     return b
 
 
-def save(path: str, **kw: Any) -> str:
+def save(path: str, cluster=None, **kw: Any) -> str:
+    """The view as a figure at ``path``; ``cluster`` (as every view's ``save`` takes
+    it) gives the number of ranks when ``n`` is not said."""
+    if cluster is not None:
+        kw.setdefault("n", cluster.world_size)
     return C.save_figure(figure(data(**_args(kw))), path)
 

@@ -43,6 +43,10 @@ def test_model_views_need_no_cluster(ip, capsys, tmp_path):
     png = tmp_path / "mem.png"
     ip.run_line_magic("dp", f"memory --params 1e9 --dp 4 --save {png}")
     assert png.stat().st_size > 10_000
+    # every view saves through the one signature, save(path, cluster, **kw): comm too
+    png = tmp_path / "comm.png"
+    ip.run_line_magic("dp", f"comm --save {png}")
+    assert png.stat().st_size > 10_000
     with pytest.raises(UsageError):
         ip.run_line_magic("dp", "memory --dp 0")
     with pytest.raises(UsageError, match="png or .svg"):
