@@ -1,7 +1,7 @@
 """``dpnb`` command line: ``dpnb demo`` (the main job, headless),
 ``dpnb doctor`` (what this environment gives dpnb), ``dpnb course build DIR``,
-``dpnb kernel install``, ``dpnb grade NOTEBOOK`` (a submitted notebook executed
-headless, its grades written to a grade file) and ``dpnb mcp`` (an agent's
+``dpnb kernel install``, ``dpnb grade SUBMISSION...`` (submitted notebooks
+graded on the grader's own cluster: :mod:`dpnb.gradecli`) and ``dpnb mcp`` (an agent's
 server over a kept cluster)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 import tempfile
 from importlib import resources
 
+from . import gradecli
 from .core.strategies import STRATEGIES
 
 
@@ -101,12 +102,7 @@ def parser() -> argparse.ArgumentParser:
                    help="serve streamable HTTP on 127.0.0.1:PORT/mcp instead of stdio; requests "
                         "need the bearer token the server writes to its private folder")
 
-    gr = sub.add_parser("grade", help="execute a submitted notebook headless and write its "
-                                      "%dp grade results (points per check) to a grade file")
-    gr.add_argument("notebook")
-    gr.add_argument("--out", default=None, help="the grade file (default NOTEBOOK.grade.json)")
-    gr.add_argument("--json", action="store_true", help="print the grade file's JSON too")
-    gr.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
+    gradecli.add_parser(sub)
     return p
 
 
@@ -130,13 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(a.attach, allow_actions=a.allow_actions, allow_code=a.allow_code,
                      http_port=a.http)
     if a.cmd == "grade":
-        # lazy: each subcommand loads only what it runs
-        from .session.grading import grade_notebook
-
-        res = grade_notebook(a.notebook, a.out, timeout_s=a.timeout)
-        print(json.dumps(res, indent=1) if a.json else
-              f"{res['points']}/{res['max_points']} points: {res['grade_file']}")
-        return 0 if res["points"] == res["max_points"] and res["max_points"] else 1
+        return gradecli.run(a)
     if a.cmd == "kernel":
         path = install_kernel(user=a.user, sys_prefix=a.sys_prefix, prefix=a.prefix,
                               name=a.name)

@@ -15,12 +15,13 @@ pass or on request.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from dataclasses import dataclass, field
 
 from .comm import collective_bytes
-from .errors import ConfigError
+from .assignment import Exercise, load_assignment, only_label, planned_checks
 from .exact_memory import ParamSpec, exact_rank_bytes
 from .units import fmt_bytes
 
@@ -32,92 +33,16 @@ BYTES_SLACK = 1.2
 MEMORY_SLACK = 1.25
 
 
-@dataclass(frozen=True)
-class Exercise:
-    """One exercise: the function the learner writes, what it must do, the cases run."""
-
-    key: str
-    signature: str
-    statement: str
-    hints: tuple[str, ...]
-    cases: tuple  # each exercise's own case parameters (sizes, shapes)
-
-
-EXERCISES: dict[str, Exercise] = {e.key: e for e in (
-    Exercise(
-        "ring_allreduce", "ring_allreduce(t)",
-        "Sum the tensor t over every rank, in place, as a ring: split t into N chunks "
-        "(the last ones may be shorter), N-1 reduce-scatter steps then N-1 all-gather "
-        "steps, each rank sending one chunk to rank+1 and receiving one from rank-1. "
-        "Use dist.send / dist.recv / dist.isend / dist.irecv only (no dist.all_reduce).",
-        ("Each rank should send 2(N-1)/N of the tensor in all: one chunk per step, "
-         "2(N-1) steps.",
-         "At reduce-scatter step s, rank r sends chunk (r - s) mod N and receives and adds "
-         "chunk (r - s - 1) mod N; at all-gather step s it sends chunk (r + 1 - s) mod N and "
-         "copies what it receives into chunk (r - s) mod N.",
-         "Post the receive with dist.irecv before the blocking send, or every rank sends "
-         "first and waits for a peer that also sends; chunk sizes come from "
-         "torch.tensor_split(t, N) on every rank, so sender and receiver agree."),
-        ((16,), (1030,), (4099,))),
-    Exercise(
-        "allreduce_hook", "allreduce_hook(state, bucket)",
-        "A DDP communication hook, as model.register_comm_hook(state, hook) takes: "
-        "bucket.buffer() holds this rank's gradients of one bucket; return a "
-        "torch.futures.Future whose value is that buffer averaged over the ranks "
-        "(DDP copies it back into the .grad fields).",
-        ("DDP waits on the future you return and writes its value into the gradients: "
-         "that value must be the average, not the sum.",
-         "dist.all_reduce(buf, async_op=True) returns a Work; .get_future() turns it into "
-         "a Future, and .then(lambda f: f.value()[0] / world_size) divides once it is done.",
-         "Divide by dist.get_world_size(), and return the future (a hook that returns "
-         "None or the tensor is rejected by DDP)."),
-        ((24, 48, 10, 0.001),)),
-    Exercise(
-        "zero1_step", "zero1_step(params, state, lr, momentum)",
-        "One ZeRO-1 step of SGD with momentum. params: a list of tensors, equal on every "
-        "rank, each with .grad holding this rank's own (not averaged) gradient. Update "
-        "every param in place as torch.optim.SGD(lr=lr, momentum=momentum) would on the "
-        "gradients averaged over ranks, keeping in the dict `state` (empty at the first "
-        "step, the same dict at the next) only this rank's shard of the momentum: view "
-        "the parameters as one flat vector of P elements; rank r owns elements "
-        "[r*S, (r+1)*S) with S = ceil(P / N). Return nothing.",
-        ("The momentum buffer is the optimizer state: each rank may keep only 1/N of it. "
-         "Update your shard, then share the updated parameters.",
-         "Flatten the gradients (torch.cat of g.flatten(), padded to N*S), reduce-scatter "
-         "them (dist.reduce_scatter(mine, list(flat.chunk(N))): an all-reduce would send "
-         "twice what your slice needs) and divide by N; update only your slice with "
-         "buf = momentum * buf + grad (buf = grad at the first step), p -= lr * buf.",
-         "Share the updated slices with dist.all_gather into N tensors of S elements "
-         "(pad the flat vector to N*S), then copy the first P elements back into the "
-         "params; keep buf in state['buf'], S elements only."),
-        (((13,), (6, 3)), ((10, 7), (7,), (3, 5)))),
-    Exercise(
-        "zero2_step", "zero2_step(params, state, lr, momentum)",
-        "One ZeRO-2 step: zero1_step's update (the same flat shards, S = ceil(P / N)), and "
-        "the gradients sharded too. Once this rank's slice of the averaged gradient is "
-        "reduce-scattered, nothing needs the full gradients any more: release them "
-        "(p.grad = None on every param) and keep, between steps, only this rank's slice of "
-        "the averaged gradient (state['grad'], S elements) and of the momentum "
-        "(state['buf']). Return nothing.",
-        ("ZeRO-2 holds 1/N of the gradients as well as 1/N of the optimizer state: a full "
-         ".grad left on a param after the step is DDP's gradient memory.",
-         "Start from a ZeRO-1 step that reduce-scatters the flat gradient; as soon as your "
-         "slice is in hand, set p.grad = None for every param (the reduce-scatter has "
-         "already read them).",
-         "Keep state['grad'] = your averaged slice (S elements) and state['buf'] = the "
-         "momentum slice; all-gather the updated parameter slices as in ZeRO-1."),
-        (((13,), (6, 3)), ((10, 7), (7,), (3, 5)))),
-)}
+#: dpnb's own exercises (``dpnb/assignments/builtin.toml``), by key
+BUILTIN = load_assignment()
+EXERCISES: dict[str, Exercise] = {e.key: e for e in BUILTIN.exercises}
 
 #: the zero1 exercise's optimizer settings and steps per case
 ZERO1_LR, ZERO1_MOMENTUM, ZERO1_STEPS = 0.1, 0.9, 3
 
 
 def exercise(key: str) -> Exercise:
-    try:
-        return EXERCISES[key]
-    except KeyError:
-        raise ConfigError(f"no exercise {key!r}: use one of {', '.join(EXERCISES)}") from None
+    return BUILTIN.exercise(key)
 
 
 @dataclass(frozen=True)
@@ -130,6 +55,7 @@ class Check:
     expected: str
     sentence: str = ""
     points: int = 1
+    family: str = ""  # which of the exercise's checks (its hints and points: core.assignment)
 
 
 @dataclass(frozen=True)
@@ -173,30 +99,63 @@ class Grade:
                            for c in self.checks]}
 
 
+def complete(ex: Exercise, measured: list[Check], why_missing: str = "") -> tuple[Check, ...]:
+    """Every check ``ex`` plans, in its order, with the assignment's points: the
+    measured one where it was made, else failed and not run, saying why."""
+    by_name = {c.name: c for c in measured}
+    out = []
+    for spec in planned_checks(ex):
+        c = by_name.get(spec.name)
+        if c is None:
+            c = Check(spec.name, False, "not run", "", why_missing or "not run.", family=spec.family)
+        out.append(dataclasses.replace(c, points=spec.points, family=c.family or spec.family))
+    return tuple(out)
+
+
 def make_grade(ex: Exercise, name: str, world: int, checks: list[Check], *, tries: int,
-               answer: str = "", reveal: bool = False) -> Grade:
-    """The grade with its report: hints grow with each failed try (``tries``
-    counts this one); the answer shows only after a pass or with ``reveal``."""
-    g = Grade(ex.key, name, world, tuple(checks))
-    hints = () if g.passed else ex.hints[:max(1, min(tries, len(ex.hints)))]
+               answer: str = "", reveal: bool = False, why_missing: str = "",
+               practice: bool = True) -> Grade:
+    """The grade with its report: every planned check (:func:`complete`); the
+    hints are the first failing check's own, more with each failed try
+    (``tries`` counts this one); the answer shows only after a pass or with ``reveal``."""
+    full = complete(ex, checks, why_missing)
+    failing = next((c for c in full if not c.passed), None)
+    hints = () if failing is None else ex.hints_for(failing.family)
+    hints = hints[:max(1, min(tries, len(hints)))] if hints else ()
+    g = Grade(ex.key, name, world, full)
     shown = answer if (g.passed or reveal) else ""
-    g = Grade(ex.key, name, world, tuple(checks), hints, shown)
-    return Grade(ex.key, name, world, tuple(checks), hints, shown, report_text(g))
+    g = Grade(ex.key, name, world, full, hints, shown)
+    return Grade(ex.key, name, world, full, hints, shown, report_text(g, practice=practice))
 
 
-def report_text(g: Grade) -> str:
+def report_text(g: Grade, *, practice: bool = True) -> str:
+    """The grade in a learner's words; checks not run for one reason are one line.
+    ``practice``: end with how to get the next hint (``%dp grade``; not a roster's)."""
     got, total = g.points
     head = (f"{g.exercise} ({g.name}) on {g.world_size} ranks: "
             f"{'PASSED' if g.passed else 'not yet'} -- {got}/{total} checks")
     lines = [head]
-    for c in g.checks:
+    i = 0
+    while i < len(g.checks):
+        c = g.checks[i]
+        if c.measured == "not run":  # a run of checks skipped for one reason: said once
+            j = i
+            while j + 1 < len(g.checks) and g.checks[j + 1].measured == "not run" \
+                    and g.checks[j + 1].sentence == c.sentence:
+                j += 1
+            lines.append(f"  FAIL {', '.join(x.name for x in g.checks[i:j + 1])}: not run")
+            lines.append(f"       {c.sentence}")
+            i = j + 1
+            continue
         mark = "ok  " if c.passed else "FAIL"
-        lines.append(f"  {mark} {c.name}: {c.measured} (expected {c.expected})")
+        lines.append(f"  {mark} {c.name}: {c.measured}"
+                     + (f" (expected {c.expected})" if c.expected else ""))
         if c.sentence and not c.passed:
             lines.append(f"       {c.sentence}")
-    for i, h in enumerate(g.hints, 1):
-        lines.append(f"Hint {i}: {h}")
-    if not g.passed and g.hints:
+        i += 1
+    for k, h in enumerate(g.hints, 1):
+        lines.append(f"Hint {k}: {h}")
+    if practice and not g.passed and g.hints:
         lines.append("(grade again for another hint; --reveal shows the model answer)")
     if g.answer:
         lines += ["Model answer:", g.answer.rstrip()]
@@ -251,6 +210,14 @@ def bytes_check(sent: dict[int, int], tensor_bytes: int, n: int, what: str,
     factor = 2 * (n - 1) / n if optimum_kind == "all_reduce" else (n - 1) / n
     expected = f"<= {fmt_bytes(best)} = {factor:.2f}x the {fmt_bytes(tensor_bytes)} {what}"
     measured = f"rank {worst_rank} sent {fmt_bytes(most)} ({most / tensor_bytes:.2f}x)"
+    silent = sorted(r for r, b in sent.items() if b == 0)
+    if silent and n > 1:  # every rank's data must leave it for the others to have it
+        return Check("bytes sent", False, f"rank {silent[0]} sent 0 B", expected,
+                     f"no byte sent was counted on rank(s) {', '.join(map(str, silent))}, yet "
+                     "every rank's data must reach the others: dpnb counts every "
+                     "torch.distributed operation made on the thread that runs your function "
+                     "(and DDP's own threads) -- communicate from there, through "
+                     "torch.distributed.")
     if most <= best * BYTES_SLACK + 16 * n:
         return Check("bytes sent", True, measured, expected)
     times = most / best if best else math.inf
@@ -262,33 +229,36 @@ def bytes_check(sent: dict[int, int], tensor_bytes: int, n: int, what: str,
     return Check("bytes sent", False, measured, expected, sentence + ".")
 
 
-def only_p2p_check(ops: dict[int, dict]) -> Check:
-    """The ring exercise: only send / recv / isend / irecv."""
-    used = sorted({op for per in ops.values() for op in per
-                   if op not in ("send", "isend", "recv", "irecv")})
+def only_check(ops: dict[int, dict], allowed: tuple[str, ...]) -> Check:
+    """Only the ``allowed`` operations, as counted below torch.distributed's
+    Python names (a process group's own methods and functional collectives
+    count as the collective they are: :mod:`dpnb.engine.grading`)."""
+    want = "/".join(allowed) + " only"
+    name = only_label(allowed)
+    used = sorted({op for per in ops.values() for op in per if op not in allowed})
     if not used:
-        return Check("point-to-point only", True, "send/recv only", "send/recv only")
-    return Check("point-to-point only", False, ", ".join(used), "send/recv only",
-                 f"the ring must be built from send/recv: {', '.join(used)} does the exercise for you.")
+        return Check(name, True, want, want)
+    return Check(name, False, ", ".join(used), want,
+                 f"use {', '.join(allowed)} only: {', '.join(used)} does the exercise for you.")
 
 
 #: a torch.distributed function -> the ring collective it is costed as
 OP_KIND = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter",
            "reduce_scatter_tensor": "reduce_scatter", "all_gather": "all_gather",
-           "all_gather_into_tensor": "all_gather", "all_gather_single": "all_gather",
-           "reduce_scatter_single": "reduce_scatter", "broadcast": "broadcast", "reduce": "reduce"}
+           "all_gather_into_tensor": "all_gather", "broadcast": "broadcast", "reduce": "reduce"}
 
 
 def sent_bytes(ops: dict[str, list], n: int) -> int:
-    """What one rank sent: point-to-point sends count their tensor; a
-    collective its ring cost (:func:`collective_bytes`) on its full buffer
-    (``ops[op] = [calls, full buffer bytes]``, :mod:`dpnb.engine.grading`)."""
+    """What one rank sent (``ops[op] = [calls, bytes]``, :mod:`dpnb.engine.gradecount`):
+    a collective of :data:`OP_KIND` is given by its full buffer and costed as a
+    ring (:func:`collective_bytes`); anything else -- a send, a gather, a
+    scatter, an all-to-all -- by the bytes that left the rank."""
     total = 0.0
     for op, (_calls, nbytes) in ops.items():
-        if op in ("send", "isend"):
-            total += nbytes
-        elif op in OP_KIND:
+        if op in OP_KIND:
             total += collective_bytes(OP_KIND[op], nbytes, n)  # type: ignore[arg-type]
+        else:
+            total += nbytes
     return int(total)
 
 
@@ -311,7 +281,8 @@ def memory_check(held: dict[int, int], shapes: list[tuple[int, ...]], n: int,
     if 0 < held[worst] <= share * MEMORY_SLACK + 16:
         return Check("optimizer state held", True, measured, expected)
     if held[worst] == 0:
-        why = "no tensor was kept in state: the momentum must survive to the next step"
+        why = ("no tensor the step created was alive after it: the momentum must survive to the "
+               "next step (state['buf'])")
     elif held[worst] >= full * 0.95:
         why = (f"rank {worst} keeps the whole momentum ({fmt_bytes(held[worst])}): that is DDP's "
                f"memory; ZeRO-1 keeps 1/{n} of it on each rank")
@@ -331,7 +302,8 @@ def _zero2_memory(held: dict[int, int], grad_bytes: int, moment_bytes: int, n: i
     if 0 < held[worst] <= share * MEMORY_SLACK + 16:
         return Check(name, True, measured, expected)
     if held[worst] == 0:
-        why = "no tensor was kept in state: the momentum must survive to the next step"
+        why = ("no tensor the step created was alive after it: the momentum must survive to the "
+               "next step (state['buf'])")
     elif held[worst] >= grad_bytes:
         why = (f"rank {worst} still holds {fmt_bytes(held[worst])}, as much as the full gradients "
                f"({fmt_bytes(grad_bytes)}): release them (p.grad = None) once reduce-scattered; "
@@ -368,9 +340,10 @@ def overlap_check(pending: dict[int, list[bool]]) -> Check:
                  "it with async_op=True and return its future.")
 
 
-def run_check(cause: str) -> Check:
-    """A case that did not finish on every rank: its cause is the feedback."""
-    return Check("runs on every rank", False, "did not finish", "finishes", cause)
+def run_check(label: str, cause: str) -> Check:
+    """A case that did not finish on every rank: its values check fails with the cause."""
+    return Check(f"values ({label})", False, "did not finish on every rank",
+                 "finishes on every rank", cause, family="runs")
 
 
 def _deadlock_why(ops: set[str]) -> str:
@@ -387,6 +360,10 @@ def failure_cause(outcomes: list[dict], timeout_s: float) -> str:
     """One sentence for a case that failed: ``outcomes`` per rank: ``rank``,
     ``status`` (a :class:`dpnb.cluster.types.Status` word), ``ename``,
     ``evalue``, ``collective`` (what the rank was blocked in, if it was)."""
+    died = [o for o in outcomes if o["status"] == "died"]
+    if died:
+        return (f"rank(s) {', '.join(str(o['rank']) for o in died)} died: the process exited "
+                "while the code ran (os._exit, a crash in native code, or killed).")
     raised = [o for o in outcomes if o["status"] == "error" and not o.get("released")]
     mismatch = [o for o in raised if o["ename"] == "PointToPointMismatchError"]
     if mismatch:

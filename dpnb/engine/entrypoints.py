@@ -80,6 +80,13 @@ PEER_INFO: Final = "dpnb.engine.train.peercopy.info"
 # ------------------------------------------------------------------- grading
 #: one exercise case on every rank (``%dp grade``; dpnb.session.grading)
 GRADE_CASE: Final = "dpnb.engine.grading.run_case"
+#: a roster's submission (``dpnb grade``; dpnb.session.roster): the namespace kept, a
+#: kernel cell on rank 0, dpnb's counters checked untouched, the namespace given back
+GRADE_BEGIN: Final = "dpnb.engine.gradesandbox.begin"
+GRADE_KERNEL_CELLS: Final = "dpnb.engine.gradesandbox.kernel_cells"
+GRADE_KERNEL_AT: Final = "dpnb.engine.gradesandbox.kernel_at"
+GRADE_READY: Final = "dpnb.engine.gradesandbox.ready"
+GRADE_END: Final = "dpnb.engine.gradesandbox.end"
 
 
 #: entry points a kept cluster's record may name as dpnb wrote them before the

@@ -6,10 +6,14 @@ input from a seed that names the rank, so every rank can also compute the
 reference for *all* ranks locally (no communication is trusted to check
 communication), calls the function the learner defined under ``name`` in the
 engine's namespace, and reports: how far its result is from the reference,
-each ``torch.distributed`` function it called with the bytes of the buffer
-it was given (sends count what left this rank; the notebook costs
-collectives as rings, :func:`dpnb.core.grading.sent_bytes`), and for ZeRO-1
-the bytes of the optimizer state it kept.
+each communication operator it dispatched with its bytes, counted below
+torch.distributed's Python names (:mod:`dpnb.engine.gradecount`: the
+notebook costs collectives as rings, :func:`dpnb.core.grading.sent_bytes`),
+and for ZeRO the bytes of every tensor the step created that is still alive
+after it, wherever the learner keeps it.  The exercise itself (an
+:class:`dpnb.core.assignment.Exercise`, from the instructor's assignment)
+travels with each call: its cases and reference never live in the student's
+package.
 
 While a case runs, the cell guard checks its calls as in a ``%%dp`` cell
 (:mod:`dpnb.engine.cell.cellguard`): a send / recv pair of different sizes is a
@@ -22,80 +26,20 @@ the ranks are interrupted and their group released
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
+import math
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dpnb.core.assignment import Exercise
 from dpnb.core.grading import RTOL, ZERO1_LR, ZERO1_MOMENTUM, ZERO1_STEPS, exercise
+from dpnb.engine.gradecount import Counting, alive_storages, kept_storages, storages_of
 from dpnb.engine.state import get_state
 
 
 def _nbytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-
-def _list_bytes(ts) -> int:
-    return sum(_nbytes(t) for t in ts or ())
-
-
-#: the functions counted while a case runs -> the bytes of the full buffer they were given
-FULL_BUFFER = {
-    "send": lambda a: _nbytes(a.get("tensor")),
-    "isend": lambda a: _nbytes(a.get("tensor")),
-    "recv": lambda a: 0,
-    "irecv": lambda a: 0,
-    "all_reduce": lambda a: _nbytes(a.get("tensor")),
-    "broadcast": lambda a: _nbytes(a.get("tensor")),
-    "reduce": lambda a: _nbytes(a.get("tensor")),
-    "all_gather": lambda a: _list_bytes(a.get("tensor_list")),
-    "all_gather_into_tensor": lambda a: _nbytes(a.get("output_tensor")),
-    "reduce_scatter": lambda a: _list_bytes(a.get("input_list")),
-    "reduce_scatter_tensor": lambda a: _nbytes(a.get("input")),
-    "all_gather_single": lambda a: _nbytes(a.get("output_tensor")),  # torch 2.13's names
-    "reduce_scatter_single": lambda a: _nbytes(a.get("input")),
-}
-
-
-@contextlib.contextmanager
-def counting():
-    """Count every call of :data:`FULL_BUFFER`'s functions (any thread: a
-    comm hook may run on autograd's) into ``{op: [calls, bytes]}``; the
-    functions are restored after.  Set on both ``dist`` and ``c10d``, as
-    the cell guard's wrappers are: ``P2POp`` compares ops by identity."""
-    counts: dict[str, list[int]] = {}
-    saved = []
-    for name, size in FULL_BUFFER.items():
-        fn = getattr(dist, name, None)
-        if fn is None:
-            continue
-        sig = inspect.signature(fn)
-
-        def counted(*args, __fn=fn, __name=name, __size=size, __sig=sig, **kwargs):
-            try:
-                nbytes = __size(__sig.bind_partial(*args, **kwargs).arguments)
-            except TypeError:  # bad arguments: torch's own call below says so
-                nbytes = 0
-            c = counts.setdefault(__name, [0, 0])
-            c[0] += 1
-            c[1] += nbytes
-            return __fn(*args, **kwargs)
-
-        w = functools.wraps(fn)(counted)
-        saved.append((name, fn, getattr(c10d, name, None)))
-        dist.__dict__[name] = w
-        if getattr(c10d, name, None) is fn:
-            c10d.__dict__[name] = w
-    try:
-        yield counts
-    finally:
-        for name, fn, cfn in saved:
-            dist.__dict__[name] = fn
-            if cfn is not None:
-                c10d.__dict__[name] = cfn
 
 
 @contextlib.contextmanager
@@ -140,12 +84,24 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> dict:
             "ratio": ratio, "scaled": scaled}
 
 
-def _ring(fn, case, rank: int, world: int, dev) -> dict:
-    (numel,) = case
-    inputs = [_randn(numel, 1000 + r) for r in range(world)]
+def _reference(ex: Exercise):
+    """The assignment's ``reference(inputs, rank)``, compiled apart from the learner's namespace."""
+    env = {"torch": torch, "math": math, "__name__": "dpnb_reference"}
+    exec(compile(ex.reference, f"<reference of {ex.key}>", "exec"), env)
+    return env["reference"]
+
+
+def _tensor(fn, ex: Exercise, case, rank: int, world: int, dev, mode: Counting,
+            ns: dict) -> dict:
+    """``fn(t)`` on this rank's own tensor; in place, or the tensor it returns."""
+    shape = tuple(case)
+    inputs = [_randn(shape, 1000 + r) for r in range(world)]
     t = inputs[rank].clone().to(dev)  # a copy: the reference below reads the inputs
-    fn(t)
-    return {"values": compare(t.cpu(), torch.stack(inputs).sum(0)), "tensor_bytes": _nbytes(t)}
+    with mode:
+        out = fn(t)
+    got = out if isinstance(out, torch.Tensor) else t
+    ref = _reference(ex)([x.clone() for x in inputs], rank)
+    return {"values": compare(got.detach().cpu(), ref), "tensor_bytes": _nbytes(t)}
 
 
 def _net(d_in: int, d_hid: int, d_out: int) -> torch.nn.Module:
@@ -162,7 +118,8 @@ def _grads(m: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in m.parameters()])
 
 
-def _hook(fn, case, rank: int, world: int, dev) -> dict:
+def _hook(fn, ex: Exercise, case, rank: int, world: int, dev, mode: Counting,
+          ns: dict) -> dict:
     """A DDP model whose buckets go through the learner's hook; its gradients
     against every rank's gradient averaged, computed here without DDP."""
     d_in, d_hid, d_out, cap_mb = case
@@ -183,9 +140,11 @@ def _hook(fn, case, rank: int, world: int, dev) -> dict:
         return fut
 
     model = _net(d_in, d_hid, d_out).to(dev)
-    ddp = DDP(model, bucket_cap_mb=cap_mb)
+    ddp = DDP(model, bucket_cap_mb=cap_mb)  # its first broadcast is DDP's, not counted
     ddp.register_comm_hook(None, spy)
-    ddp(_randn((8, d_in), 2000 + rank).to(dev)).pow(2).sum().backward()
+    x = _randn((8, d_in), 2000 + rank).to(dev)
+    with mode:
+        ddp(x).pow(2).sum().backward()
     refs = []
     for r in range(world):
         m = _net(d_in, d_hid, d_out)
@@ -196,63 +155,59 @@ def _hook(fn, case, rank: int, world: int, dev) -> dict:
             "tensor_bytes": _nbytes(got)}
 
 
-def _held_bytes(state) -> int:
-    """Bytes of the storages the tensors in ``state`` keep alive (a slice of a
-    full-size tensor holds the full size), each storage once."""
-    seen: dict[int, int] = {}
-    stack = [state]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, torch.Tensor):
-            s = v.untyped_storage()
-            seen[s.data_ptr()] = s.nbytes()
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-    return sum(seen.values())
-
-
-def _zero1(fn, case, rank: int, world: int, dev, *, zero2: bool = False) -> dict:
+def _zero(fn, ex: Exercise, case, rank: int, world: int, dev, mode: Counting, ns: dict) -> dict:
+    """Three steps of ``fn``; then the bytes of every storage created during
+    them that the learner still reaches (state, a global, a closure, an
+    attribute: :func:`dpnb.engine.gradecount.kept_storages`), the grader's own
+    tensors left out -- for ZeRO-2 a ``.grad`` left on a param counts (it is
+    DDP's gradient memory, not 1/N of it)."""
+    zero2 = ex.kind == "zero2_step"
     shapes = [tuple(s) for s in case]
+    before = set(alive_storages())
     ref = [_randn(s, 3000 + i) for i, s in enumerate(shapes)]
     params = [p.clone().to(dev) for p in ref]  # copies: updated in place by the learner
     bufs: list | None = None
     state: dict = {}
+    grads: list = []
     for step in range(ZERO1_STEPS):
         grads = [[_randn(s, 4000 + 100 * step + 10 * i + r) for i, s in enumerate(shapes)]
                  for r in range(world)]
         for p, g in zip(params, grads[rank]):
             p.grad = g.clone().to(dev)
-        fn(params, state, ZERO1_LR, ZERO1_MOMENTUM)
+        with mode:
+            fn(params, state, ZERO1_LR, ZERO1_MOMENTUM)
         avg = [sum(grads[r][i] for r in range(world)) / world for i in range(len(shapes))]
         bufs = avg if bufs is None else [ZERO1_MOMENTUM * b + a for b, a in zip(bufs, avg)]
         ref = [p - ZERO1_LR * b for p, b in zip(ref, bufs)]
+        del avg
+    own = storages_of(ref, params, bufs, grads)
+    if not zero2:  # ZeRO-1 keeps DDP's gradients: a .grad left is not the learner's state
+        own |= storages_of([p.grad for p in params if p.grad is not None])
+    kept = kept_storages(ns, state)
+    if zero2:  # a .grad left on a param: DDP's gradient memory, kept by the grader's params
+        kept.update({ptr: nb for g in (p.grad for p in params if p.grad is not None)
+                     for ptr, nb in [(g.untyped_storage().data_ptr(), g.untyped_storage().nbytes())]})
+    held = sum(b for ptr, b in kept.items() if ptr not in before and ptr not in own)
     got = torch.cat([p.detach().flatten() for p in params]).cpu()
-    # ZeRO-2 also counts the gradients the learner left on the params: a full
-    # .grad after the step is DDP's gradient memory, not 1/N of it
-    left = [p.grad for p in params if p.grad is not None] if zero2 else []
     return {"values": compare(got, torch.cat([p.flatten() for p in ref])),
-            "held": _held_bytes([state, left]), "tensor_bytes": _nbytes(got)}
+            "held": held, "tensor_bytes": _nbytes(got)}
 
 
-def _zero2(fn, case, rank: int, world: int, dev) -> dict:
-    return _zero1(fn, case, rank, world, dev, zero2=True)
+RUNNERS = {"tensor": _tensor, "ddp_hook": _hook, "zero1_step": _zero, "zero2_step": _zero}
 
 
-RUNNERS = {"ring_allreduce": _ring, "allreduce_hook": _hook, "zero1_step": _zero1,
-           "zero2_step": _zero2}
-
-
-def run_case(ns: dict, key: str, name: str, index: int) -> dict:
-    """Run case ``index`` of exercise ``key`` against ``ns[name]`` on this rank,
-    checked and counted; what it measured (a dict of builtins)."""
-    ex = exercise(key)
+def run_case(ns: dict, ex: Exercise | str, name: str, index: int) -> dict:
+    """Run case ``index`` of exercise ``ex`` (or a built-in exercise's key)
+    against ``ns[name]`` on this rank, checked and counted; what it measured
+    (a dict of builtins)."""
+    if isinstance(ex, str):
+        ex = exercise(ex)
     fn = ns[name]
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = get_state(ns).comm_device  # the device the group's collectives take (CPU under gloo)
-    with checked(ns), counting() as ops:
-        out = RUNNERS[key](fn, ex.cases[index], rank, world, dev)
-    out["ops"] = {k: list(v) for k, v in ops.items()}
+    mode = Counting(rank, world)
+    with checked(ns):
+        out = RUNNERS[ex.kind](fn, ex, ex.cases[index], rank, world, dev, mode, ns)
+    out["ops"] = {k: list(v) for k, v in mode.counts.items()}
     out["rank"] = rank
     return out

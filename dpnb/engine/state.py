@@ -76,6 +76,12 @@ class EngineState:
     # (dist.group.WORLD is None), and the re-formation must still know which
     # group the user's DDP/ZeRO/FSDP2 objects are bound to
     group: Any = None
+    # dpnb.engine.gradesandbox, grading a roster: what the guarded modules bound before any
+    # submission, the namespace before this one, and its kernel cells' own namespace
+    grading_reference: Any = None
+    grading_baseline: Any = None
+    grading_kernel: Any = None
+    grading_kernel_at: Any = None
 
     @property
     def comm_device(self):
@@ -92,7 +98,8 @@ class EngineState:
         self.generation = old.generation
         for name in ("train", "pending_data", "peer", "watch", "straggle_delay_s", "stop_requested",
                      "stop_file", "store_sock", "store_server", "store", "releases", "side_door",
-                     "cell_guard", "lifecycle", "pdb_hooks", "group"):
+                     "cell_guard", "lifecycle", "pdb_hooks", "group", "grading_reference",
+                     "grading_baseline", "grading_kernel"):
             setattr(self, name, getattr(old, name))
 
 

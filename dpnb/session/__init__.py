@@ -63,7 +63,8 @@ class Cluster(Engines):
         self.progress_feed = ProgressFeed()
         self.subscribe(lambda ev: self.published.progress(ev.as_dict()))
         self._last_profile: Profiled | None = None  # none yet: nothing to publish
-        self.grade_tries: dict[str, int] = {}  # exercise -> tries so far (hints grow with them)
+        # (exercise, function name) -> failed tries so far (hints grow with them)
+        self.grade_tries: dict[tuple[str, str], int] = {}
 
     @property
     def last_profile(self) -> Profiled | None:

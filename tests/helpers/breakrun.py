@@ -31,6 +31,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from helpers.zygote import Zygote
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTCOMES_ENV = "DPNB_TEST_OUTCOMES"  # tests/conftest.py writes it
 #: tiers whose tests make network namespaces and unix users: one at a time
@@ -287,9 +289,10 @@ def _copy(root: str) -> str:
     return os.path.join(dst, "tree")
 
 
-def try_break(e: Entry, ids: list[str], tree: str) -> Verdict:
+def try_break(e: Entry, ids: list[str], tree: str, zygote: Zygote | None = None) -> Verdict:
     """Apply ``e`` in ``tree`` (a copy), run its named tests (all of them, no
-    ``-x``), restore, and judge by the named tests' own outcomes."""
+    ``-x``), restore, and judge by the named tests' own outcomes.  With a
+    ``zygote`` (of ``tree``), pytest is forked from it rather than started anew."""
     path = os.path.join(tree, e.file)
     with open(path) as fh:
         text = fh.read()
@@ -300,22 +303,26 @@ def try_break(e: Entry, ids: list[str], tree: str) -> Verdict:
     try:
         with open(path, "w") as fh:
             fh.write(text.replace(e.old, e.new))
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            *lean(e.tests, tree), *e.tests], cwd=tree, capture_output=True,
-                           text=True, env=_env(tree, outcomes))
+        args = ["-q", "-p", "no:cacheprovider", *lean(e.tests, tree), *e.tests]
+        if zygote is not None:
+            rc, said = zygote.pytest(args, _env(tree, outcomes),
+                                     os.path.join(os.path.dirname(tree), "pytest.out"))
+        else:
+            r = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tree,
+                               capture_output=True, text=True, env=_env(tree, outcomes))
+            rc, said = r.returncode, r.stdout + r.stderr
     finally:
         with open(path, "w") as fh:
             fh.write(text)
     took = time.monotonic() - t0
     got = read_outcomes(outcomes)
     hit = [i for i in ids if failed(got.get(i))]
-    last = ([ln for ln in r.stdout.splitlines() if ln.strip()] or [r.stderr.strip()[-200:]])[-1]
-    if r.returncode == 1 and hit:
+    last = ([ln for ln in said.splitlines() if ln.strip()] or ["(no output)"])[-1][-200:]
+    if rc == 1 and hit:
         return Verdict(e, "caught", f"{len(hit)} of {len(ids)} named tests failed ({hit[0]})", took)
-    if r.returncode == 0 or (r.returncode == 1 and not hit):
-        return Verdict(e, "MISSED", f"no named test failed (pytest exit {r.returncode}: {last})",
-                       took)
-    return Verdict(e, "INVALID", f"pytest exit {r.returncode} (collection or usage error, not a "
+    if rc == 0 or (rc == 1 and not hit):
+        return Verdict(e, "MISSED", f"no named test failed (pytest exit {rc}: {last})", took)
+    return Verdict(e, "INVALID", f"pytest exit {rc} (collection or usage error, not a "
                    f"failing test): {last}", took)
 
 
@@ -325,6 +332,7 @@ def run(chosen: list[Entry], ids_of: dict[str, list[str]], jobs: int, root: str 
     todo = [e for e in chosen if e.name in ids_of]
     lock = threading.Lock()  # the namespace tiers, one at a time
     trees = [_copy(root) for _ in range(max(1, min(jobs, len(todo))))]
+    zygotes = {t: _zygote(t) for t in trees}
     free: queue.SimpleQueue = queue.SimpleQueue()  # a copy per running break
     for t in trees:
         free.put(t)
@@ -334,9 +342,9 @@ def run(chosen: list[Entry], ids_of: dict[str, list[str]], jobs: int, root: str 
         try:
             if e.tiers & TOGETHER:
                 with lock:
-                    v = try_break(e, ids_of[e.name], tree)
+                    v = try_break(e, ids_of[e.name], tree, zygotes[tree])
             else:
-                v = try_break(e, ids_of[e.name], tree)
+                v = try_break(e, ids_of[e.name], tree, zygotes[tree])
         finally:
             free.put(tree)
         report(v.line())
@@ -347,4 +355,15 @@ def run(chosen: list[Entry], ids_of: dict[str, list[str]], jobs: int, root: str 
             return list(pool.map(one, todo))
     finally:
         for t in trees:
+            if zygotes[t] is not None:
+                zygotes[t].close()
             shutil.rmtree(os.path.dirname(t), ignore_errors=True)
+
+
+def _zygote(tree: str) -> Zygote | None:
+    """A zygote for ``tree``; None (each break then starts its own pytest) where it cannot start."""
+    try:
+        return Zygote(tree, _env(tree))
+    except (OSError, RuntimeError) as e:
+        print(f"note: each break starts its own pytest ({e})", flush=True)
+        return None

@@ -53,11 +53,35 @@ def _entry(tests, old="return 2 * x", new="return 3 * x", name="double doubles")
     return breakrun.Entry(name, "pkg/mod.py", old, new, tuple(tests))
 
 
-def _judge(root, entry):
+def _judge(root, entry, zygote=None):
     ids_of, bad = breakrun.validate([entry], None, root)
     if bad:
         return bad[0]
-    return breakrun.try_break(entry, ids_of[entry.name], root)
+    return breakrun.try_break(entry, ids_of[entry.name], root, zygote)
+
+
+def test_a_break_judged_in_a_zygote_reads_as_in_a_fresh_pytest(project):
+    """The runner forks each break's pytest from a preloaded interpreter
+    (tests/helpers/zygote.py): caught, missed and a collection error read as
+    they do from a pytest started anew, and each fork sees the file broken
+    (the zygote itself never imported it)."""
+    from helpers.zygote import Zygote
+
+    z = Zygote(project, breakrun._env(project))
+    try:
+        cases = [(_entry(["tests/unit/test_a.py::test_double"]), "caught"),
+                 (_entry(["tests/unit/test_a.py::test_vacuous"]), "MISSED"),
+                 (_entry(["tests/unit/test_a.py::test_double"], "def double(x)",
+                         "def doubled(x)"), "INVALID"),
+                 (_entry(["tests/unit/test_a.py::test_double"]), "caught")]
+        for entry, word in cases:
+            v = _judge(project, entry, z)
+            assert v.word == word, v.line()
+        assert z.proc.poll() is None  # one zygote served them all
+    finally:
+        z.close()
+    with open(os.path.join(project, "pkg", "mod.py")) as fh:
+        assert fh.read() == MOD
 
 
 def test_a_break_is_caught_when_a_named_test_fails(project):

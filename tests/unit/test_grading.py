@@ -28,8 +28,8 @@ def test_ring_bytes_pass_at_the_optimum_and_send_to_all_fails_saying_twice():
 def test_sent_bytes_count_sends_and_cost_collectives_as_rings():
     n = 4
     ops = {"send": [3, 300], "recv": [3, 0], "all_reduce": [1, 4000],
-           "all_gather_into_tensor": [1, 800]}
-    assert g.sent_bytes(ops, n) == 300 + 2 * 3 / 4 * 4000 + 3 / 4 * 800
+           "all_gather_into_tensor": [1, 800], "gather": [1, 32], "all_to_all": [1, 48]}
+    assert g.sent_bytes(ops, n) == 300 + 2 * 3 / 4 * 4000 + 3 / 4 * 800 + 32 + 48
 
 
 def test_values_name_a_scaled_result_as_a_multiple_and_others_by_count():
@@ -86,19 +86,58 @@ def test_a_case_that_did_not_finish_is_named_by_its_cause(outcomes, start):
     assert g.failure_cause(outcomes, 3.0).startswith(start)
 
 
+def _all_passed(ex):
+    from dpnb.core.assignment import planned_checks
+    return [g.Check(c.name, True, "ok", "ok") for c in planned_checks(ex)]
+
+
 def test_hints_grow_with_tries_and_the_answer_waits_for_a_pass_or_reveal():
-    ex = g.exercise("ring_allreduce")
-    bad = [g.Check("values", False, "1/4 off", "sum", "wrong")]
-    good = [g.Check("values", True, "ok", "sum")]
-    assert len(g.make_grade(ex, "f", 4, bad, tries=1, answer="ANSWER-TEXT").hints) == 1
+    ex = g.exercise("zero1_step")
+    good = _all_passed(ex)
+    bad = [g.Check("optimizer state held", False, "full", "1/N", "wrong")] + good[:-1]
+    assert g.make_grade(ex, "f", 4, bad, tries=1, answer="ANSWER-TEXT").hints == \
+        ex.hints_for("memory")[:1]
     second = g.make_grade(ex, "f", 4, bad, tries=2, answer="ANSWER-TEXT")
     assert len(second.hints) == 2 and second.answer == "" and "ANSWER-TEXT" not in second.report
     assert g.make_grade(ex, "f", 4, bad, tries=1, answer="ANSWER-TEXT", reveal=True).answer == "ANSWER-TEXT"
     passed = g.make_grade(ex, "f", 4, good, tries=5, answer="ANSWER-TEXT")
     assert passed.passed and passed.answer == "ANSWER-TEXT" and not passed.hints
     rec = json.loads(json.dumps(second.to_record()))
-    assert (rec["points"], rec["max_points"]) == (0, 1) and rec["checks"][0]["feedback"] == "wrong"
+    assert (rec["points"], rec["max_points"]) == (3, 4)
+    held = next(c for c in rec["checks"] if c["name"] == "optimizer state held")
+    assert held["feedback"] == "wrong" and held["points"] == 0
     assert "<table>" in second._repr_html_() and str(second) == second.report
+
+
+def test_a_hint_belongs_to_the_check_that_failed():
+    """A hook that waits for its all-reduce fails only the overlap check: its
+    first hint is about returning at once, not about averaging."""
+    ex = g.exercise("allreduce_hook")
+    checks = [c if c.name != "overlaps backward" else
+              g.Check(c.name, False, "0 of 2", "some in flight", "waited") for c in _all_passed(ex)]
+    gr = g.make_grade(ex, "f", 2, checks, tries=1)
+    assert gr.hints == ex.hints_for("overlap")[:1] and "async_op=True" in gr.hints[0]
+    assert "average" not in gr.hints[0]
+
+
+def test_every_planned_check_counts_whether_it_ran_or_not():
+    """The same maximum for every submission: a crash in case 1 leaves the other
+    checks failed, not absent, each saying why."""
+    ex = g.exercise("ring_allreduce")
+    crashed = g.make_grade(ex, "f", 2, [g.run_check("n=16", "rank 1 raised ValueError")],
+                           tries=1, why_missing="not run: n=16 did not finish on every rank.")
+    full = g.make_grade(ex, "f", 2, _all_passed(ex), tries=1)
+    assert crashed.points == (0, full.points[1]) == (0, 5)
+    assert [c.name for c in crashed.checks] == [c.name for c in full.checks]
+    assert crashed.checks[0].sentence == "rank 1 raised ValueError"
+    assert all(c.sentence.startswith("not run: n=16") for c in crashed.checks[1:])
+    assert g.BUILTIN.max_points == 13  # chapter 11's three exercises, every check one point
+
+
+def test_a_rank_that_sent_nothing_fails_the_bytes_check():
+    """Correct values with 0 bytes counted means communication the counter did not see."""
+    c = g.bytes_check({0: 0, 1: 6000}, 4000, 2, "tensor")
+    assert not c.passed and "no byte sent was counted on rank(s) 0" in c.sentence
 
 
 def test_every_exercise_states_its_signature_and_has_a_hidden_model_answer():
