@@ -332,7 +332,8 @@ def run(chosen: list[Entry], ids_of: dict[str, list[str]], jobs: int, root: str 
     todo = [e for e in chosen if e.name in ids_of]
     lock = threading.Lock()  # the namespace tiers, one at a time
     trees = [_copy(root) for _ in range(max(1, min(jobs, len(todo))))]
-    zygotes = {t: _zygote(t) for t in trees}
+    # started at first need; False: it could not start here (each break starts its own)
+    zygotes: dict[str, Zygote | bool | None] = {t: None for t in trees}
     free: queue.SimpleQueue = queue.SimpleQueue()  # a copy per running break
     for t in trees:
         free.put(t)
@@ -340,11 +341,14 @@ def run(chosen: list[Entry], ids_of: dict[str, list[str]], jobs: int, root: str 
     def one(e: Entry) -> Verdict:
         tree = free.get()
         try:
+            if zygotes[tree] is None:
+                zygotes[tree] = _zygote(tree) or False
+            z = zygotes[tree] or None
             if e.tiers & TOGETHER:
                 with lock:
-                    v = try_break(e, ids_of[e.name], tree, zygotes[tree])
+                    v = try_break(e, ids_of[e.name], tree, z)
             else:
-                v = try_break(e, ids_of[e.name], tree, zygotes[tree])
+                v = try_break(e, ids_of[e.name], tree, z)
         finally:
             free.put(tree)
         report(v.line())
@@ -355,13 +359,16 @@ def run(chosen: list[Entry], ids_of: dict[str, list[str]], jobs: int, root: str 
             return list(pool.map(one, todo))
     finally:
         for t in trees:
-            if zygotes[t] is not None:
+            if zygotes[t]:
                 zygotes[t].close()
             shutil.rmtree(os.path.dirname(t), ignore_errors=True)
 
 
 def _zygote(tree: str) -> Zygote | None:
-    """A zygote for ``tree``; None (each break then starts its own pytest) where it cannot start."""
+    """A zygote for ``tree``; None (each break then starts its own pytest) where it
+    cannot start, or with ``DPNB_BREAK_ZYGOTE=0`` (to compare, or to rule it out)."""
+    if os.environ.get("DPNB_BREAK_ZYGOTE") == "0":
+        return None
     try:
         return Zygote(tree, _env(tree))
     except (OSError, RuntimeError) as e:
