@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
     gr.add_argument("-n", type=int, default=None,
                     help="ranks to grade on (default: the assignment's world_size)")
     gr.add_argument("--timeout", type=float, default=60.0,
-                    help="seconds each cell of a submission may run (default 60)")
+                    help="seconds each %%dp cell of a submission may run, and its kernel "
+                         "cells together (default 60)")
 
 
 def run(a) -> int:

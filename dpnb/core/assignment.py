@@ -195,7 +195,7 @@ def _exercise(key: str, d: dict, where: str, base: str | None) -> Exercise:
     answer = d.get("answer", "")
     if d.get("answer_file"):
         if base is None:
-            answer = resources.files("dpnb").joinpath("assignments", d["answer_file"]).read_text()
+            answer = _package_text("assignments", *d["answer_file"].split("/"))
         else:
             with open(os.path.join(base, d["answer_file"])) as f:
                 answer = f.read()
@@ -244,10 +244,20 @@ def parse_assignment(text: str, where: str = "assignment", base: str | None = No
                       n, bool(d.get("reveal_answers", False)), where, graded)
 
 
+def _package_text(*parts: str) -> str:
+    """A file of dpnb's package data, one path part at a time: where dpnb is found
+    twice on the path (an editable install and ``PYTHONPATH``), ``files()`` is a
+    ``MultiplexedPath`` whose ``joinpath`` takes one part on Python 3.11."""
+    p = resources.files("dpnb")
+    for part in parts:
+        p = p.joinpath(part)
+    return p.read_text()
+
+
 def load_assignment(path: str | None = None) -> Assignment:
     """The assignment at ``path`` (TOML), or dpnb's own exercises when None."""
     if path is None:
-        text = resources.files("dpnb").joinpath("assignments", "builtin.toml").read_text()
+        text = _package_text("assignments", "builtin.toml")
         return parse_assignment(text, "dpnb's built-in assignment")
     if not os.path.isfile(path):
         raise ConfigError(f"no assignment file at {path}: give the instructor's .toml")

@@ -16,12 +16,13 @@ pass or on request.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import math
 from dataclasses import dataclass, field
 
 from .comm import collective_bytes
-from .assignment import Exercise, load_assignment, only_label, planned_checks
+from .assignment import Assignment, Exercise, load_assignment, only_label, planned_checks
 from .exact_memory import ParamSpec, exact_rank_bytes
 from .units import fmt_bytes
 
@@ -33,16 +34,28 @@ BYTES_SLACK = 1.2
 MEMORY_SLACK = 1.25
 
 
-#: dpnb's own exercises (``dpnb/assignments/builtin.toml``), by key
-BUILTIN = load_assignment()
-EXERCISES: dict[str, Exercise] = {e.key: e for e in BUILTIN.exercises}
+
+@functools.lru_cache(maxsize=1)
+def _builtin() -> Assignment:
+    return load_assignment()
+
+
+def __getattr__(name: str):
+    """``BUILTIN`` (dpnb's own assignment, ``dpnb/assignments/builtin.toml``) and
+    ``EXERCISES`` (its exercises by key), read at first use, not at import: a
+    broken package file must not break ``import dpnb``."""
+    if name == "BUILTIN":
+        return _builtin()
+    if name == "EXERCISES":
+        return {e.key: e for e in _builtin().exercises}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 #: the zero1 exercise's optimizer settings and steps per case
 ZERO1_LR, ZERO1_MOMENTUM, ZERO1_STEPS = 0.1, 0.9, 3
 
 
 def exercise(key: str) -> Exercise:
-    return BUILTIN.exercise(key)
+    return _builtin().exercise(key)
 
 
 @dataclass(frozen=True)

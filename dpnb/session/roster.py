@@ -129,7 +129,7 @@ def run_cells(c, cells: list[Cell], cell_timeout: float,
     kernel = [x for x in cells if not x.on_ranks and not _magics_only(x.code)]
     kfail, stop = None, len(cells)
     if kernel:
-        limit = cell_timeout * len(kernel)
+        limit = cell_timeout  # the kernel cells together: a hang costs one cell's time
         res = c.call(ep.GRADE_KERNEL_CELLS, [(x.index, x.code) for x in kernel], ranks=[0],
                      timeout=limit, raise_errors=False)
         if not res.ok:  # a kernel cell ran too long (or the engine broke): which one
@@ -144,7 +144,9 @@ def run_cells(c, cells: list[Cell], cell_timeout: float,
             stop = cells.index(_cell(cells, kfail["cell"]))
     for group in _dp_groups(cells[:stop], merge):
         first = group[0]
-        limit = sum(x.timeout or cell_timeout for x in group)
+        # one cell's limit for the group: a hang costs that much, and a group that is
+        # merely slow runs again cell by cell, each with its own
+        limit = max(x.timeout or cell_timeout for x in group)
         code = "\n".join(x.code for x in group)
         try:
             res = c.run(code, first.ranks, timeout=limit, display=False,

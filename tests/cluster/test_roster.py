@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 
 import pytest
 
@@ -62,6 +63,7 @@ TAMPER = ("%%dp\nimport dpnb.engine.gradecount as gcount\n"
           "gcount.Counting.__torch_dispatch__ = "
           "lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))\n")
 KILL = "%%dp\nimport os\nif dist.get_rank() == 1:\n    os._exit(3)\n"
+LOOP = "while True:\n    pass\n"  # a kernel cell that never ends
 DP_CRASH = "%%dp\nif dist.get_rank() == 1:\n    raise ValueError('oops on the ranks')\n"
 
 
@@ -88,10 +90,14 @@ def test_a_roster_with_cheats_is_graded_by_the_grader_alone(tmp_path, capsys, mo
         "tamper": submission(tmp_path / "tamper.ipynb", after={"ring_allreduce": [TAMPER]}),
         "killer": submission(tmp_path / "killer.ipynb", after={"ring_allreduce": [KILL]}),
         "dpcrash": submission(tmp_path / "dpcrash.ipynb", after={"ring_allreduce": [DP_CRASH]}),
+        "looper": submission(tmp_path / "looper.ipynb", after={"ring_allreduce": [LOOP]}),
         "after": submission(tmp_path / "after.ipynb"),  # graded on the restarted cluster
     }
     book = tmp_path / "book.csv"
-    rc, recs, err = _grade([*map(str, subs.values()), "--csv", str(book)], capsys)
+    t0 = time.monotonic()
+    rc, recs, err = _grade([*map(str, subs.values()), "--csv", str(book), "--timeout", "5"],
+                           capsys)
+    took = time.monotonic() - t0
     assert rc == 0, err  # the students' points are not the grader's exit code
     by = {r["notebook"].rsplit("/", 1)[-1][:-6]: r for r in recs}
     assert all(r["max_points"] == 13 for r in recs)  # the assignment's total, for everyone
@@ -128,6 +134,12 @@ def test_a_roster_with_cheats_is_graded_by_the_grader_alone(tmp_path, capsys, mo
     crash = by["dpcrash"]
     assert crash["points"] == 5 and crash["error"].startswith(f"cell {at} "), crash["error"]
     assert "ValueError: oops on the ranks" in crash["error"], crash["error"]
+    # a kernel cell that never ends is interrupted at the cell timeout: the notebook stops there
+    at = next(i for i, c in enumerate(nbformat.read(subs["looper"], as_version=4).cells, 1)
+              if "while True" in c.source)
+    loop = by["looper"]
+    assert loop["points"] == 5 and loop["error"].startswith(f"cell {at} "), loop["error"]
+    assert loop["seconds"] < 30 and took < 240, (loop["seconds"], took)  # not a timeout
 
     rows = list(csv.reader(book.open()))
     assert rows[0][:3] == ["student", "points", "max_points"] and len(rows) == 1 + len(subs)
