@@ -1,6 +1,7 @@
 """dpnb's training loop against another revision's, in the same engine, interleaved.
 
     python benchmarks/loop_ab.py --old REV [--backend auto|gloo|nccl] [--rounds 15]
+                                 [--steps 20] [--warm 10] [--tiny]
 
 Separate benchmark processes on a lent GPU machine drifted too much to
 compare two versions of the loop (torchrun's own MLP step read 2.62 to
@@ -51,11 +52,11 @@ def _steps(train, n):
     return [r.step_time_s for r in list(_st.records)[k0:]]
 
 _times = _co.defaultdict(list)
-_steps(_other.train, 10)
-_steps(_T.train, 10)
+_steps(_other.train, {warm})
+_steps(_T.train, {warm})
 for _ in range({rounds}):
-    _times["rev"] += _steps(_other.train, 20)
-    _times["now"] += _steps(_T.train, 20)
+    _times["rev"] += _steps(_other.train, {steps})
+    _times["now"] += _steps(_T.train, {steps})
 _med = {{k: 1e3 * _stat.median(v) for k, v in _times.items()}}
 """
 
@@ -75,6 +76,10 @@ def main(argv=None) -> int:
     p.add_argument("--old", required=True, metavar="REV", help="git revision to compare with")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--steps", type=int, default=20, help="steps per side per round (default 20)")
+    p.add_argument("--warm", type=int, default=10, help="warm-up steps per side (default 10)")
+    p.add_argument("--tiny", action="store_true",
+                   help="the suite's tiny sizes (a smoke run: both sides run, numbers made)")
     a = p.parse_args(argv)
     import dpnb
     from suite import SETUP_CELL
@@ -85,11 +90,12 @@ def main(argv=None) -> int:
         print(f"backend {c.backend}, device {c.ranks[0].device}; median step ms, 1 rank, DDP")
         print(f"| model | {a.old} | now | now / {a.old} |\n|---|---|---|---|")
         for name in ("mlp", "tinylm"):
-            c.run(SETUP_CELL.format(here=HERE, name=name, tiny=False), display=False)
+            c.run(SETUP_CELL.format(here=HERE, name=name, tiny=a.tiny), display=False)
             c.wrap("net", "ddp")
             c.set_data("ds")
             mb = int(c.pull("mb", rank=0))
-            c.run(CELL.format(step=step, call=call, mb=mb, rounds=a.rounds), display=False)
+            c.run(CELL.format(step=step, call=call, mb=mb, rounds=a.rounds, steps=a.steps,
+                              warm=a.warm), display=False)
             m = c.pull("_med", rank=0)
             print(f"| {name} | {m['rev']:.3f} | {m['now']:.3f} | {m['now'] / m['rev']:.3f} |")
     finally:

@@ -68,7 +68,8 @@ def test_dpnb_and_torchrun_train_the_same_thing(smoke):
 @pytest.mark.timeout(240)
 def test_loop_ab_runs_two_revisions_of_the_loop_in_one_engine():
     p = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "loop_ab.py"), "--old",
-                        "HEAD", "--backend", "gloo", "--rounds", "1"], capture_output=True,
+                        "HEAD", "--backend", "gloo", "--rounds", "1", "--steps", "3",
+                        "--warm", "1", "--tiny"], capture_output=True,
                        text=True, timeout=220, cwd=REPO)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     rows = [line.split("|")[1:5] for line in p.stdout.splitlines()
