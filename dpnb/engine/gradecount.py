@@ -48,14 +48,15 @@ from dpnb.engine.cell.p2pcheck import META_TAG_BIT
 log = logging.getLogger(__name__)
 
 
-def _nbytes(t) -> int:
+def tensor_bytes(t) -> int:
+    """A tensor's bytes (0 for anything else)."""
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
 def _all(ts) -> int:
     """Bytes of a tensor, a list of them, or a list of lists."""
     if isinstance(ts, torch.Tensor):
-        return _nbytes(ts)
+        return tensor_bytes(ts)
     return sum(_all(t) for t in ts or ())
 
 
@@ -66,7 +67,7 @@ def _others(ts, me: int) -> int:
 
 def _split_sent(inp, splits, me: int, n: int) -> int:
     """What ``all_to_all_single`` sends: every split but this rank's own."""
-    total = _nbytes(inp)
+    total = tensor_bytes(inp)
     if not splits:
         return total * (n - 1) // n
     per = total // max(1, sum(splits))
@@ -148,13 +149,10 @@ class Counting(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def alive_storages() -> dict[int, int]:
-    """Every storage a Python-visible tensor (or its ``.grad``) keeps alive: data pointer -> bytes."""
-    gc.collect()
+def storages(tensors) -> dict[int, int]:
+    """The storages ``tensors`` (and their ``.grad``) keep alive: data pointer -> bytes."""
     out: dict[int, int] = {}
-    for o in gc.get_objects():
-        if not isinstance(o, torch.Tensor):
-            continue
+    for o in tensors:
         for t in (o, o.grad if o.is_leaf else None):
             if t is None:
                 continue
@@ -165,6 +163,12 @@ def alive_storages() -> dict[int, int]:
             if s.data_ptr():
                 out[s.data_ptr()] = s.nbytes()
     return out
+
+
+def alive_storages() -> dict[int, int]:
+    """Every storage a Python-visible tensor (or its ``.grad``) keeps alive: data pointer -> bytes."""
+    gc.collect()
+    return storages(o for o in gc.get_objects() if isinstance(o, torch.Tensor))
 
 
 def _tensor_kind(obj):
@@ -183,19 +187,8 @@ def kept_storages(ns: dict, state) -> dict[int, int]:
             roots[f"{k}.__closure__"] = [c.cell_contents for c in v.__closure__ or ()
                                          if _filled(c)]
             roots[f"{k}.__defaults__"] = list(v.__defaults__ or ())
-    out: dict[int, int] = {}
-    for hit in walk(roots, _tensor_kind, max_depth=8, max_objects=50_000).hits:
-        t = hit.obj
-        for x in (t, t.grad if t.is_leaf else None):
-            if x is None:
-                continue
-            try:
-                st = x.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # no one storage (sparse, nested)
-                continue
-            if st.data_ptr():
-                out[st.data_ptr()] = st.nbytes()
-    return out
+    return storages(hit.obj for hit in walk(roots, _tensor_kind, max_depth=8,
+                                            max_objects=50_000).hits)
 
 
 def _filled(cell) -> bool:

@@ -78,7 +78,8 @@ def intact(ns: dict) -> list[str]:
 def begin(ns: dict) -> None:
     """Keep the namespace as it is now; a fresh kernel namespace for the submission."""
     st = get_state(ns)
-    intact(ns)  # the first call takes the reference
+    if st.grading_reference is None:  # before any submission: what the guarded modules bind
+        st.grading_reference = _bindings()
     st.grading_baseline = dict(ns)
     st.grading_kernel = {"__name__": "__main__", "__builtins__": __builtins__,
                          "get_ipython": _Magics}
@@ -114,9 +115,9 @@ def end(ns: dict, again: bool = False) -> list[str]:
 
 
 def kernel_cells(ns: dict, cells: list[tuple[int, str]]) -> dict | None:
-    """Consecutive kernel cells of the submission, in order, on this rank (the
-    grader calls rank 0): None when all ran, else the first failure's cell
-    number and error (one round trip for a run of cells, as a kernel runs them)."""
+    """The submission's kernel cells, in order, on this rank (the grader calls
+    rank 0, once per submission): None when all ran, else the first failure's
+    cell number and error (the cells after it are not run, as in a kernel)."""
     from IPython.core.inputtransformer2 import TransformerManager  # lazy: only for grading
 
     st = get_state(ns)

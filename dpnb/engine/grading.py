@@ -34,12 +34,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpnb.core.assignment import Exercise
 from dpnb.core.grading import RTOL, ZERO1_LR, ZERO1_MOMENTUM, ZERO1_STEPS, exercise
-from dpnb.engine.gradecount import Counting, alive_storages, kept_storages, storages_of
+from dpnb.engine.gradecount import (Counting, alive_storages, kept_storages, storages,
+                                     storages_of, tensor_bytes)
 from dpnb.engine.state import get_state
-
-
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
 @contextlib.contextmanager
@@ -101,7 +98,7 @@ def _tensor(fn, ex: Exercise, case, rank: int, world: int, dev, mode: Counting,
         out = fn(t)
     got = out if isinstance(out, torch.Tensor) else t
     ref = _reference(ex)([x.clone() for x in inputs], rank)
-    return {"values": compare(got.detach().cpu(), ref), "tensor_bytes": _nbytes(t)}
+    return {"values": compare(got.detach().cpu(), ref), "tensor_bytes": tensor_bytes(t)}
 
 
 def _net(d_in: int, d_hid: int, d_out: int) -> torch.nn.Module:
@@ -152,7 +149,7 @@ def _hook(fn, ex: Exercise, case, rank: int, world: int, dev, mode: Counting,
         refs.append(_grads(m))
     got = _grads(model).cpu()
     return {"values": compare(got, torch.stack(refs).mean(0)), "kinds": kinds, "pending": pending,
-            "tensor_bytes": _nbytes(got)}
+            "tensor_bytes": tensor_bytes(got)}
 
 
 def _zero(fn, ex: Exercise, case, rank: int, world: int, dev, mode: Counting, ns: dict) -> dict:
@@ -185,12 +182,11 @@ def _zero(fn, ex: Exercise, case, rank: int, world: int, dev, mode: Counting, ns
         own |= storages_of([p.grad for p in params if p.grad is not None])
     kept = kept_storages(ns, state)
     if zero2:  # a .grad left on a param: DDP's gradient memory, kept by the grader's params
-        kept.update({ptr: nb for g in (p.grad for p in params if p.grad is not None)
-                     for ptr, nb in [(g.untyped_storage().data_ptr(), g.untyped_storage().nbytes())]})
+        kept.update(storages(p.grad for p in params if p.grad is not None))
     held = sum(b for ptr, b in kept.items() if ptr not in before and ptr not in own)
     got = torch.cat([p.detach().flatten() for p in params]).cpu()
     return {"values": compare(got, torch.cat([p.flatten() for p in ref])),
-            "held": held, "tensor_bytes": _nbytes(got)}
+            "held": held, "tensor_bytes": tensor_bytes(got)}
 
 
 RUNNERS = {"tensor": _tensor, "ddp_hook": _hook, "zero1_step": _zero, "zero2_step": _zero}

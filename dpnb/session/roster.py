@@ -186,17 +186,20 @@ def _cell(cells: list[Cell], index: int) -> Cell:
     return next(x for x in cells if x.index == index)
 
 
+def _roster_grade(c, ex: Exercise, checks: list[core.Check], why: str) -> core.Grade:
+    """A roster's grade of ``ex``: one try, no practice footer; ``why`` the checks not made."""
+    return core.make_grade(ex, ex.key, c.world_size, checks, tries=1, why_missing=why,
+                           practice=False)
+
+
 def grade_exercise(c, ex: Exercise, timeout: float, stopped: str, missing: list[int]) -> core.Grade:
     """``ex`` graded on ``c``: every planned check; 0 with the reason when the
     function is ``missing`` on some rank."""
     if missing:
         why = (f"{ex.key} is not defined" + (f" (the notebook stopped at {stopped})"
                                              if stopped else "") + f": expected {ex.signature}.")
-        return core.make_grade(ex, ex.key, c.world_size, [], tries=1, why_missing=why,
-                               practice=False)
-    checks, why = grade_cases(c, ex, ex.key, timeout)
-    return core.make_grade(ex, ex.key, c.world_size, checks, tries=1, why_missing=why,
-                           practice=False)
+        return _roster_grade(c, ex, [], why)
+    return _roster_grade(c, ex, *grade_cases(c, ex, ex.key, timeout))
 
 
 def _healthy(c, *, ask: bool = False) -> bool:
@@ -260,8 +263,7 @@ def grade_one(c, a: Assignment, path: str, *, cell_timeout: float = CELL_TIMEOUT
         except DpnbError as e:  # a rank died under the case: the cluster is restarted after
             log.info("grading %s: %s broke the cluster: %s", path, ex.key, e)
             why, g = f"not run: the cluster broke ({str(e).splitlines()[0]}).", None
-        grades.append(g or core.make_grade(ex, ex.key, c.world_size, [], tries=1,
-                                           why_missing=why, practice=False))
+        grades.append(g or _roster_grade(c, ex, [], why))
     graded_s = time.monotonic() - t1
     healthy = _healthy(c, ask=True)
     if healthy:
