@@ -19,17 +19,32 @@ except PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
     __version__ = "0+unknown"
 
 from .cluster import CellResult, RankInfo  # noqa: E402
-from .session import Cluster, start  # noqa: E402
+from .session import Cluster  # noqa: E402
 from .errors import DpnbError, RemoteCellError  # noqa: E402
 
 __all__ = ["start", "attach", "Cluster", "CellResult", "RankInfo", "DpnbError", "RemoteCellError",
            "load_ipython_extension", "unload_ipython_extension", "get_cluster"]
 
 
+def start(n: int = 2, **kwargs) -> Cluster:
+    """Start ``n`` engines joined in one process group (``%dp start``); see
+    :meth:`Cluster.start`.  This process holds the cluster and opens its door to
+    agents (``dpnb mcp``: reads, and what :meth:`Cluster.allow_agent` allows)."""
+    return _with_door(Cluster.start(n, **kwargs))
+
+
 def attach(cluster_id: str | None = None) -> Cluster:
     """Take up a cluster a kernel left running with ``start(..., keep="2h")``
     (``%dp attach``); see :mod:`dpnb.cluster.keep`."""
-    return Cluster.attach(cluster_id)
+    return _with_door(Cluster.attach(cluster_id))
+
+
+def _with_door(c: Cluster) -> Cluster:
+    # lazy: the agent's door loads with the first cluster, not with `import dpnb`
+    from .agent.door import open_door
+
+    open_door(c)
+    return c
 
 
 def load_ipython_extension(ip) -> None:

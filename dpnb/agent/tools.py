@@ -18,6 +18,8 @@ import dataclasses
 import json
 import logging
 
+import psutil
+
 from .. import log as dlog
 from ..cluster import diagnose
 from ..cluster.types import Status
@@ -50,6 +52,44 @@ def status(c) -> dict:
     return {"cluster": c.cluster_id, "world_size": c.world_size, "backend": c.backend,
             "group_ok": c.group_ok, "generation": c.generation, "busy": sorted(c.busy),
             "dead": plain(c.dead), "ranks": plain(c.status())}
+
+
+def status_now(c, running: str) -> dict:
+    """``status`` while the ranks run a cell (``running`` says whose): from what the
+    holder knows without asking the engines -- each rank's host, PID and device, who
+    died, each local engine's resident memory read here -- so it never queues behind
+    the cell."""
+    rows = []
+    for ri in c.ranks:
+        alive = ri.rank not in c.dead
+        rss = None
+        if alive and c.local:
+            try:
+                rss = psutil.Process(ri.pid).memory_info().rss
+            except psutil.Error as e:  # gone since the last look: said by the next call
+                log.info("memory of rank %s (pid %s): %s", ri.rank, ri.pid, e)
+        rows.append({"rank": ri.rank, "host": ri.host, "local_rank": ri.local_rank,
+                     "pid": ri.pid, "device": ri.device, "backend": c.backend, "alive": alive,
+                     "state": f"busy: {running}" if alive else f"dead: {c.dead[ri.rank]}",
+                     "rss_bytes": rss})
+    return {"cluster": c.cluster_id, "world_size": c.world_size, "backend": c.backend,
+            "group_ok": c.group_ok, "generation": c.generation, "running": running,
+            "busy": sorted(r for r in range(c.world_size) if r not in c.dead),
+            "dead": plain(c.dead), "ranks": rows}
+
+
+def train_live(c, live: dict, running: str) -> dict:
+    """``train_progress`` while the ranks are busy: the session's train calls so far
+    and the latest progress the running training published (rank 0's, step by step,
+    as the notebook's own progress view hears it; no engine asked)."""
+    st = c.training
+    return {"steps_done": st.steps_done, "running": running, **plain(st.to_record()),
+            "live": plain({str(r): ev for r, ev in sorted(live.items())})}
+
+
+def where_now(c, ranks) -> str:
+    """``where`` as one text (side doors only): what run_code's progress reports."""
+    return c.where(ranks)
 
 
 def where(c, ranks: str | None = None) -> dict:

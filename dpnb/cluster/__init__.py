@@ -14,6 +14,8 @@ It composes the rooms of this package, each with one job:
 * :mod:`~dpnb.cluster.diagnose` -- per-rank outcomes to one error (pure);
 * :mod:`~dpnb.cluster.processes` -- local PIDs, deaths, kills, the reaper;
 * :mod:`~dpnb.cluster.restart` -- replace engines, resume from a checkpoint;
+* :mod:`~dpnb.cluster.turn` -- one driver at a time: the notebook, or an agent;
+* :mod:`~dpnb.cluster.keep` -- outliving the kernel (``--keep``), attaching;
 * :mod:`~dpnb.cluster.types` / :mod:`~dpnb.cluster.render` -- results and
   how they are shown.
 
@@ -37,7 +39,7 @@ from collections.abc import Sequence
 from .. import log as _log
 from ..errors import DpnbError, NotRunningError
 from ..ranks import parse_ranks, rank_label
-from . import diagnose, engines, gpuplan, launch, placement, publish
+from . import diagnose, engines, launch, publish
 from . import keep as keeping
 from .debugging import post_mortem
 from .group import Group
@@ -49,9 +51,9 @@ from .status import status_rows
 from .restart import Restarted, restart as _restart
 from .worldref import World, WorldRef
 from .transport import Transport, _runner_fn, unpack_value, unsendable
+from .turn import Turn, notebook_turn
 from .types import (BACKENDS, LAUNCHERS, SETUP_LOG_MAX, CellRecord, CellResult, EntryKind, Health,
-                    LaunchSpec, RankInfo, RankOutcome, StartOptions, Status, WaitKind,
-                    default_timeout)
+                    LaunchSpec, RankInfo, RankOutcome, StartOptions, Status, WaitKind)
 
 __all__ = ["Engines", "CellResult", "RankInfo", "RankOutcome", "BACKENDS", "LAUNCHERS",
            "assign_ranks", "describe_exit"]
@@ -62,7 +64,7 @@ from .processes import describe_exit
 log = logging.getLogger(__name__)
 
 
-class Engines:
+class Engines(keeping.Kept):
     """A running set of engines, one per rank, in one process group.
 
     The runtime under :class:`dpnb.Cluster` (which adds the training verbs);
@@ -100,6 +102,8 @@ class Engines:
         self.created = time.time()
         self.keep_s: float | None = None  # --keep: seconds it outlives its last kernel
         self.published: publish.Publication | None = None  # set by go_live, once it is whole
+        self.turn = Turn()  # one driver at a time: the notebook's, or an agent's (.turn)
+        self.agent_door = None  # the agents' way in, once the front opens it (dpnb.agent.door)
 
     def go_live(self) -> Engines:
         """Whole now (group formed, or a kept one attached): only now published for
@@ -151,15 +155,9 @@ class Engines:
     @classmethod
     def _form(cls, icluster, client, *, n, backend, starter: EngineLauncher, gpus, timeout,
               threads, profile_dir, watch, seed=None) -> Engines:
-        eids = sorted(client.ids)[:n]
-        probes = engines.probe(client, icluster, eids)
-        ranks = placement.assign_ranks(probes, **starter.rank_order(n))
-        backend = gpuplan.choose_backend(backend, ranks, probes, gpus)
-        timeout = default_timeout(backend) if timeout is None else timeout
-        ranks = gpuplan.with_devices(ranks, backend, gpus, probes)
-        if threads is None:
-            cpu = min(probes[e]["cpu_count"] for e in eids)
-            threads = max(1, cpu // max(r.local_world_size for r in ranks))
+        ranks, backend, timeout, threads = engines.plan_world(
+            client, icluster, n, starter, backend=backend, gpus=gpus, timeout=timeout,
+            threads=threads)
         addr = starter.master_addr(ranks)
         self = cls(ipp_cluster=icluster, client=client, ranks=ranks, backend=backend,
                    engine_launcher=starter, timeout_s=timeout, profile_dir=profile_dir,
@@ -222,6 +220,7 @@ class Engines:
         return sel
 
     # ------------------------------------------------------------------ run
+    @notebook_turn
     def run(self, code: str, ranks=None, *, timeout: float | None = None, stream: bool = True,
             display: bool = True, raise_errors: bool = True,
             unchecked: bool = False, history: bool = True) -> CellResult:
@@ -260,6 +259,7 @@ class Engines:
         see :func:`dpnb.cluster.scripts.run_script`."""
         return _run_script(self, path, args, **kw)
 
+    @notebook_turn
     def call(self, dotted: str, *args, ranks=None, timeout: float | None = None,
              raise_errors: bool = True, display: bool = False, on_poll=None,
              **kwargs) -> CellResult:
@@ -311,6 +311,7 @@ class Engines:
                                      reformed=reformed)
 
     # ------------------------------------------------------------ group
+    @notebook_turn
     def reform(self) -> dict:
         """Destroy and re-create the process group on a fresh port.
 
@@ -353,8 +354,11 @@ class Engines:
         sel = parse_ranks(ranks, self.world_size)
         self.transport.refresh_busy()
         answers = self.transport.where(sel)
-        return diagnose.where_report(sel, answers, busy=self.busy, dead=self.dead)
+        # a rank in a cell the notebook still waits for runs too (an agent's where, meanwhile)
+        running = set(self.busy) | {r for r, a in answers.items() if a and a.get("busy")}
+        return diagnose.where_report(sel, answers, busy=running, dead=self.dead)
 
+    @notebook_turn
     def debug(self, rank: int | None = None, commands=None) -> str:
         """pdb post mortem of the last failed cell on a rank; see
         :func:`dpnb.cluster.debugging.post_mortem`."""
@@ -365,6 +369,7 @@ class Engines:
         self.require_running()
         self.transport.interrupt(parse_ranks(ranks, self.world_size))
 
+    @notebook_turn
     def push(self, values: dict, ranks=None) -> None:
         """Copy ``values`` (name -> object) into the namespaces of the ranks."""
         sel = self._select(ranks)
@@ -375,6 +380,7 @@ class Engines:
         self._finish(self._wait_values(ars, sel), True)
         self.remember(CellRecord(EntryKind.PUSH, names=tuple(values)))
 
+    @notebook_turn
     def pull(self, name: str, rank: int | None = None):
         """``name`` on ``rank``, or one value per rank (one round trip); tensors on the CPU."""
         if not isinstance(name, str) or not name.isidentifier():
@@ -398,6 +404,7 @@ class Engines:
     def _wait_values(self, ars: dict, sel: list[int]) -> CellResult:
         return self.transport.wait(ars, sel, timeout=None, stream=False, kind=WaitKind.VALUE)
 
+    @notebook_turn
     def status(self) -> list[dict]:
         """One row per rank: host, local rank, pid, device, backend, alive, memory."""
         self.require_running()
@@ -412,6 +419,7 @@ class Engines:
         """
         return self.replace_and_reform(hard=hard).message
 
+    @notebook_turn
     def replace_and_reform(self, *, hard: bool = False) -> Restarted:
         """:meth:`restart`, answering which ranks were replaced (for a resume on top)."""
         self.require_running()
@@ -420,54 +428,15 @@ class Engines:
         self.refresh_keep_record()
         return out
 
-    def refresh_keep_record(self) -> None:
-        """A kept cluster's record follows its ranks (after a restart or a resize)."""
-        if self.keep_s:
-            keeping.hold(self, self.keep_s)
-
-    def session_record(self) -> dict:
-        """What the layer above keeps beside the runtime's record (``--keep``); none here."""
-        return {}
-
-    def restore_session(self, rec: dict) -> None:
-        """Take back what :meth:`session_record` wrote (``%dp attach``); nothing here."""
-
     def wait_settled(self, timeout_s: float) -> list[int]:
         """Wait up to ``timeout_s`` for live ranks still running an old cell to finish
         it (nothing is interrupted); the ranks still busy then."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.transport.refresh_busy()
-            busy = sorted(r for r in self.busy if r not in self.dead)
-            if not busy or time.monotonic() >= deadline:
-                return busy
-            time.sleep(0.2)
+        return self.transport.wait_settled(timeout_s)
 
     def kill_rank(self, r: int) -> None:
         """Stop rank ``r``'s engine for good, the launcher's way (by PID on this
         host, through its host's agent, or through the controller)."""
         self.engine_launcher.kill(self.ranks[r])
-
-    # ------------------------------------------------------------------ keep
-    @classmethod
-    def attach(cls, cluster_id: str | None = None) -> Engines:
-        """Drive a cluster a kernel left running with ``keep``; see :mod:`.keep`."""
-        return keeping.attach(cls, cluster_id)
-
-    def to_record(self, ttl_s: float) -> dict:
-        """What a new kernel needs to drive this cluster (JSON; :func:`.keep.record_of`)."""
-        return keeping.record_of(self, ttl_s)
-
-    @classmethod
-    def from_record(cls, rec: dict) -> Engines:
-        """Drive the cluster a :meth:`to_record` describes (:func:`.keep.from_record`)."""
-        return keeping.from_record(cls, rec)
-
-    def _at_exit(self) -> None:
-        if self.keep_s and self.running:
-            keeping.release(self)
-        else:
-            self.stop()
 
     # ------------------------------------------------------------------ stop
     def stop(self) -> list[int]:
@@ -481,9 +450,16 @@ class Engines:
         shutil.rmtree(self.profile_dir, ignore_errors=True)
         if self.published is not None:
             self.published.remove()
+        self.close_agent_door()
         if self.keep_s:
             keeping.forget(self)
         return sorted(owned)
+
+    def close_agent_door(self) -> None:
+        """No agent reaches this process's cluster any more (stopped, or let go)."""
+        door, self.agent_door = self.agent_door, None
+        if door is not None:
+            door.close()
 
     def _owned_pids(self) -> list[int]:
         """PIDs of this host's processes of the cluster (controller, engines, nannies)."""

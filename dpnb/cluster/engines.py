@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..errors import StartError
-from .gpuplan import GPU_PROBE_KEYS, with_devices
+from .gpuplan import GPU_PROBE_KEYS, choose_backend, with_devices
 from .launch import controller_address
 from .launchers import EngineLauncher
 from .placement import assign_ranks
 from .processes import engine_logs
-from .types import RankInfo
+from .types import RankInfo, default_timeout
 
 
 def probe(client, icluster, eids: list[int]) -> dict[int, dict]:
@@ -138,3 +138,21 @@ def replan(launcher: EngineLauncher, backend: str, gpus: list[int] | None,
         p["launch_rank"] = (last.get(p["host"], len(keep) + m) + 0.5 + eid / 1e9)
         probes[eid] = p
     return with_devices(assign_ranks(probes, by_launch_rank=True), backend, gpus, probes)
+
+
+def plan_world(client, icluster, n: int, starter: EngineLauncher, *, backend: str, gpus,
+               timeout: float | None, threads: int | None):
+    """The first ``n`` engines probed and placed: ``(ranks, backend, timeout, threads)``
+    -- ranks by host as the launcher orders them, each with its device; the backend
+    (``auto`` resolved), torch's group timeout for it unless given, and torch threads
+    per rank so that a host's ranks share its cores (unless given)."""
+    eids = sorted(client.ids)[:n]
+    probes = probe(client, icluster, eids)
+    ranks = assign_ranks(probes, **starter.rank_order(n))
+    backend = choose_backend(backend, ranks, probes, gpus)
+    timeout = default_timeout(backend) if timeout is None else timeout
+    ranks = with_devices(ranks, backend, gpus, probes)
+    if threads is None:
+        cpu = min(probes[e]["cpu_count"] for e in eids)
+        threads = max(1, cpu // max(r.local_world_size for r in ranks))
+    return ranks, backend, timeout, threads

@@ -187,6 +187,7 @@ def release(c) -> None:
     hold(c, c.keep_s, holding=False)
     c.running = False
     c.published.remove()  # the kept record (kept()) describes it from now on
+    c.close_agent_door()  # the next holder opens its own
     try:
         c.client.close()
     except Exception as e:  # the sockets go with the process anyway
@@ -243,3 +244,41 @@ def forget(c) -> None:
         pass  # the reaper removed it, or it was never written
     except OSError as e:
         log.warning("could not remove the kept-cluster record %s: %s", path, e)
+
+
+class Kept:
+    """What a cluster does to outlive its kernel (a mixin of
+    :class:`~dpnb.cluster.Engines`): its record follows its ranks, a new kernel
+    attaches to it, and at this process's exit it is let go rather than stopped."""
+
+    def refresh_keep_record(self) -> None:
+        """A kept cluster's record follows its ranks (after a restart or a resize)."""
+        if self.keep_s:
+            hold(self, self.keep_s)
+
+    def session_record(self) -> dict:
+        """What the layer above keeps beside the runtime's record (``--keep``); none here."""
+        return {}
+
+    def restore_session(self, rec: dict) -> None:
+        """Take back what :meth:`session_record` wrote (``%dp attach``); nothing here."""
+
+    @classmethod
+    def attach(cls, cluster_id: str | None = None) -> "Kept":
+        """Drive a cluster a kernel left running with ``keep``; see :mod:`.keep`."""
+        return attach(cls, cluster_id)
+
+    def to_record(self, ttl_s: float) -> dict:
+        """What a new kernel needs to drive this cluster (JSON; :func:`.keep.record_of`)."""
+        return record_of(self, ttl_s)
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "Kept":
+        """Drive the cluster a :meth:`to_record` describes (:func:`.keep.from_record`)."""
+        return from_record(cls, rec)
+
+    def _at_exit(self) -> None:
+        if self.keep_s and self.running:
+            release(self)
+        else:
+            self.stop()

@@ -136,6 +136,7 @@ class Publication:
     def record(self, c) -> dict:
         """What the sidebar shows of ``c`` (JSON)."""
         ranks = []
+        door = c.agent_door
         for r in c.ranks:
             if r.pid not in self._starts:  # a replaced rank has a new PID
                 self._starts[r.pid] = start_time(r.pid) if c.local else None
@@ -148,7 +149,10 @@ class Publication:
                 "generation": c.generation, "group_ok": c.group_ok, "ranks": ranks,
                 "progress": dict(self._progress), "curve": [list(x) for x in self._curve],
                 "last_error": error_summary(c.last_failure),
-                "last_profile": self._profile}
+                "last_profile": self._profile,
+                # the holder's door for dpnb mcp (dpnb.agent.door), and what agents did
+                "agent_door": door.path if door is not None else None,
+                "agent": door.summary() if door is not None else None}
 
     def write(self) -> bool:
         """Rewrite the file if the record changed; False once the cluster is gone or stopped."""

@@ -390,6 +390,17 @@ class Transport:
             log.warning("listing the controller's engines failed: %s: %s", type(e).__name__, e)
             return set()
 
+    def wait_settled(self, timeout_s: float) -> list[int]:
+        """Wait up to ``timeout_s`` for live ranks still running an old cell to finish
+        it (nothing is interrupted); the ranks still busy then."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.refresh_busy()
+            busy = sorted(r for r in self.health.busy if r not in self.health.dead)
+            if not busy or time.monotonic() >= deadline:
+                return busy
+            time.sleep(0.2)
+
     def refresh_busy(self) -> None:
         """Forget ``busy`` marks of ranks whose engine queue has drained (or that died)."""
         busy = sorted(self.health.busy)

@@ -23,7 +23,8 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 #: the engines' classes are not imported here, they bring torch)
 USER_ENAMES = frozenset({"UserError", "ConfigError", "DpnbError", "NotRunningError", "RankSpecError",
                          "StartError", "RemoteCellError", "TrainError", "ViewError", "AdoptError",
-                         "ActionError", "StartRequestError"})
+                         "ActionError", "StartRequestError", "TurnTaken", "AgentRefused",
+                         "DoorError"})
 #: how many cells and pushes the history keeps (what ``restart --resume`` may replay)
 SETUP_LOG_MAX = 200
 

@@ -25,6 +25,7 @@ from .. import session
 from ..cluster import agents, launch
 from ..core.errors import UserError
 from ..errors import RemoteCellError
+from .agent_cmds import AgentCommands
 from .cell_cmds import CellCommands
 from .cluster_cmds import ClusterCommands
 from .grade_cmds import GradeCommands
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 #: the areas, in the order ``%dp?`` lists their subcommands
 AREAS = (ClusterCommands, CellCommands, TrainingCommands, ViewCommands, JobCommands,
-         GradeCommands)
+         GradeCommands, AgentCommands)
 
 
 def subcommands() -> dict[str, object]:
@@ -82,6 +83,15 @@ class DPMagics(Magics, *AREAS):
                 self.warm = agents.WarmZygote()
             except OSError as e:  # the start then imports torch itself, as without
                 log.warning("could not start a warm zygote: %s", e)
+
+    def show_agent_actions(self, result=None) -> None:
+        """After each cell: one line per action an agent took on this cluster since the
+        last cell (IPython's post_run_cell: printed in the cell's own output)."""
+        c = self.cluster
+        door = getattr(c, "agent_door", None) if c is not None else None
+        if door is not None:
+            for line in door.service.unshown_lines():
+                print(line)
 
     def drop_warm(self) -> None:
         if self.warm is not None:
@@ -141,6 +151,7 @@ class DPMagics(Magics, *AREAS):
 def load(ip) -> DPMagics:
     m = DPMagics(ip)
     ip.register_magics(m)
+    ip.events.register("post_run_cell", m.show_agent_actions)
     m.prewarm()
     return m
 

@@ -11,6 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from .. import cluster as cl
 from .. import log as dlog
 from .. import session
+from ..agent import door
 from ..cluster import keep
 from ..cluster.types import BACKENDS, LAUNCHERS, TORCH_DEFAULT_TIMEOUT_S, StartOptions, Status
 from ..display import show_status
@@ -81,6 +82,7 @@ class ClusterCommands:
         c = session.Cluster.start_with(o, warm=None if a.no_zygote or a.keep else self.warm)
         self.warm = None  # taken by the start, or closed by it if unusable
         self.cluster = c
+        door.open_door(c)  # dpnb mcp reaches it through this kernel (dpnb.agent.door)
         devs = sorted({r.device for r in c.ranks})
         seeded = "" if c.seed is None else f", seed {c.seed} + rank"
         hosts = sorted({r.host for r in c.ranks})
@@ -114,6 +116,7 @@ class ClusterCommands:
             raise UsageError("a dpnb cluster is already running in this kernel: %dp stop it "
                              "first (a kept one: end this kernel, and it stays)")
         c = self.cluster = session.Cluster.attach(a.id)
+        door.open_door(c)
         print(f"dpnb: attached to kept cluster {c.cluster_id}: {c.world_size} ranks "
               f"({c.backend}), everything on the engines as it was; "
               f"{len(c.setup_log)} setup steps and {len(c.training.train_log)} train calls known.")

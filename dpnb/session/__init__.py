@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..cluster import Engines
+from ..cluster.turn import notebook_turn
+from ..core.agentgrant import AgentGrant
 from ..core.profile import Profiled
 from ..core.profilesummary import summarize
 from ..core.trainargs import TrainArgs
@@ -65,6 +67,16 @@ class Cluster(Engines):
         self._last_profile: Profiled | None = None  # none yet: nothing to publish
         # (exercise, function name) -> failed tries so far (hints grow with them)
         self.grade_tries: dict[tuple[str, str], int] = {}
+        # what an agent (dpnb mcp) may do here besides reading: the notebook's yes
+        self.agent_grant = AgentGrant()
+
+    def allow_agent(self, actions: bool = False, code: bool = False) -> AgentGrant:
+        """Let an agent (``dpnb mcp`` started with the same flags) change this cluster
+        (``actions``: interrupt, restart, reform, save) or run code on its ranks
+        (``code``); ``allow_agent()`` takes both back.  Reads are always served to
+        this user's agents (``%dp agent``)."""
+        self.agent_grant = AgentGrant(actions=bool(actions), code=bool(code))
+        return self.agent_grant
 
     @property
     def last_profile(self) -> Profiled | None:
@@ -78,6 +90,7 @@ class Cluster(Engines):
         self._last_profile = prof
         self.published.profile(None if prof is None else summarize(prof))
 
+    @notebook_turn
     def run(self, code: str, ranks=None, *, setup: bool = False, **kw):
         """Run a cell (``%%dp``); see :meth:`dpnb.cluster.Engines.run`.  ``setup=True``
         (``%%dp --setup``): once it succeeded on every rank, the cell is a step of
@@ -96,24 +109,29 @@ class Cluster(Engines):
         return self.profiled(lambda: self.run(code, ranks=ranks, **run_kw), ranks=ranks,
                              out_dir=out_dir)
 
+    @notebook_turn
     def profiled(self, run, *, ranks=None, what: str = "cell", out_dir: str | None = None):
         """``run()`` (a cell, a train, a script) with every selected rank profiled; its result."""
         return _profile.profiled(self, run, ranks=ranks, what=what, out_dir=out_dir)[0]
 
+    @notebook_turn
     def grade(self, exercise: str, name: str | None = None, *, reveal: bool = False, **kw):
         """Grade the function ``name`` the learner defined on every rank against
         ``exercise`` (``%dp grade``); a :class:`dpnb.core.grading.Grade`.  See
         :mod:`dpnb.session.grading`."""
         return _grading.grade(self, exercise, name, reveal=reveal, **kw)
 
+    @notebook_turn
     def wrap(self, model: str = "model", strategy: str = "ddp", **opts) -> dict:
         """Wrap a model that exists on every rank; see :func:`dpnb.session.verbs.wrap`."""
         return _train.wrap(self, model, strategy, **opts)
 
+    @notebook_turn
     def set_data(self, dataset: str, **opts) -> dict:
         """Train on the dataset named ``dataset`` on every rank; see :func:`dpnb.session.verbs.set_data`."""
         return _train.set_data(self, dataset, **opts)
 
+    @notebook_turn
     def train(self, args: TrainArgs | None = None, /, **opts) -> TrainResult | None:
         """Run training steps with live progress: ``c.train(steps=20, micro_batch=8)``, or
         one :class:`~dpnb.core.trainargs.TrainArgs` (not both); see
@@ -122,27 +140,34 @@ class Cluster(Engines):
             raise DpnbError("give train either a TrainArgs or keywords, not both")
         return _train.train(self, args if args is not None else TrainArgs.of(**opts))
 
+    @notebook_turn
     def check(self, model: str | None = None) -> dict:
         """Are the replicas in sync?  See :func:`dpnb.session.verbs.check`."""
         return _train.check(self, model)
 
+    @notebook_turn
     def save(self, path: str) -> dict:
         return _train.save(self, path)
 
+    @notebook_turn
     def load(self, path: str) -> dict:
         return _train.load(self, path)
 
+    @notebook_turn
     def pull_model(self) -> dict:
         return _train.pull_model(self)
 
+    @notebook_turn
     def resize(self, n: int, **opts) -> ResizeResult:
         """Go on training on ``n`` ranks; see :func:`dpnb.session.resize.resize`."""
         return _resize.resize(self, n, **opts)
 
+    @notebook_turn
     def export(self, out_dir: str, **opts) -> ExportResult:
         """Write this session as a batch job; see :func:`dpnb.session.export.export`."""
         return _export.export(self, out_dir, **opts)
 
+    @notebook_turn
     def restart(self, *, hard: bool = False, resume: str | bool | None = None) -> str:
         """Replace dead engines and re-form the group; say what was lost.
 

@@ -23,7 +23,7 @@ import pytest
 
 import dpnb
 import dpnb.cluster as cluster_mod
-from dpnb.cluster import Engines, engines, group, launch, placement, processes, publish
+from dpnb.cluster import Engines, engines, group, launch, processes, publish
 from dpnb.lab import clusters as lab_clusters
 from helpers import nbutil as nbu
 
@@ -39,7 +39,7 @@ def _fail(*_a, **_k):
 #: step of the start -> (object, attribute) made to raise there
 STEPS = {
     "engines registered, not yet probed": (engines, "probe"),
-    "engines probed, ranks not placed": (placement, "assign_ranks"),
+    "engines probed, ranks not placed": (engines, "assign_ranks"),
     "ranks initialised, group not formed": (group.Group, "form"),
     "group formed, reaper not adopted": (processes.Processes, "adopt_reaper"),
 }

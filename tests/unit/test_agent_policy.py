@@ -90,19 +90,34 @@ def _fake_kept(state, cid: str) -> None:
         "ranks": [{}, {}], "backend": "gloo"}))
 
 
-def test_dpnb_mcp_says_in_one_line_when_there_is_no_kept_cluster_or_several(
+def test_dpnb_mcp_says_in_one_line_when_there_is_no_cluster_or_several(
         tmp_path, monkeypatch, capsys):
+    """The clusters it may serve: the kept ones no kernel holds, and the running
+    kernels' that published a door (dpnb.agent.door)."""
     pytest.importorskip("mcp")  # the agent extra; CI installs it
     from dpnb.cli import main
+    from dpnb.cluster.processes import start_time
 
     monkeypatch.setenv("DPNB_STATE_DIR", str(tmp_path))
+    pub = tmp_path / "published"
+    pub.mkdir()
+    monkeypatch.setenv("DPNB_PUBLISH_DIR", str(pub))
     assert main(["mcp"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("dpnb mcp: no kept cluster") and "\n" not in err
+    assert err.startswith("dpnb mcp: no dpnb cluster to serve") and "\n" not in err
     _fake_kept(tmp_path, "aaa")
     _fake_kept(tmp_path, "bbb")
+    # a running kernel's cluster (this process plays the kernel), with its door
+    (pub / "ccc.json").write_text(json.dumps({
+        "id": "ccc", "kernel": {"pid": os.getpid(), "start": start_time(os.getpid())},
+        "ranks": [{}, {}], "agent_door": str(tmp_path / "door.sock")}))
+    # and one without a door: not served (a kernel of a dpnb before doors)
+    (pub / "ddd.json").write_text(json.dumps({
+        "id": "ddd", "kernel": {"pid": os.getpid(), "start": start_time(os.getpid())},
+        "ranks": [{}, {}]}))
     assert main(["mcp"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("dpnb mcp: 2 kept clusters: say which") and "\n" not in err
-    assert main(["mcp", "--attach", "ccc"]) == 2
-    assert "no kept cluster 'ccc'" in capsys.readouterr().err
+    assert err.startswith("dpnb mcp: 3 clusters: say which with --attach ID (aaa, bbb, ccc)") \
+        and "\n" not in err
+    assert main(["mcp", "--attach", "zzz"]) == 2
+    assert "no cluster 'zzz' to serve" in capsys.readouterr().err

@@ -40,7 +40,8 @@ def _cluster(pid: int, **kw) -> _Stand:
     return _Stand(cluster_id="1700000000-abcd", ranks=[_rank(0, pid), _rank(1, pid)],
                            local=True, dead={}, profile_dir="/p", created=time.time(),
                            backend="gloo", launcher="local", keep_s=None, generation=1,
-                           group_ok=True, last_failure=None, running=True, **kw)
+                           group_ok=True, last_failure=None, running=True,
+                           **{"agent_door": None, **kw})
 
 
 @pytest.fixture
