@@ -247,7 +247,7 @@ def build(target: Target, perms: Permissions, audit: str) -> MCPServer:
     return server
 
 
-def _published_doors() -> dict[str, dict]:
+def published_doors() -> dict[str, dict]:
     """The clusters running kernels hold and serve through a door, by id."""
     return {r["id"]: r for r in published() if r.get("agent_door")}
 
@@ -255,7 +255,7 @@ def _published_doors() -> dict[str, dict]:
 def choose(cluster_id: str | None) -> tuple[dict | None, str]:
     """Which cluster to serve: ``(published record, id)`` for a kernel's, ``(None, id)``
     for a kept one no kernel holds; one-line errors otherwise."""
-    doors = _published_doors()
+    doors = published_doors()
     free = {r["id"]: r for r in keep.kept() if not r["holder"]}
     ids = sorted(set(doors) | set(free))
     if cluster_id:

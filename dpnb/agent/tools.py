@@ -98,8 +98,8 @@ def where(c, ranks: str | None = None) -> dict:
     out = {"now": c.where(ranks)}
     res = c.last_failure
     if res is None or not res.where:
-        out["last_failure"] = _none("no failed cell was stopped while this server held the "
-                                    "cluster")
+        out["last_failure"] = _none("no failed cell on this cluster was stopped while ranks "
+                                    "still ran (nothing to say where they were)")
     else:
         out["last_failure"] = {"verdict": diagnose.where_verdict(res),
                                "ranks": plain({str(r): a for r, a in res.where.items()})}
@@ -118,8 +118,8 @@ def last_error(c) -> dict:
     and line, where the ranks were, the report ``%%dp`` printed."""
     res = c.last_failure
     if res is None:
-        return _none("no cell has failed since this server attached (a failure in a kernel "
-                     "before it is not kept with the cluster)")
+        return _none("no cell has failed since the cluster's holder took it up (a kept "
+                     "cluster's failures in an earlier kernel are not kept with it)")
     d = diagnose.classify(res)
     err = res.error
     where = {str(r): {"line": a.get("user_line") or (f"cell line {a['cell_line']}"

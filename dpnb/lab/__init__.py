@@ -7,7 +7,8 @@ records from this user's private folders: each running kernel's publication
 (:mod:`dpnb.cluster.publish`) and the kept clusters' records
 (:mod:`dpnb.cluster.keep`).  Actions (``POST /api/dpnb/clusters/ID/ACTION``)
 signal local engines by PID, or drive a kept cluster from a short-lived
-process of their own (:mod:`dpnb.lab.act`).  Every handler sits behind the
+process of their own (:mod:`dpnb.lab.act`).  ``/dpnb/mcp/ID`` serves an
+agent the same MCP tools as ``dpnb mcp`` (:mod:`dpnb.lab.mcp`).  Every handler sits behind the
 server's own authentication (token / cookie + XSRF), so on a JupyterHub each
 user's server answers only that user.
 
@@ -33,4 +34,5 @@ def _load_jupyter_server_extension(serverapp) -> None:
 
     web_app = serverapp.web_app
     web_app.add_handlers(".*$", handlers(web_app.settings["base_url"]))
-    serverapp.log.info("dpnb: serving /api/dpnb/clusters for the JupyterLab sidebar")
+    serverapp.log.info("dpnb: serving /api/dpnb/clusters for the JupyterLab sidebar, "
+                       "/dpnb/mcp for agents")

@@ -22,6 +22,7 @@ from tornado import web
 
 from . import clusters as cl
 from . import start as st
+from .mcp import McpHost, NotServed, serve_asgi
 
 
 class _Base(APIHandler):
@@ -87,9 +88,63 @@ class StartHandler(_Base):
         self.finish(json.dumps(out, default=str))
 
 
+class McpHandler(_Base):
+    """``/dpnb/mcp[/ID]``: MCP over streamable HTTP (GET, POST, DELETE), handed to the
+    cluster's MCP session manager once the server's auth let the request in
+    (:mod:`.mcp`)."""
+
+    on_gone = None  # set while a request streams: the client closed the connection
+
+    def initialize(self, host: McpHost) -> None:
+        self.host = host
+
+    def check_xsrf_cookie(self) -> None:
+        # an agent sends its token in a header, never a cookie; a browser's cookie alone
+        # is refused (a cookie-only request must still carry the XSRF token)
+        if "Authorization" not in self.request.headers:
+            super().check_xsrf_cookie()
+
+    async def _serve(self, cluster_id: str | None) -> None:
+        try:
+            mgr = await self.host.manager_for(cluster_id)
+        except NotServed as e:
+            self.set_status(404)
+            self.finish(json.dumps({"message": str(e)}))
+            return
+        except ImportError:
+            self.set_status(501)
+            self.finish(json.dumps({"message": 'the mcp SDK is not installed in the Jupyter '
+                                               'server\'s environment: pip install "dpnb[agent]"'}))
+            return
+        await serve_asgi(self, mgr)
+        if not self._finished:
+            self.finish()
+
+    def on_connection_close(self) -> None:
+        if self.on_gone is not None:
+            self.on_gone()
+
+    @web.authenticated
+    @authorized
+    async def get(self, cluster_id: str | None = None) -> None:
+        await self._serve(cluster_id)
+
+    @web.authenticated
+    @authorized
+    async def post(self, cluster_id: str | None = None) -> None:
+        await self._serve(cluster_id)
+
+    @web.authenticated
+    @authorized
+    async def delete(self, cluster_id: str | None = None) -> None:
+        await self._serve(cluster_id)
+
+
 def handlers(base_url: str) -> list[tuple]:
     api = url_path_join(base_url, "api", "dpnb", "clusters")
-    return [(api, ClustersHandler, {"gpu": cl.GpuMemory()}),
+    mcp = url_path_join(base_url, "dpnb", "mcp")
+    return [(mcp + r"(?:/([\w.-]+))?", McpHandler, {"host": McpHost()}),
+            (api, ClustersHandler, {"gpu": cl.GpuMemory()}),
             (url_path_join(api, "start"), StartHandler),
             (url_path_join(api, r"([\w.-]+)", r"(stop|interrupt|restart-resume|restart|attach-code)"),
              ActionHandler)]

@@ -119,6 +119,23 @@ def _req(url: str, token: str | None, method: str = "GET", body: dict | None = N
         return e.code, e.read().decode()[:300]
 
 
+def _mcp_initialize(url: str, token: str | None) -> tuple[int, bool]:
+    """An MCP client's first request to ``url``: (status, whether dpnb's server answered)."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "hosted-test", "version": "0"}}}
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    if token:
+        headers["Authorization"] = f"token {token}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers=headers)
+    try:
+        with _open(req, timeout=120) as r:
+            return r.status, '"name":"dpnb"' in r.read().decode().replace(" ", "")
+    except urllib.error.HTTPError as e:
+        return e.code, False
+
+
 def _let_others_traverse(paths: list[str]) -> dict[str, int]:
     """o+x on every ancestor folder of ``paths`` that lacks it; returns {folder: old mode}."""
     changed: dict[str, int] = {}
@@ -306,7 +323,8 @@ INFO = ("import json, os, shutil, dpnb\nc = dpnb.get_cluster()\ns = os.statvfs('
         "print(json.dumps({'id': c.cluster_id, 'pids': [r.pid for r in c.ranks], "
         "'port': c.master_port, 'doors': [a for a, _ in c.transport.doors.values()], "
         "'shm': s.f_blocks * s.f_frsize, 'ssh': shutil.which('ssh'), "
-        "'profile': c.profile_dir, 'record': c.published.path}))")
+        "'profile': c.profile_dir, 'record': c.published.path, "
+        "'agent_door': c.agent_door.path}))")
 KEEP_REFUSED = ("%load_ext dpnb\nfrom IPython.core.error import UsageError\ntry:\n"
                 "    get_ipython().run_line_magic('dp', 'start -n 2 --keep 1h')\n"
                 "except UsageError as e:\n    print('REFUSED', e)")
@@ -374,13 +392,20 @@ def test_each_user_sees_only_their_clusters_and_no_other_token_gets_in(hub):
             assert stat.S_ISSOCK(os.stat(door).st_mode)
             _private(os.path.dirname(door), alice.pw_uid, 0o700)
         p = subprocess.run([sys.executable, str(INTRUDER), "--as", bob.pw_name, json.dumps(
-            {"raw": [["127.0.0.1", info["port"]]], "unix": info["doors"]})],
+            {"raw": [["127.0.0.1", info["port"]]], "unix": info["doors"] + [info["agent_door"]]})],
             capture_output=True, text=True, timeout=60)
         got = json.loads(p.stdout.strip().splitlines()[-1])
         assert got["uid"] == bob.pw_uid, got
         assert all(u == {"connected": False, "error": "PermissionError"} for u in got["unix"])
         (raw,) = got["raw"]
         assert raw["greeting_bytes"] == 32 and raw.get("answer", "") == "", raw
+        # her agent reaches her cluster through the Hub with her token (/dpnb/mcp, the
+        # same auth as /api/dpnb); bob's token, or none, is refused before any tool
+        mcp_url = f"{h['base']}/user/{alice.pw_name}/dpnb/mcp/{c['id']}"
+        assert _mcp_initialize(mcp_url, tok["alice"]) == (200, True)
+        for token in (tok["bob"], None):
+            status, said = _mcp_initialize(mcp_url, token)
+            assert status in (302, 403) and not said, status
     finally:
         # the Hub stops alice's server: it shuts its kernels down, and the
         # kernel's exit stops its (not kept) cluster
