@@ -105,7 +105,8 @@ class AgentService:
     def __init__(self, c):
         self.c = c
         self.calls: collections.deque[AgentCall] = collections.deque(maxlen=CALLS_KEPT)
-        self.shown = 0  # actions the notebook printed already (by count)
+        self.noted = 0  # calls noted so far (the deque keeps the latest CALLS_KEPT)
+        self.shown = 0  # how many of them the notebook has looked at
         self._lock = threading.Lock()
         self._live: dict[int, dict] = {}  # each rank's latest progress (the feed's thread)
         subscribe = getattr(c, "subscribe", None)
@@ -118,16 +119,20 @@ class AgentService:
     def note(self, call: AgentCall) -> None:
         with self._lock:
             self.calls.append(call)
+            self.noted += 1
 
     def actions(self) -> list[AgentCall]:
         with self._lock:
             return [k for k in self.calls if k.is_action]
 
     def unshown_lines(self) -> list[str]:
-        """The agent's actions the notebook has not printed yet, one line each."""
-        acts = self.actions()
-        new, self.shown = acts[self.shown:], len(acts)
-        return [a.line() for a in new]
+        """The agent's actions the notebook has not printed yet, one line each (at most
+        the latest CALLS_KEPT calls' worth)."""
+        with self._lock:
+            fresh = min(self.noted - self.shown, len(self.calls))
+            new = list(self.calls)[len(self.calls) - fresh:] if fresh else []
+            self.shown = self.noted
+        return [k.line() for k in new if k.is_action]
 
     def summary(self) -> dict:
         """What the sidebar and ``%dp agent`` show: the grant, the agents seen, the

@@ -60,8 +60,8 @@ class McpHost:
         mgr = self._managers.get(cid)
         if mgr is not None:
             return mgr
+        # lazy: the agent extra (mcp) loads with the first request, not with the server
         from mcp.server.transport_security import TransportSecuritySettings
-
         from ..agent import server as srv
         from ..agent.policy import Permissions
 

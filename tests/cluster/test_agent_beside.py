@@ -269,3 +269,33 @@ def test_the_agent_watches_the_humans_training_live(human):
     assert "the notebook" in a["running"] and "0" in a["live"], a
     assert b["live"]["0"]["step"] > a["live"]["0"]["step"], (a["live"], b["live"])
     assert done["result"] is not None and c.training.steps_done >= 80
+
+
+
+def test_the_agents_actions_on_the_notebooks_cluster_once_the_notebook_allows_them(
+        human, tmp_path):
+    """save, reform and restart, each refused until the notebook says yes, then done on
+    the notebook's own cluster: its state and its records follow."""
+    ip, c = human
+    c.allow_agent()
+    assert ip.run_cell("%%dp\nimport torch\nlin = torch.nn.Linear(4, 2)").error_in_exec is None
+    c.wrap("lin", "ddp", lr=0.1)  # something to save
+    ckpt = str(tmp_path / "ckpt")
+    calls = (("save", {"path": ckpt}), ("reform", {}), ("restart", {}))
+
+    async def script(s):
+        refused = [await s.call_tool(n, a) for n, a in calls]
+        c.allow_agent(actions=True)
+        return refused, [await s.call_tool(n, a) for n, a in calls]
+
+    g0, pids = c.generation, [r.pid for r in c.ranks]
+    refused, done = _agent(c.cluster_id, script, flags=("--allow-actions",))
+    assert all(r.is_error and "%dp agent --allow-actions" in _text(r) for r in refused)
+    assert not any(r.is_error for r in done), [_text(r) for r in done]
+    save, reform, restart = (r.structured_content for r in done)
+    assert os.path.isdir(ckpt) and os.listdir(ckpt), save
+    # the notebook's own cluster moved: a new group (reform), the same engines (no one died)
+    assert reform["generation"] == g0 + 1 and c.generation >= g0 + 1
+    assert restart["pids"] == pids == [r.pid for r in c.ranks]
+    res = ip.run_cell("%%dp\nx = torch.ones(1); dist.all_reduce(x); print(x.item())")
+    assert res.error_in_exec is None
