@@ -97,7 +97,9 @@ def _from_kernel(rec: dict, gpu: GpuMemory) -> dict:
             "ranks": [_rank(r, bool(rec.get("local")), gpu) for r in rec.get("ranks", [])],
             "progress": rec.get("progress") or {}, "curve": rec.get("curve") or [],
             "last_error": rec.get("last_error"),
-            "last_profile": rec.get("last_profile")}
+            "last_profile": rec.get("last_profile"),
+            # what agents may do and did (dpnb.agent.service); the door's path stays here
+            "agent": rec.get("agent")}
 
 
 def _kept_progress(rec: dict) -> dict:
@@ -115,7 +117,7 @@ def _from_keep(rec: dict, gpu: GpuMemory) -> dict:
             "stops_in_s": rec.get("stops_in_s"), "backend": rec.get("backend"),
             "launcher": "local", "created": rec.get("created"), "ranks": ranks,
             "progress": _kept_progress(rec), "curve": [], "last_error": None,
-            "last_profile": None}
+            "last_profile": None, "agent": None}
 
 
 def clusters(gpu: GpuMemory | None = None) -> list[dict]:

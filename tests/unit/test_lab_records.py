@@ -141,6 +141,18 @@ def test_api_json_lists_kernel_and_kept_clusters_without_their_secrets(dirs):
     pub.remove()
 
 
+def test_the_api_says_what_agents_may_do_and_did_but_not_where_the_door_is(dirs):
+    summary = {"allowed": {"actions": True, "code": False}, "agents": [{"pid": 4242,
+                                                                         "last_call": 1.0}],
+               "actions": ["dpnb: agent (dpnb mcp, pid 4242) at 10:00:00: interrupt -> ok"]}
+    door = SimpleNamespace(path="/private/agent-door.sock", summary=lambda: summary)
+    pub = publish.Publication(_cluster(os.getpid(), agent_door=door), period_s=60)
+    [c] = lab.clusters()
+    assert c["agent"] == summary
+    assert "agent-door.sock" not in json.dumps(lab.clusters())
+    pub.remove()
+
+
 def test_gpu_memory_per_rank_by_pid_from_nvidia_smi_plumbing(dirs, monkeypatch):
     """Plumbing (no GPU here): a stand-in ``nvidia-smi`` prints fixed per-process numbers;
     the API gives each live local CUDA rank its PID's (two contexts summed), CPU ranks
