@@ -2,7 +2,7 @@
 ``dpnb doctor`` (what this environment gives dpnb), ``dpnb course build DIR``,
 ``dpnb kernel install``, ``dpnb grade SUBMISSION...`` (submitted notebooks
 graded on the grader's own cluster: :mod:`dpnb.gradecli`) and ``dpnb mcp`` (an agent's
-server over a kept cluster)."""
+server over a live cluster: a running notebook's, or a kept one)."""
 
 from __future__ import annotations
 
@@ -90,10 +90,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--prefix", default=None, help="into PREFIX/share/jupyter/kernels")
     ki.add_argument("--name", default="dpnb")
 
-    m = sub.add_parser("mcp", help="serve a kept cluster to an agent over the Model Context "
-                                   "Protocol (stdio); needs pip install \"dpnb[agent]\"")
+    m = sub.add_parser("mcp", help="serve a live cluster (a running notebook's, or a kept "
+                                   "one) to an agent over the Model Context Protocol (stdio); "
+                                   "needs pip install \"dpnb[agent]\"")
     m.add_argument("--attach", default=None, metavar="ID",
-                   help="which kept cluster (%%dp list); default: the only one")
+                   help="which cluster (a running kernel's, or a kept one: %%dp list); default: "
+                        "the only one")
     m.add_argument("--allow-actions", action="store_true",
                    help="also serve interrupt, restart, reform and save")
     m.add_argument("--allow-code", action="store_true",

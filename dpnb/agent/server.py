@@ -319,7 +319,7 @@ def serve(cluster_id: str | None, *, allow_actions: bool = False, allow_code: bo
             serve_http(server, cid, http_port)
     finally:
         if own is not None:
-            own.agent_door.close()
+            own.close_agent_door()
             if own.running:
                 keep.release(own)  # the cluster stays, free for a kernel or another agent
     return 0
