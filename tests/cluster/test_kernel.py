@@ -58,8 +58,20 @@ def _run(kc, code, timeout=120, allow_stdin=True):
         msgs.append((time.monotonic(), m))
         if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
             break
-    reply = kc.get_shell_msg(timeout=10)
-    return msgs, reply
+    return msgs, _reply_to(kc, msg_id)
+
+
+def _reply_to(kc, msg_id, timeout=10):
+    """The shell reply to ``msg_id``.  Others are skipped: jupyter_client's
+    ``wait_for_ready`` sends ``kernel_info`` again every second until the kernel
+    answers and leaves the extra replies queued, so on a loaded machine the next
+    reply read is not always this request's (seen: a cell's error read as the
+    next cell's)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
 
 
 def _texts(msgs):
@@ -223,8 +235,7 @@ def _run_answering(kc, code, answers, timeout=120):
                     break
         except Exception:  # queue.Empty
             pass
-    reply = kc.get_shell_msg(timeout=10)
-    return _texts(msgs), prompts, reply
+    return _texts(msgs), prompts, _reply_to(kc, msg_id)
 
 
 def test_breakpoint_on_a_rank_prompts_in_jupyters_input_box(kernel):
