@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .options import subcommand
@@ -28,7 +29,7 @@ class AgentCommands:
         """What dpnb mcp may do on this cluster (reads always), the agents seen, their actions."""
         c = self._need()
         if a.deny and (a.allow_actions or a.allow_code):
-            raise ValueError("--deny takes permissions back: give it alone")
+            raise UsageError("%dp agent: --deny takes both permissions back; give it alone")
         if a.deny or a.allow_actions or a.allow_code:
             c.allow_agent(actions=a.allow_actions, code=a.allow_code)
         door = c.agent_door
