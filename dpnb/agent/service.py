@@ -219,7 +219,7 @@ class AgentService:
     def _while_busy(self, tool: str, held) -> dict:
         running = f"{held.who} (for {held.age_s():.0f} s)"
         if tool == "status":
-            return tools.status_now(self.c, running)
+            return tools.status(self.c, running)
         if tool == "train_progress":
             return tools.train_live(self.c, dict(self._live), running)
         return {"available": False,

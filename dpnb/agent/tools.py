@@ -18,10 +18,9 @@ import dataclasses
 import json
 import logging
 
-import psutil
-
 from .. import log as dlog
 from ..cluster import diagnose
+from ..cluster.status import status_rows
 from ..cluster.types import Status
 from ..core.errors import UserError
 from dpnb.engine import entrypoints as ep
@@ -47,35 +46,21 @@ def _none(why: str) -> dict:
     return {"available": False, "why": why}
 
 
-def status(c) -> dict:
-    """``%dp status`` plus the cluster's identity and group state."""
-    return {"cluster": c.cluster_id, "world_size": c.world_size, "backend": c.backend,
-            "group_ok": c.group_ok, "generation": c.generation, "busy": sorted(c.busy),
-            "dead": plain(c.dead), "ranks": plain(c.status())}
-
-
-def status_now(c, running: str) -> dict:
-    """``status`` while the ranks run a cell (``running`` says whose): from what the
-    holder knows without asking the engines -- each rank's host, PID and device, who
-    died, each local engine's resident memory read here -- so it never queues behind
-    the cell."""
-    rows = []
-    for ri in c.ranks:
-        alive = ri.rank not in c.dead
-        rss = None
-        if alive and c.local:
-            try:
-                rss = psutil.Process(ri.pid).memory_info().rss
-            except psutil.Error as e:  # gone since the last look: said by the next call
-                log.info("memory of rank %s (pid %s): %s", ri.rank, ri.pid, e)
-        rows.append({"rank": ri.rank, "host": ri.host, "local_rank": ri.local_rank,
-                     "pid": ri.pid, "device": ri.device, "backend": c.backend, "alive": alive,
-                     "state": f"busy: {running}" if alive else f"dead: {c.dead[ri.rank]}",
-                     "rss_bytes": rss})
-    return {"cluster": c.cluster_id, "world_size": c.world_size, "backend": c.backend,
-            "group_ok": c.group_ok, "generation": c.generation, "running": running,
-            "busy": sorted(r for r in range(c.world_size) if r not in c.dead),
-            "dead": plain(c.dead), "ranks": rows}
+def status(c, running: str | None = None) -> dict:
+    """``%dp status`` plus the cluster's identity and group state.  ``running``: the
+    ranks run someone's call now (said in words), answered without asking the engines
+    (:func:`dpnb.cluster.status.status_rows`), so it never queues behind the call."""
+    if running is None:
+        rows, busy = c.status(), sorted(c.busy)
+    else:
+        rows = status_rows(c, running)
+        busy = [r for r in range(c.world_size) if r not in c.dead]
+    out = {"cluster": c.cluster_id, "world_size": c.world_size, "backend": c.backend,
+           "group_ok": c.group_ok, "generation": c.generation, "busy": busy,
+           "dead": plain(c.dead), "ranks": plain(rows)}
+    if running is not None:
+        out["running"] = running
+    return out
 
 
 def train_live(c, live: dict, running: str) -> dict:

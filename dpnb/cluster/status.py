@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import psutil
+
 from dpnb.engine.proc import status as rank_status
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,16 +29,23 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 
-def status_rows(c: "Cluster") -> list[dict]:
+def status_rows(c: "Cluster", running: str | None = None) -> list[dict]:
+    """The rows of ``%dp status``.  ``running``: every live rank is inside a call of
+    someone's (said in words: an agent asks while the notebook's cell runs), so no
+    engine is asked (each would answer only after the call) and each local engine's
+    resident memory is read here instead."""
     t, h = c.transport, c.health
-    t.refresh_busy()
-    live = [r for r in range(c.world_size) if r not in h.dead and r not in h.busy]
-    newly_dead = t.find_dead(live)
-    for r, how in newly_dead.items():
-        h.died(r, how)
-    live = [r for r in live if r not in newly_dead]
-
-    infos = _answers(t, live, h)
+    if running is None:
+        t.refresh_busy()
+        live = [r for r in range(c.world_size) if r not in h.dead and r not in h.busy]
+        newly_dead = t.find_dead(live)
+        for r, how in newly_dead.items():
+            h.died(r, how)
+        live = [r for r in live if r not in newly_dead]
+        infos = _answers(t, live, h)
+    else:
+        infos = {ri.rank: _local_memory(ri) for ri in c.ranks
+                 if c.local and ri.rank not in h.dead}
     rows = []
     for ri in c.ranks:
         r = ri.rank
@@ -44,6 +53,8 @@ def status_rows(c: "Cluster") -> list[dict]:
         alive = r not in h.dead
         if not alive:
             state = "dead: " + h.dead[r]
+        elif running is not None:
+            state = f"busy: {running}"
         elif r in h.busy:
             state = "busy"
         else:
@@ -55,6 +66,15 @@ def status_rows(c: "Cluster") -> list[dict]:
             "rss_bytes": st.get("rss_bytes"), "cuda_allocated": st.get("cuda_allocated"),
         })
     return rows
+
+
+def _local_memory(ri) -> dict:
+    """A local engine's resident memory, read by this process (same user, same host)."""
+    try:
+        return {"rss_bytes": psutil.Process(ri.pid).memory_info().rss}
+    except psutil.Error as e:  # gone since the last look: the next status says how
+        log.info("memory of rank %s (pid %s): %s", ri.rank, ri.pid, e)
+        return {}
 
 
 def _unchanged_since(t) -> tuple:
