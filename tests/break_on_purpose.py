@@ -520,7 +520,7 @@ MUTATIONS = [
   '                handler.write(msg["body"])\n', "                pass\n",
   ["tests/cluster/test_mcp_jupyter.py::test_the_jupyter_servers_url_and_token_serve_a_notebooks_cluster"]),
  ("agent over Jupyter: the session manager runs on the server's loop", "dpnb/lab/mcp.py",
-  "                started.set()\n                await self._stop.wait()\n",
+  "                started.set()\n                await asyncio.Event().wait()  # serves until the server's loop ends\n",
   "                started.set()\n",
   ["tests/cluster/test_mcp_jupyter.py::test_the_jupyter_servers_url_and_token_serve_a_notebooks_cluster"]),
  ("agent: an allowed save reaches the notebook's ranks", "dpnb/agent/service.py",

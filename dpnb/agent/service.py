@@ -121,10 +121,6 @@ class AgentService:
             self.calls.append(call)
             self.noted += 1
 
-    def actions(self) -> list[AgentCall]:
-        with self._lock:
-            return [k for k in self.calls if k.is_action]
-
     def unshown_lines(self) -> list[str]:
         """The agent's actions the notebook has not printed yet, one line each (at most
         the latest CALLS_KEPT calls' worth)."""
@@ -277,7 +273,7 @@ class AgentService:
             elif on_progress is not None:
                 try:
                     on_progress({"elapsed_s": round(time.monotonic() - t0, 1),
-                                 "where": tools.where_now(c, sel)})
+                                 "where": c.where(sel)})
                 except OSError as e:  # the agent is gone: as a cancellation
                     stopped = stop(f"the agent went away ({e})")
         if "error" in box:

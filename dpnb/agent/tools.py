@@ -72,11 +72,6 @@ def train_live(c, live: dict, running: str) -> dict:
             "live": plain({str(r): ev for r, ev in sorted(live.items())})}
 
 
-def where_now(c, ranks) -> str:
-    """``where`` as one text (side doors only): what run_code's progress reports."""
-    return c.where(ranks)
-
-
 def where(c, ranks: str | None = None) -> dict:
     """``%dp where`` now (side doors), and where each rank was when the last failed
     cell was stopped (its rank, collective and line)."""

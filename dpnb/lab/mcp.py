@@ -37,8 +37,7 @@ class McpHost:
 
     def __init__(self):
         self._managers: dict[str, object] = {}
-        self._tasks: set[asyncio.Task] = set()  # each manager's run(), until close()
-        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()  # each manager's run(), as long as the server
 
     def _choose(self, cluster_id: str | None) -> dict:
         # lazy: the agent extra (mcp) loads with the first request, not with the server
@@ -77,7 +76,7 @@ class McpHost:
         async def run() -> None:
             async with mgr.run():
                 started.set()
-                await self._stop.wait()
+                await asyncio.Event().wait()  # serves until the server's loop ends
 
         task = asyncio.ensure_future(run())
         waiter = asyncio.ensure_future(started.wait())
@@ -89,9 +88,6 @@ class McpHost:
         self._tasks.add(task)
         log.info("dpnb: serving MCP for cluster %s at /dpnb/mcp/%s", cid, cid)
         return mgr
-
-    def close(self) -> None:
-        self._stop.set()
 
 
 async def serve_asgi(handler, mgr) -> None:
