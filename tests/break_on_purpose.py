@@ -39,6 +39,17 @@ from helpers import breakrun  # noqa: E402  (the runner; this file is the list)
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("a re-form aborts a group torch's NCCL watchdog aborted instead of waiting on its shutdown",
+  "dpnb/engine/setup.py",
+  "        if compat.abort_groups():\n            log.info(", "        if False:\n            log.info(",
+  ["tests/unit/test_release_gate.py::test_a_group_the_watchdog_aborted_is_aborted_not_shut_down"]),
+ ("a retired group's last reference is dropped on the side thread, not the cell's", "dpnb/engine/setup.py",
+  "        while sys.getrefcount(obj) > 2 and time.monotonic() < deadline:",
+  "        while False:",
+  ["tests/unit/test_release_gate.py::test_a_retired_group_dies_on_the_side_thread_once_it_holds_the_last_reference"]),
+ ("gpu: the re-formed group's CUDA side is a new NCCL backend", "dpnb/engine/group/netplan.py",
+  'NCCL_GROUP = "cpu:gloo,cuda:nccl"', 'NCCL_GROUP = "cpu:gloo,cuda:gloo"',
+  ["tests/gpu/test_gpu_spine.py::test_raising_rank_then_a_reform_of_the_nccl_group"]),
  ("the optimizer-step gate refuses a step after the NCCL watchdog's abort", "dpnb/engine/train/step.py",
   "    if err is not None:\n        raise TrainError(", "    if False:\n        raise TrainError(",
   ["tests/unit/test_release_gate.py::test_gate_refuses_a_step_after_the_watchdogs_abort"]),

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -326,11 +327,50 @@ def destroy_group() -> bool:
     peer = getattr(user_ns().get(STATE_NAME), "peer", None)
     if peer is not None:  # a peer copy's side thread must not be inside a group destroyed under it
         peer.settle(5.0)
+    err = compat.group_error()
+    # torch's NCCL watchdog aborted the communicator (a collective outlived the
+    # group timeout) and sleeps on in its thread; whoever drops the group's
+    # last reference runs ~ProcessGroupNCCL, which joins that thread -- on an
+    # H200, torch 2.11, the re-form's cell sat in that join past its bound
+    # (benchmarks/gpu_check.py part B; cuda-gdb's stack: Watchdog::join from
+    # the pybind dealloc).  So abort (as the side door's release does: c10d's
+    # map emptied, nothing shut down) and let a side thread drop the group.
+    if err is not None:
+        old = dist.group.WORLD
+        if compat.abort_groups():
+            log.info("the watchdog had aborted the group (%s): aborted, let go off the cell", err)
+            retire_group(old)
+            return True
     try:
         torch_fn("destroy_process_group")()  # torch's own, not the cells' no-op
     except Exception as e:  # a group whose peer died can fail to shut down cleanly
         log.info("destroy_process_group of a broken group: %s: %s", type(e).__name__, e)
     return True
+
+
+#: how long a retired group's side thread waits to hold its last reference
+RETIRE_WAIT_S = 600.0
+
+
+def retire_group(pg) -> None:
+    """Drop ``pg``'s last reference on a daemon thread, not on the cell's.
+
+    The thread takes a reference, then waits (bounded by :data:`RETIRE_WAIT_S`)
+    until it holds the only one -- the re-form's locals gone, the user's
+    objects moved to the new group -- and lets go there: a destructor that
+    joins torch's watchdog thread blocks nobody's cell.
+    """
+    if pg is None:
+        return
+
+    def hold(box: list) -> None:
+        obj = box.pop()  # the Thread's args must not keep a second reference
+        deadline = time.monotonic() + RETIRE_WAIT_S
+        while sys.getrefcount(obj) > 2 and time.monotonic() < deadline:  # 2: obj + the argument
+            time.sleep(0.2)
+        del obj
+
+    threading.Thread(target=hold, args=([pg],), daemon=True, name="dpnb-retire-group").start()
 
 
 def reform_group(master_port: int, callbacks: bool = True) -> dict:

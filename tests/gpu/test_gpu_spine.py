@@ -114,10 +114,13 @@ def test_raising_rank_then_a_reform_of_the_nccl_group(gpu_cluster):
     assert c.generation == gen + 1
     # at world size 1 an all_reduce's sum proves nothing: check that the group is a
     # new NCCL one and that the collective ran on the GPU through it
+    # (an NCCL cluster's group is "cpu:gloo,cuda:nccl", netplan.NCCL_GROUP: the CUDA
+    # tensor's collective must go through the NCCL side of the new group)
     res = c.run("t = torch.full((3,), 2.0, device=device)\ndist.all_reduce(t)\n"
-                "v = (id(dist.group.WORLD) != _old_group, dist.get_backend(), t.device.type,"
+                "v = (id(dist.group.WORLD) != _old_group, "
+                "type(dist.group.WORLD._get_backend(t.device)).__name__, t.device.type,"
                 " t.tolist())", display=False)
-    assert res.ok and c.pull("v") == [(True, "nccl", "cuda", [2.0, 2.0, 2.0])]
+    assert res.ok and c.pull("v") == [(True, "ProcessGroupNCCL", "cuda", [2.0, 2.0, 2.0])]
 
 
 def test_nccl_refuses_two_ranks_on_one_gpu():

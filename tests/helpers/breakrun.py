@@ -66,8 +66,19 @@ class Entry:
 
     @property
     def cannot_run_here(self) -> str | None:
-        why = [NEEDS[t] for t in sorted(self.tiers) if t in NEEDS]
+        why = [NEEDS[t] for t in sorted(self.tiers) if t in NEEDS and not _has(t)]
         return "; ".join(why) or None
+
+
+def _has(tier: str) -> bool:
+    """Whether this machine can run ``tier`` after all (a lent GPU machine can run gpu)."""
+    if tier != "gpu":
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 @dataclass(frozen=True)

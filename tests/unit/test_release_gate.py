@@ -123,3 +123,50 @@ def test_group_error_is_none_without_an_nccl_side(monkeypatch):
     assert compat.group_error(_FakeGroup(nccl)) is None
     nccl.error = "COMM_ERROR"
     assert compat.group_error(_FakeGroup(nccl)) == "COMM_ERROR"
+
+
+def test_a_group_the_watchdog_aborted_is_aborted_not_shut_down(monkeypatch):
+    """``destroy_process_group`` of a communicator torch's watchdog aborted sat
+    in ~ProcessGroupNCCL's join of the sleeping watchdog on an H200 (gpu_check
+    part B): the re-form aborts it and hands the group to a side thread."""
+    import torch.distributed as dist
+
+    from dpnb.engine import setup
+
+    calls, retired = [], []
+    world = object()
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "group", SimpleNamespace(WORLD=world))
+    monkeypatch.setattr(setup, "user_ns", lambda: {})
+    monkeypatch.setattr(setup, "torch_fn", lambda name: lambda: calls.append(name))
+    monkeypatch.setattr(setup, "retire_group", retired.append)
+    monkeypatch.setattr(compat, "abort_groups", lambda: calls.append("abort") or True)
+    monkeypatch.setattr(compat, "group_error", lambda pg=None: None)
+    assert setup.destroy_group() and calls == ["destroy_process_group"] and not retired
+    calls.clear()
+    monkeypatch.setattr(compat, "group_error", lambda pg=None: "TIMEOUT")
+    assert setup.destroy_group() and calls == ["abort"] and retired == [world]
+
+
+def test_a_retired_group_dies_on_the_side_thread_once_it_holds_the_last_reference():
+    import threading
+    import time
+
+    from dpnb.engine import setup
+
+    died = []
+
+    class Group:  # stands for a ProcessGroup whose destructor joins torch's watchdog
+        def __del__(self):
+            died.append(threading.current_thread().name)
+
+    g = Group()
+    setup.retire_group(g)
+    time.sleep(0.5)
+    assert died == []  # the cell's reference still holds it
+    del g  # the last reference but the side thread's: not this thread's to destroy
+    for _ in range(50):
+        if died:
+            break
+        time.sleep(0.1)
+    assert died == ["dpnb-retire-group"]
