@@ -39,6 +39,9 @@ from helpers import breakrun  # noqa: E402  (the runner; this file is the list)
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("restart: a survivor still busy after the settle wait is not asked (the disk serves)",
+  "dpnb/session/replica.py", "    if busy:  # asking it would be refused", "    if False:  # asking it would be refused",
+  ["tests/unit/test_replica_source.py::test_a_survivor_still_busy_is_not_asked_and_the_reason_is_said"]),
  ("a re-form aborts a group torch's NCCL watchdog aborted instead of waiting on its shutdown",
   "dpnb/engine/setup.py",
   "        if compat.abort_groups():\n            log.info(", "        if False:\n            log.info(",

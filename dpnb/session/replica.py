@@ -57,10 +57,13 @@ def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
     c.status()  # finds deaths not yet seen (a second rank killed with the first)
     # a survivor may still be finishing the call its peers' death failed (released, it
     # reports back in seconds; on a loaded host, past the wait's grace): let it
-    c.wait_settled(SETTLE_S)
+    busy = c.wait_settled(SETTLE_S)
     alive = [r for r in range(c.world_size) if r not in c.dead]
     if not alive or not c.dead:
         return None, "no rank died" if alive else "no rank survived", {}
+    if busy:  # asking it would be refused ("still running an earlier cell"): the restart
+        # interrupts it and the disk serves (seen once under CI's load, past the 30 s)
+        return None, f"{rank_label(busy)} still busy {SETTLE_S:.0f} s after a peer died", {}
     res = c.call(ep.REPLICA_INFO, ranks=alive, raise_errors=False)
     if not res.ok:
         return None, f"the survivors did not answer ({first_error(res)})", {}
