@@ -39,6 +39,10 @@ from helpers import breakrun  # noqa: E402  (the runner; this file is the list)
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("a refusal dpnb raises for torch ends at the user's line, no frame of dpnb's",
+  "dpnb/engine/debugging/tbtext.py", "(last and not (_ours(tb.tb_frame) and out))", "last",
+  ["tests/unit/test_tbtext.py::test_a_refusal_dpnb_raises_for_torch_ends_at_the_users_line",
+   "tests/ecosystem/test_torchrun_scripts.py::test_a_refused_init_process_group_is_reported_at_the_scripts_line"]),
  ("restart: a survivor still busy after the settle wait is not asked (the disk serves)",
   "dpnb/session/replica.py", "    if busy:  # asking it would be refused", "    if False:  # asking it would be refused",
   ["tests/unit/test_replica_source.py::test_a_survivor_still_busy_is_not_asked_and_the_reason_is_said"]),
@@ -891,8 +895,8 @@ MUTATIONS = [
   ["tests/unit/test_lab_records.py::test_gpu_memory_per_rank_by_pid_from_nvidia_smi_plumbing"]),
  # issue 45 (this session): error reports written cheaply on the ranks; status without a round trip
  ("scale: a rank writes its traceback without IPython's module scan", "dpnb/engine/debugging/tbtext.py",
-  "        if not _hidden(tb.tb_frame) or tb.tb_next is None:\n",
-  "        if inspect.getmodule(tb.tb_frame) is not None or tb.tb_next is None:\n",
+  "        if not _hidden(tb.tb_frame) or (last and",
+  "        if inspect.getmodule(tb.tb_frame) is not None or (last and",
   ["tests/unit/test_tbtext.py::test_no_module_is_looked_up"]),
  ("scale: the engines write their tracebacks with dpnb's formatter", "dpnb/engine/setup.py",
   "    tbtext.install(_shell())", "    pass  # tbtext.install(_shell())",

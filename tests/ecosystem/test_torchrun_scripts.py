@@ -51,6 +51,21 @@ def test_the_same_script_pasted_into_a_cell(c, tmp_path):
     assert_whole(c, pids)
 
 
+def test_a_refused_init_process_group_is_reported_at_the_scripts_line(c):
+    """torch refuses ``device_id=cpu`` under torchrun; so does the cell, and the
+    report ends at the script's own call, with no frame of dpnb's (issue 58)."""
+    pids = [r.pid for r in c.ranks]
+    call = 'dist.init_process_group(backend="gloo", device_id=torch.device("cpu"))'
+    src = _source("ddp_train.py").replace('dist.init_process_group(backend="gloo")', call, 1)
+    with pytest.raises(RemoteCellError) as ei:
+        c.run(src, display=False)
+    report = ei.value.report
+    assert "ValueError: init_process_group device_id parameter must be an accelerator" in report
+    assert f"---> 42     {call}" in report, report
+    assert "dpnb/" not in report and "lifecycle.py" not in report, report
+    assert_whole(c, pids)
+
+
 def test_an_fsdp2_script_with_a_distributed_checkpoint(c, tmp_path):
     pids = [r.pid for r in c.ranks]
     ref = torchrun("fsdp_train.py", "--steps", "3", cwd=tmp_path)

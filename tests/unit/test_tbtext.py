@@ -79,3 +79,30 @@ def test_installed_for_context_mode_only():
     tbtext.uninstall(ctx)
     assert "\x1b[" in "".join(ctx.InteractiveTB.structured_traceback(etype, evalue, tb))
 
+
+
+def _wrapper_in(module: str):
+    """A function defined in ``module`` that hides its frame and raises, as dpnb's
+    adopting ``init_process_group`` does for torch's refusals."""
+    ns = {"__name__": module}
+    exec("def init_process_group(device_id=None):\n"
+         "    __tracebackhide__ = True\n"
+         "    raise ValueError('init_process_group device_id parameter must be an accelerator')\n",
+         ns)
+    return ns["init_process_group"]
+
+
+def test_a_refusal_dpnb_raises_for_torch_ends_at_the_users_line():
+    name = "/tmp/dpnb_tbtext_refusal.py"
+    src = "x = 1\ninit_process_group(device_id='cpu')\n"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    for module, shown in (("dpnb.engine.group.lifecycle", False), ("somelib.api", True)):
+        try:
+            exec(compile(src, name, "exec"), {"__name__": "__main__",
+                                              "init_process_group": _wrapper_in(module)})
+        except ValueError:
+            got = "".join(tbtext.structured(*sys.exc_info()))
+        assert "---> 2 init_process_group(device_id='cpu')" in got, got
+        # dpnb's own raising frame is left out; another library's stays, as IPython keeps it
+        assert ("in init_process_group(device_id)" in got) is shown, got
+        assert user_line(got) == f"{name} line 2: init_process_group(device_id='cpu')"

@@ -104,10 +104,20 @@ def _source(frame: FrameType, lineno: int, around: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def _ours(frame: FrameType) -> bool:
+    """A frame of dpnb's own code (a wrapper that refuses for torch, a cell's check)."""
+    return (frame.f_globals.get("__name__") or "").split(".", 1)[0] == "dpnb"
+
+
 def _frames(tb: TracebackType | None) -> list[tuple[FrameType, int]]:
+    """The frames shown: hidden ones left out, except the one that raised (as
+    IPython does) -- unless it is dpnb's own: a refusal that dpnb raises for
+    torch (``init_process_group``'s checks) ends at the user's call, as
+    torch's own raise would under torchrun, whenever a frame is left."""
     out = []
     while tb is not None:
-        if not _hidden(tb.tb_frame) or tb.tb_next is None:
+        last = tb.tb_next is None
+        if not _hidden(tb.tb_frame) or (last and not (_ours(tb.tb_frame) and out)):
             out.append((tb.tb_frame, tb.tb_lineno))
         tb = tb.tb_next
     return out
