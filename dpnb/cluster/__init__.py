@@ -223,7 +223,8 @@ class Engines(keeping.Kept):
     @notebook_turn
     def run(self, code: str, ranks=None, *, timeout: float | None = None, stream: bool = True,
             display: bool = True, raise_errors: bool = True,
-            unchecked: bool = False, history: bool = True) -> CellResult:
+            unchecked: bool = False, history: bool = True,
+            flags: tuple[str, ...] = ()) -> CellResult:
         """Run ``code`` on the selected ranks (all by default), like ``%%dp``.
 
         Each rank runs the cell in its own namespace with IPython (so
@@ -233,11 +234,12 @@ class Engines(keeping.Kept):
         ranks still running then are interrupted and reported.  ``unchecked=True`` (``%%dp
         --unchecked``): its collectives skip the mismatch check
         (:mod:`dpnb.engine.cell.cellguard`).  ``history=False``: not recorded (a replay).
+        ``flags``: carried to the ranks' hooks with the cell (:mod:`dpnb.core.cellflags`).
         """
         sel = self._select(ranks)
         if not isinstance(code, str):
             raise DpnbError("code must be a string of Python source")
-        ars = self.transport.execute(code, sel, unchecked=unchecked)
+        ars = self.transport.execute(code, sel, unchecked=unchecked, flags=tuple(flags))
         res = self.transport.wait(ars, sel, timeout=timeout, stream=stream and display,
                                   kind=WaitKind.EXECUTE)
         if display:

@@ -23,6 +23,7 @@ from ..ippcompat import (output_wait, rank_replies, reply_content, result_metada
                          shell_ignores_engine_comms)
 from dpnb.engine.cell import outcount
 from dpnb.engine.cell.collcheck import mark_unchecked
+from ..core.cellflags import with_flags
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .launchers import EngineLauncher
@@ -155,11 +156,15 @@ class Transport:
         return v
 
     # ---------------------------------------------------------------- sending
-    def execute(self, code: str, sel: list[int], unchecked: bool = False) -> dict:
+    def execute(self, code: str, sel: list[int], unchecked: bool = False,
+                flags: tuple[str, ...] = ()) -> dict:
         """Send a cell to every rank of ``sel``.  ``unchecked``: each rank counts but
-        does not check the cell's collectives, told in the cell's own request
-        (:func:`~dpnb.engine.cell.cellguard.mark_unchecked`: no request before it)."""
-        if unchecked:
+        does not check the cell's collectives; ``flags``: what the layers above ask
+        of the cell's run (:mod:`dpnb.core.cellflags`) -- both told in the cell's
+        own request (:func:`~dpnb.engine.cell.collcheck.mark_unchecked`: no
+        request before it)."""
+        code = with_flags(code, flags)
+        if unchecked:  # last: its mark must end the cell
             code = mark_unchecked(code)
         if len(sel) == 1:
             return {sel[0]: self.view(sel[0]).execute(code, silent=False, block=False)}

@@ -175,11 +175,22 @@ class Profiled:
     what: str  # "cell", "train"
     failure: str = ""  # its one-line error ("" when it succeeded)
     at: float = field(default_factory=time.time)  # when it was analysed (seconds since the epoch)
+    #: the trace files this profile has in ``folder`` once written (merged.json,
+    #: rank<R>.json for each rank whose trace came home); empty: look in the folder
+    files: tuple[str, ...] = ()
+    #: the writing of those files, after the result returned (anything with
+    #: ``wait(timeout) -> bool`` and ``error``); None: written before it returned
+    writing: Any = field(default=None, compare=False, repr=False)
 
     @property
     def merged_path(self) -> str:
         """The merged Chrome trace (opens in ui.perfetto.dev)."""
         return self.folder.rstrip("/") + "/merged.json"
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the trace files are written (the analysis is ready before
+        them); True once they are, False if ``timeout`` passed first."""
+        return self.writing is None or self.writing.wait(timeout)
 
 
 def _matched(ranks: Sequence[RankTrace]):

@@ -133,16 +133,18 @@ class DPMagics(Magics, *AREAS):
             raise UsageError("no dpnb cluster is running: start one with %dp start -n 2")
         return self.cluster
 
-    def _profiled(self, a, what: str, run):
+    def _profiled(self, a, what: str, run, tagged=None):
         """``run()``, under torch.profiler on the ranks when ``--profile`` was given; the
-        profile is shown even when ``run`` fails (before its error)."""
+        profile is shown even when ``run`` fails (before its error).  ``tagged``: a
+        cell's ``run(tag)`` whose request starts the profilers (no call before it)."""
         if a.profile_dir and not a.profile:
             raise UsageError("--profile-dir goes with --profile")
         if not a.profile:
             return run()
         c = self._need()
         try:
-            return c.profiled(run, ranks=getattr(a, "ranks", None), what=what, out_dir=a.profile_dir)
+            return c.profiled(tagged or run, ranks=getattr(a, "ranks", None), what=what,
+                              out_dir=a.profile_dir, in_request=tagged is not None)
         finally:
             if c.last_profile is not None:
                 self._show("profile", a, c, {})

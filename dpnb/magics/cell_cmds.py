@@ -8,6 +8,7 @@ from __future__ import annotations
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from ..core.cellflags import profile_flag
 from ..session.resume import describe as describe_resume
 from .options import profile_options, run_options, subcommand
 
@@ -28,9 +29,12 @@ class CellCommands:
         c = self._need()
         if not code.strip():
             raise UsageError("%%dp cell is empty: put code to run on the ranks below %%dp")
-        self._profiled(a, "cell", lambda: c.run(code, ranks=a.ranks, timeout=a.timeout,
-                                                stream=not a.no_stream, setup=a.setup,
-                                                unchecked=a.unchecked))
+        def run(tag=None):
+            return c.run(code, ranks=a.ranks, timeout=a.timeout, stream=not a.no_stream,
+                         setup=a.setup, unchecked=a.unchecked,
+                         flags=(profile_flag(tag),) if tag else ())
+
+        self._profiled(a, "cell", run, tagged=run)
 
     @subcommand("push")
     @magic_arguments()

@@ -21,6 +21,7 @@ from typing import Any
 from ..cluster import Engines
 from ..cluster.turn import notebook_turn
 from ..core.agentgrant import AgentGrant
+from ..core.cellflags import profile_flag
 from ..core.profile import Profiled
 from ..core.profilesummary import summarize
 from ..core.trainargs import TrainArgs
@@ -65,6 +66,8 @@ class Cluster(Engines):
         self.progress_feed = ProgressFeed()
         self.subscribe(lambda ev: self.published.progress(ev.as_dict()))
         self._last_profile: Profiled | None = None  # none yet: nothing to publish
+        #: engines (by PID) whose profiling hook is registered (dpnb.session.profile)
+        self.profile_armed: set[int] = set()
         # (exercise, function name) -> failed tries so far (hints grow with them)
         self.grade_tries: dict[tuple[str, str], int] = {}
         # what an agent (dpnb mcp) may do here besides reading: the notebook's yes
@@ -103,16 +106,23 @@ class Cluster(Engines):
             self.setup_log.add(SetupCell(code, self.history[-1].seq))
         return res
 
-    def profile(self, code: str, ranks=None, *, out_dir: str | None = None, **run_kw):
+    def profile(self, code: str, ranks=None, *, out_dir: str | None = None, wait: bool = False,
+                **run_kw):
         """Run a cell with ``torch.profiler`` on every selected rank (``%%dp --profile``);
-        the analysis is kept in :attr:`last_profile`.  See :mod:`dpnb.session.profile`."""
-        return self.profiled(lambda: self.run(code, ranks=ranks, **run_kw), ranks=ranks,
-                             out_dir=out_dir)
+        the analysis is kept in :attr:`last_profile`, its trace files written just
+        after (``wait=True``: before this returns).  Each rank starts its profiler
+        as the cell arrives (no request before it).  See :mod:`dpnb.session.profile`."""
+        return self.profiled(
+            lambda tag: self.run(code, ranks=ranks, flags=(profile_flag(tag),), **run_kw),
+            ranks=ranks, out_dir=out_dir, wait=wait, in_request=True)
 
     @notebook_turn
-    def profiled(self, run, *, ranks=None, what: str = "cell", out_dir: str | None = None):
-        """``run()`` (a cell, a train, a script) with every selected rank profiled; its result."""
-        return _profile.profiled(self, run, ranks=ranks, what=what, out_dir=out_dir)[0]
+    def profiled(self, run, *, ranks=None, what: str = "cell", out_dir: str | None = None,
+                 wait: bool = False, in_request: bool = False):
+        """``run()`` (a cell, a train, a script) with every selected rank profiled; its
+        result.  ``in_request``: ``run(tag)`` sends a cell with ``profile_tag=tag``."""
+        return _profile.profiled(self, run, ranks=ranks, what=what, out_dir=out_dir,
+                                 wait=wait, in_request=in_request)[0]
 
     @notebook_turn
     def grade(self, exercise: str, name: str | None = None, *, reveal: bool = False, **kw):

@@ -119,9 +119,13 @@ def _links(p: Profiled) -> str:
         return ""
     if rel.startswith(".."):
         return ""
-    files = ["merged.json"] + [f"rank{r.rank}.json" for r in p.report.ranks]
+    if p.files:  # the files this profile writes (just after its cell returned)
+        files = list(p.files)
+    else:
+        files = [f for f in ["merged.json"] + [f"rank{r.rank}.json" for r in p.report.ranks]
+                 if os.path.isfile(os.path.join(p.folder, f))]
     links = " · ".join(f"<a href='{_html.escape(os.path.join(rel, f))}' target='_blank'>{f}</a>"
-                       for f in files if os.path.isfile(os.path.join(p.folder, f)))
+                       for f in files)
     return f"<div style='font-size:13px'>Trace files: {links}</div>" if links else ""
 
 

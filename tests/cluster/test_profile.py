@@ -108,7 +108,8 @@ def test_the_late_rank_is_named_with_its_lateness(tmp_path):
         assert st2 is not None and st2.rank == 2, view.text(view.data(c.last_profile))
         t0, t1, t2 = c.pull("entered")
         assert abs(st2.typical_late_s - (t2 - min(t0, t1))) <= 0.01, (st2, t2 - min(t0, t1))
-        # files people can take elsewhere
+        # files people can take elsewhere (written just after the cell returned)
+        assert p.wait(30) and p.writing.error == ""
         for r in range(3):
             one = json.loads((tmp_path / "p" / f"rank{r}.json").read_text())
             assert any(e.get("name") == "gloo:all_reduce" for e in one["traceEvents"])
@@ -153,6 +154,27 @@ def test_a_failing_cell_keeps_its_partial_profile_and_bad_input_is_one_line(tmp_
         assert "ValueError" in p.failure and len(p.report.ranks) == 2
         assert [c_.op for c_ in p.report.collectives] == ["all_reduce"]
         assert c.call("dpnb.engine.metrics.profile.drop").values == [False, False]  # nothing left running
+        # the cell's own request starts the profilers: one call after it, none before
+        calls, call = [], c.call
+
+        def spy(dotted, *a, **k):
+            calls.append(dotted.rsplit(".", 1)[-1])
+            return call(dotted, *a, **k)
+
+        c.call = spy
+        c.profile("x = 1", display=False, out_dir=str(tmp_path / "r"))
+        assert calls == ["end"] and len(c.last_profile.report.ranks) == 2, calls
+        # a profiler that does not start is no refusal: the cell ran, the rank is named
+        c.run("import dpnb.engine.metrics.profile as _p\n_keep = _p.begin\n"
+              "def _refuse(*a, **k):\n    raise RuntimeError('no profiler here')\n"
+              "_p.begin = _refuse", ranks=[1], display=False)
+        c.profile("ran = True", display=False, out_dir=str(tmp_path / "n"))
+        c.call = call
+        c.run("_p.begin = _keep", ranks=[1], display=False)
+        assert c.pull("ran") == [True, True]
+        notes = c.last_profile.report.notes
+        assert any("rank 1" in n and "did not start (RuntimeError: no profiler here)" in n
+                   for n in notes), notes
         with magics_on(c) as ip:
             with pytest.raises(Exception, match="--profile-dir goes with --profile"):
                 ip.run_cell_magic("dp", "--profile-dir /tmp/x", "pass")

@@ -27,7 +27,7 @@ def test_a_torchrun_script_profiled_with_dp_run(c, tmp_path, capsys):
     assert p.what == "script" and p.failure == "" and "Profiled script on 2 of 2 ranks" in out
     assert "all_reduce" in _ops(c)
     assert all(s.steps == 4 for s in p.report.stats)  # 64 samples / (8 x 2 ranks) forwards
-    assert (tmp_path / "merged.json").is_file()
+    assert p.wait(30) and (tmp_path / "merged.json").is_file()
     assert_whole(c, pids)
 
 

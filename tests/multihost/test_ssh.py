@@ -205,6 +205,7 @@ def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
             (seen, truth, rep.clock_note)
         later = 1 if sum(max(0.0, t) for t in truth) > sum(max(0.0, -t) for t in truth) else 0
         assert rep.straggler.rank == later, (rep.straggler, truth)
+        assert c.last_profile.wait(30)
         assert (tmp_path / "rank1.json").is_file() and (tmp_path / "merged.json").is_file()
     finally:
         c.stop()

@@ -48,4 +48,64 @@ def test_the_profilers_stop_and_the_profile_is_kept_whatever_the_code_raised(exc
     p = c.last_profile
     assert p.failure == ("KeyboardInterrupt" if isinstance(exc, KeyboardInterrupt) else "boom")
     assert any("failed" in n for n in p.report.notes)
+    assert p.wait(10) and p.writing.error == ""
     assert (tmp_path / "rank1.json").is_file() and json.loads((tmp_path / "merged.json").read_text())
+
+
+def test_the_result_returns_before_the_trace_files_are_written(tmp_path, monkeypatch):
+    """The analysis is ready when the call returns; unpacking the traces and
+    building the merged one happen after, on a thread of their own."""
+    import threading
+    import time
+
+    gate = threading.Event()
+    real = SP.merged_trace
+
+    def slow_merge(report, traces):  # the merged trace waits for the test's word
+        gate.wait(10)
+        return real(report, traces)
+
+    monkeypatch.setattr(SP, "merged_trace", slow_merge)
+    c = _Fake()
+    t0 = time.monotonic()
+    assert SP.profiled(c, lambda: "result", out_dir=str(tmp_path))[0] == "result"
+    assert time.monotonic() - t0 < 5
+    p = c.last_profile
+    assert p.report.ranks and p.files == ("merged.json", "rank0.json", "rank1.json")
+    assert not (tmp_path / "merged.json").exists() and not p.wait(0.05)
+    gate.set()
+    assert p.wait(10) and json.loads((tmp_path / "merged.json").read_text())["traceEvents"]
+    gate.clear()  # wait=True: the files are there when the call returns
+    threading.Timer(0.3, gate.set).start()
+    SP.profiled(c, lambda: None, out_dir=str(tmp_path / "w"), wait=True)
+    assert (tmp_path / "w" / "merged.json").is_file()
+
+
+def test_engines_are_armed_once_and_a_replaced_one_again(caplog):
+    """The profiling hook is registered by a call on an engine's first profiled
+    cell; engines are remembered by PID, so one that replaced a rank is armed again."""
+    class _Ranked(_Fake):
+        def __init__(self):
+            super().__init__()
+            self.ranks = [types.SimpleNamespace(rank=0, pid=100), types.SimpleNamespace(rank=1, pid=101)]
+            self.dead, self.profile_armed, self.asked, self.refuse = {}, set(), [], set()
+
+        def call(self, dotted, *args, ranks=None, raise_errors=True):
+            self.asked.append(list(ranks))
+            outs = {r: types.SimpleNamespace(ok=r not in self.refuse, value=r not in self.refuse,
+                                             ename="RuntimeError", evalue="no shell")
+                    for r in ranks}
+            return types.SimpleNamespace(outcomes=outs)
+
+    c = _Ranked()
+    SP._arm(c)
+    SP._arm(c)
+    assert c.asked == [[0, 1]] and c.profile_armed == {100, 101}
+    c.ranks[1] = types.SimpleNamespace(rank=1, pid=202)  # a restart replaced rank 1
+    c.refuse = {1}
+    SP._arm(c)
+    assert c.asked[-1] == [1] and 202 not in c.profile_armed
+    assert "profiling hook not registered on rank 1: RuntimeError: no shell" in caplog.text
+    c.refuse = set()
+    SP._arm(c)  # tried again on the next profiled cell
+    assert c.asked[-1] == [1] and 202 in c.profile_armed

@@ -1,7 +1,8 @@
 """``%%dp --profile``: torch.profiler on this rank around a cell, a train or a script.
 
-The notebook calls :func:`begin` on every profiled rank, runs the cell as
-usual, then calls :func:`end`.  Nothing here talks to the other ranks: each
+The notebook calls :func:`begin` on every profiled rank (for a cell, the
+cell's own request asks for it: :mod:`dpnb.engine.metrics.profilemark`), runs
+the cell as usual, then calls :func:`end`.  Nothing here talks to the other ranks: each
 rank records its own threads (and its GPU), writes its Chrome trace into
 its private folder, and sends back a bounded
 :class:`dpnb.core.profile.RankTrace` plus the trace itself when it is small
@@ -64,8 +65,22 @@ def begin(ns: dict, tag: str, record_shapes: bool = True) -> str:
     return folder
 
 
+class _NotStarted:
+    """A profile asked for in a cell's request whose profiler did not start."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+def failed_to_start(ns: dict, why: str) -> None:
+    """Keep why this rank's profiler did not start, for :func:`end` to say."""
+    get_state(ns).profiler = _NotStarted(why)
+
+
 def _drop(st, why: str) -> None:
     run, st.profiler = st.profiler, None
+    if not isinstance(run, _Running):
+        return
     try:
         run.prof.stop()
     except Exception as e:  # already stopped, or torch refused: nothing is left running
@@ -79,9 +94,11 @@ def end(ns: dict) -> tuple[RankTrace, bytes | None]:
     st = get_state(ns)
     host = socket.gethostname()
     run = st.profiler
-    if run is None:
-        return RankTrace(st.rank, host, "cpu", 0.0, 0.0, 0.0, (), (),
-                         error="no profile was running on this rank (restarted since?)"), None
+    if not isinstance(run, _Running):
+        st.profiler = None
+        why = (f"torch.profiler did not start ({run.why})" if isinstance(run, _NotStarted)
+               else "no profile was running on this rank (restarted since?)")
+        return RankTrace(st.rank, host, "cpu", 0.0, 0.0, 0.0, (), (), error=why), None
     st.profiler = None
     with record_function(END_MARKER):
         pass
@@ -107,7 +124,6 @@ def drop(ns: dict) -> bool:
     """Stop a running profile without keeping it (a start that failed on another rank);
     True if one ran."""
     st = get_state(ns)
-    if st.profiler is None:
-        return False
+    ran = isinstance(st.profiler, _Running)
     _drop(st, "dropped by the notebook")
-    return True
+    return ran

@@ -1,0 +1,51 @@
+"""Flags a cell travels with: comment lines after the user's code, no request before it.
+
+The notebook asks something of a cell's run -- ``%%dp --unchecked``, ``%%dp
+--profile`` -- by appending ``# dpnb: FLAG`` lines to the code it sends
+(``Engines.run(flags=...)``); each rank's ``pre_run_cell`` hook reads them off
+the raw cell IPython hands it.  Comments, last: no line of the user's moves,
+and a traceback's line numbers stay the notebook's.  The runtime only carries
+them; what a flag means is the hook's (``dpnb.engine.metrics.profilemark`` for
+``--profile``; ``--unchecked`` keeps its own mark, ``engine/cell/collcheck.py``).
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "# dpnb: "
+#: how many trailing lines a hook looks at (the flags one cell can carry)
+MAX_FLAGS = 4
+_TAG = re.compile(r"[A-Za-z0-9_-]{1,80}")
+
+
+def with_flags(code: str, flags: tuple[str, ...] | list[str]) -> str:
+    """``code`` with one ``# dpnb: FLAG`` line per flag after it."""
+    if not flags:
+        return code
+    return code + ("" if code.endswith("\n") else "\n") + "".join(PREFIX + f + "\n" for f in flags)
+
+
+def trailing_flags(raw: object) -> list[str]:
+    """The flags among a raw cell's last :data:`MAX_FLAGS` lines (the user's own
+    ``# dpnb:`` comments higher up never count)."""
+    if not isinstance(raw, str) or PREFIX not in raw:
+        return []
+    return [ln[len(PREFIX):] for ln in raw.rstrip().splitlines()[-MAX_FLAGS:]
+            if ln.startswith(PREFIX)]
+
+
+def profile_flag(tag: str) -> str:
+    """The flag of a profiled cell: ``--profile TAG`` (TAG names the profile's files)."""
+    if not _TAG.fullmatch(tag):
+        raise ValueError(f"a profile's tag is letters, digits, '-' and '_' (got {tag!r})")
+    return "--profile " + tag
+
+
+def profile_tag(raw: object) -> str | None:
+    """The tag of the profile a raw cell asks for, or None."""
+    for f in trailing_flags(raw):
+        name, _, tag = f.partition(" ")
+        if name == "--profile" and _TAG.fullmatch(tag):
+            return tag
+    return None
