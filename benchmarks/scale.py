@@ -14,11 +14,18 @@ operations in between run side by side, alternating A B A B call by call
 prints on every rank, a small all_reduce cell, push and pull of a 1 MB
 value, a status query (raw: ``queue_status``) and a cell that raises on every
 rank (time to the error).  Each row gives both medians of ``--cells`` calls
-and the median of the per-round ratios, which follows the machine's drift
-far less than the ratio of medians.  Memory: RSS and unique memory
-(``Private_*`` of smaps_rollup: what one more engine costs) per engine, medians.
+(60 by default: enough to tell 0.9 from 1.1 on two shared cores) and the
+median of the per-round ratios, which follows the machine's drift far less
+than the ratio of medians, with their interquartile range and the count.
+Memory: RSS and unique memory (``Private_*`` of smaps_rollup: what one more
+engine costs) per engine, medians.
 
-    python benchmarks/scale.py [--ns 2,8,16,32] [--cells 10]
+Both sides get the same start timeout (``--start-timeout``, default 60 s plus
+2 s per engine: ipyparallel's own default of 60 s gave up at N = 64 here with
+55 engines ready); a side that does not start is a row saying why, not a
+traceback, and that N's other rows are skipped.
+
+    python benchmarks/scale.py [--ns 2,8,16,32] [--cells 60] [--start-timeout S]
 """
 
 from __future__ import annotations
@@ -91,13 +98,13 @@ def _px_way(view, code: str) -> None:
 
 
 class Raw:
-    def start(self, n: int) -> None:
+    def start(self, n: int, timeout: float) -> None:
         import socket
 
         import ipyparallel as ipp
 
         self.ipp = ipp
-        self.cluster = ipp.Cluster(n=n, log_level=40)
+        self.cluster = ipp.Cluster(n=n, log_level=40, engine_timeout=int(timeout))
         self.client = self.cluster.start_and_connect_sync(n=n)
         self.view = self.client[:]
         with socket.socket() as s:
@@ -122,17 +129,18 @@ class Raw:
 
     def stop(self) -> None:
         procs = [psutil.Process(p) for p in self.pids if psutil.pid_exists(p)]
-        self.client.close()
+        if getattr(self, "client", None) is not None:  # not there after a failed start
+            self.client.close()
         self.cluster.stop_cluster_sync()
         psutil.wait_procs(procs, timeout=30)
 
 
 class Dpnb:
-    def start(self, n: int) -> None:
+    def start(self, n: int, timeout: float) -> None:
         import dpnb
 
         self.dpnb = dpnb
-        self.c = dpnb.start(n, threads=1)
+        self.c = dpnb.start(n, threads=1, start_timeout=timeout)
         self.pids = [r.pid for r in self.c.ranks]
 
     def ops(self) -> dict:
@@ -178,16 +186,25 @@ def side_by_side(sides: dict, cells: int) -> dict:
         ratios = [d / r for d, r in zip(got["dpnb"], got["raw"])]
         out[op] = {name: statistics.median(v) for name, v in got.items()}
         out[op]["ratio"] = statistics.median(ratios)
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        out[op]["spread"] = (q[0], q[2], len(ratios))  # interquartile range, calls
     return out
 
 
-def run_n(n: int, cells: int, first: str) -> dict:
+def run_n(n: int, cells: int, first: str, timeout: float) -> dict:
     sides = {"dpnb": Dpnb(), "raw": Raw()}
     order = [first] + [s for s in sides if s != first]
     res: dict = {"start": {}, "stop": {}}
     try:
         for name in order:
-            res["start"][name] = _timed(lambda: sides[name].start(n))
+            try:
+                res["start"][name] = _timed(lambda: sides[name].start(n, timeout))
+            except Exception as e:  # a side that does not start is a row, not a traceback
+                msg = (str(e).splitlines() or [""])[0][:160]
+                res["failed"] = f"{name} did not start: {type(e).__name__}: {msg}"
+                if hasattr(sides[name], "cluster"):  # raw: what it did start
+                    sides[name].pids = []
+                return res
         res.update(side_by_side(sides, cells))
         res["engine RSS MiB"] = {name: _median_mib(s.pids, _rss_mib) for name, s in sides.items()}
         # unique: pages no other process shares (what one more engine costs)
@@ -196,7 +213,10 @@ def run_n(n: int, cells: int, first: str) -> dict:
     finally:
         for name in order:
             if hasattr(sides[name], "pids"):
-                res["stop"][name] = _timed(sides[name].stop)
+                try:
+                    res["stop"][name] = _timed(sides[name].stop)
+                except Exception as e:  # said in the row; the run goes on
+                    res.setdefault("failed", f"{name} did not stop: {type(e).__name__}: {e}")
     for key in ("start", "stop", "engine RSS MiB", "engine unique MiB"):
         res[key]["ratio"] = res[key]["dpnb"] / res[key]["raw"]
     return res
@@ -205,22 +225,35 @@ def run_n(n: int, cells: int, first: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ns", default="2,8,16,32")
-    ap.add_argument("--cells", type=int, default=10)
+    ap.add_argument("--cells", type=int, default=60)
+    ap.add_argument("--start-timeout", type=float, default=None,
+                    help="seconds either side may take to start (default 60 + 2 per engine)")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = []
     for i, n in enumerate(int(x) for x in args.ns.split(",")):
-        res = run_n(n, args.cells, "dpnb" if i % 2 == 0 else "raw")
-        print(f"N={n}: " + "; ".join(f"{k} {v['dpnb']:.4g} vs {v['raw']:.4g} ({v['ratio']:.2f}x)"
-                                     for k, v in res.items()), flush=True)
+        timeout = args.start_timeout or 60.0 + 2.0 * n
+        res = run_n(n, args.cells, "dpnb" if i % 2 == 0 else "raw", timeout)
+        print(f"N={n}: " + "; ".join(
+            f"{k} {v}" if k == "failed" else f"{k} {v['dpnb']:.4g} vs {v['raw']:.4g} "
+            f"({v['ratio']:.2f}x)" for k, v in res.items() if k == "failed" or "ratio" in v),
+            flush=True)
         rows.append((n, res))
-    print("\n| N | what | dpnb | raw ipyparallel | ratio |\n|---|---|---|---|---|")
+    print("\n| N | what | dpnb | raw ipyparallel | ratio (median of per-round) | IQR, calls |"
+          "\n|---|---|---|---|---|---|")
     for n, res in rows:
         for k, v in res.items():
+            if k == "failed":
+                print(f"| {n} | start | {v} | | | |")
+                continue
+            if "ratio" not in v:
+                continue
             mib = "MiB" in k
             fmt = (lambda x: f"{x:.0f} MiB") if mib else (
                 lambda x: f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s")
-            print(f"| {n} | {k} | {fmt(v['dpnb'])} | {fmt(v['raw'])} | {v['ratio']:.2f} |")
+            sp = v.get("spread")
+            spread = f"{sp[0]:.2f}-{sp[1]:.2f}, {sp[2]}" if sp else "one each"
+            print(f"| {n} | {k} | {fmt(v['dpnb'])} | {fmt(v['raw'])} | {v['ratio']:.2f} | {spread} |")
 
 
 if __name__ == "__main__":
