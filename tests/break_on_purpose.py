@@ -39,6 +39,18 @@ from helpers import breakrun  # noqa: E402  (the runner; this file is the list)
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("checkpoint: a full folder is said as out of space", "dpnb/engine/train/checkpoint.py",
+  "    if full:  # (no free-space figure", "    if False:  # (no free-space figure",
+  ["tests/cluster/test_checkpoint_full.py::test_a_full_checkpoint_folder_is_said_and_nothing_is_lost"]),
+ ("checkpoint: a failed save removes the partial folder it made", "dpnb/engine/train/checkpoint.py",
+  "    if created:\n        shutil.rmtree(path, ignore_errors=True)", "    if False:\n        shutil.rmtree(path, ignore_errors=True)",
+  ["tests/cluster/test_checkpoint_full.py::test_a_full_checkpoint_folder_is_said_and_nothing_is_lost"]),
+ ("checkpoint: a failed autosave names the checkpoint still intact", "dpnb/engine/train/autosave.py",
+  "        prev = latest(directory)", "        prev = None",
+  ["tests/cluster/test_checkpoint_full.py::test_a_full_checkpoint_folder_is_said_and_nothing_is_lost"]),
+ ("checkpoint: a write error is the user's one line, not a traceback", "dpnb/cluster/types.py",
+  '"DoorError", "CheckpointWriteError"})', '"DoorError"})',
+  ["tests/cluster/test_checkpoint_full.py::test_a_full_checkpoint_folder_is_said_and_nothing_is_lost"]),
  ("profile: an engine is armed once, by PID (a replaced rank again)", "dpnb/session/profile.py",
   "            if r.pid not in cluster.profile_armed and r.rank not in cluster.dead]",
   "            if r.rank not in cluster.dead]",
@@ -95,7 +107,7 @@ MUTATIONS = [
   'out["TORCH_NCCL_ENABLE_MONITORING"] = "0"', 'out["TORCH_NCCL_ENABLE_MONITORING"] = "1"',
   ["tests/unit/test_backend_env.py::test_nccl_dumps_go_to_the_private_folder_and_the_monitor_is_off"]),
  ("standin: save's agreement travels on the communication device", "dpnb/engine/train/checkpoint.py",
-  "else 0], device=es.comm_device)", "else 0])",
+  "0 if created else 1],\n                       device=es.comm_device)", "0 if created else 1])",
   ["tests/standin/test_standin.py::test_save_and_load_on_an_nccl_like_group"]),
  ("standin: a re-formation after an aborting release rebinds from the group formed last",
   "dpnb/engine/setup.py",

@@ -24,7 +24,7 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh")
 USER_ENAMES = frozenset({"UserError", "ConfigError", "DpnbError", "NotRunningError", "RankSpecError",
                          "StartError", "RemoteCellError", "TrainError", "ViewError", "AdoptError",
                          "ActionError", "StartRequestError", "TurnTaken", "AgentRefused",
-                         "DoorError"})
+                         "DoorError", "CheckpointWriteError"})
 #: how many cells and pushes the history keeps (what ``restart --resume`` may replay)
 SETUP_LOG_MAX = 200
 

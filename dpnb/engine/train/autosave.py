@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from dpnb.engine.train.checkpoint import read_meta, save
+from dpnb.engine.train.checkpoint import CheckpointWriteError, read_meta, save
 from dpnb.engine.train.train_state import TrainError
 
 LATEST = "latest"
@@ -67,7 +67,15 @@ def check(st, directory, every) -> str:
 def save_step(ns: dict, directory: str, step: int, rank: int) -> str:
     """Checkpoint now (collective); rank 0 moves ``latest`` and prunes old ones."""
     name = f"step-{step:08d}"
-    save(ns, os.path.join(directory, name))  # ends with a barrier: every rank has written
+    try:
+        save(ns, os.path.join(directory, name))  # ends with a barrier: every rank has written
+    except CheckpointWriteError as e:  # on every rank alike: say what is still there
+        prev = latest(directory)
+        kept = (f"{os.path.basename(prev)} is intact and still the latest" if prev
+                else "no earlier checkpoint is in that folder")
+        raise TrainError(f"{e}. Training stopped after step {step - 1:,} (the model holds "
+                         f"its weights); {kept}. Train on with another checkpoint_dir, or "
+                         f"once there is room") from None
     if rank == 0:
         tmp = os.path.join(directory, LATEST + ".tmp")
         with open(tmp, "w") as f:

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import builtins
 import collections
+import errno
 import io
 import json
 import os
 import pathlib
 import pickle
+import shutil
 from typing import Any
 
 import torch
@@ -199,6 +201,7 @@ def save(ns: dict, path: str) -> dict:
     es = get_state(ns)
     st = require_bound(ns)
     path = os.path.abspath(os.path.expanduser(str(path)))
+    created = not os.path.exists(path)  # a failed save removes only a folder it made
     os.makedirs(path, exist_ok=True)
     msd = get_model_state_dict(st.wrapped)
     inner = _zero_inner(st)
@@ -206,9 +209,13 @@ def save(ns: dict, path: str) -> dict:
     # ZeRO-1 rank that owns no parameter has nothing to add and agrees
     owned = [p for g in inner.param_groups for p in g["params"]]
     # on the communication device: an NCCL group reduces GPU tensors only
-    has = torch.tensor([1 if (_has_state(inner) or not owned) else 0], device=es.comm_device)
+    # ... and, in the same all_reduce, whether any rank made the folder (the
+    # others may have found it there a moment later): a failed save removes it
+    # on every rank alike, and says so in one sentence
+    has = torch.tensor([1 if (_has_state(inner) or not owned) else 0, 0 if created else 1],
+                       device=es.comm_device)
     dist.all_reduce(has, op=dist.ReduceOp.MIN)
-    with_optim = bool(has.item())
+    with_optim, created = bool(has[0].item()), not bool(has[1].item())
     sd: dict = {"model": msd}
     if with_optim:
         if st.strategy == "zero1":
@@ -216,7 +223,14 @@ def save(ns: dict, path: str) -> dict:
         else:
             osd = get_optimizer_state_dict(st.wrapped, st.optimizer)
             sd["optim"] = _optim_tensors(osd["state"])
-    dcp.save(sd, storage_writer=FileSystemWriter(path))
+    try:
+        # DCP gathers every rank's write errors and raises on all of them alike:
+        # no rank is left waiting in a collective of the save
+        dcp.save(sd, storage_writer=FileSystemWriter(path))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        raise _not_written(path, e, created) from None
     meta = {
         "format": FORMAT,
         "step": st.step,
@@ -239,14 +253,53 @@ def save(ns: dict, path: str) -> dict:
             "epoch": st.data.epoch,
             "offset": st.data.offset,
         }
+    failed: OSError | None = None
     if es.rank == 0:
         tmp = os.path.join(path, META_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(meta, f, indent=1)
-        os.replace(tmp, os.path.join(path, META_FILE))
-    dist.barrier()
+        try:
+            with open(tmp, "w") as f:
+                json.dump(meta, f, indent=1)
+            os.replace(tmp, os.path.join(path, META_FILE))
+        except OSError as e:  # told to every rank below, so none waits for rank 0
+            failed = e
+    # the barrier that ends the save carries rank 0's word: all raise alike, or none
+    ok = torch.tensor([0 if failed is not None else 1], device=es.comm_device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if not ok.item():
+        raise _not_written(path, failed or OSError(f"rank 0 could not write {META_FILE}"),
+                           created)
     return {"rank": es.rank, "path": path, "step": st.step, "strategy": st.strategy,
             "optimizer_state": with_optim, "n_model_tensors": len(msd)}
+
+
+class CheckpointWriteError(TrainError):
+    """A checkpoint that could not be written (a full disk, a folder gone)."""
+
+
+def _not_written(path: str, e: BaseException, created: bool) -> CheckpointWriteError:
+    """One line for a save that failed on every rank; the partial folder removed
+    when this save made it (a folder that was there before is left as it was)."""
+    text = str(e)
+    # DCP hands every rank the same table of the ranks' failures, so each decides
+    # alike; torch.save's zip writer may fail first, on the short write itself
+    texts = [text] + [str(x) for x in (getattr(e, "failures", None) or {}).values()]
+    if getattr(e, "errno", None) == errno.ENOSPC or any("No space left on device" in t
+                                                        for t in texts):
+        full = "No space left on device"
+    elif any("unexpected pos" in t for t in texts):
+        full = "a write came up short: no space left, or a quota"
+    else:
+        full = ""
+    if created:
+        shutil.rmtree(path, ignore_errors=True)
+    gone = "; the partial folder was removed" if created else ""
+    if full:  # (no free-space figure: read on each rank at another moment, it would differ)
+        return CheckpointWriteError(
+            f"checkpoint not written: {os.path.dirname(path)} is out of space ({full})"
+            f"{gone}; free space there or save to another folder")
+    first = next((ln for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    return CheckpointWriteError(f"checkpoint not written to {path}: {type(e).__name__}: "
+                                f"{first[:300]}{gone}")
 
 
 def read_meta(path: str) -> dict:
