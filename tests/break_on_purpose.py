@@ -39,6 +39,10 @@ from helpers import breakrun  # noqa: E402  (the runner; this file is the list)
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("peer: a whole host lost is rebuilt from the other host's copies", "dpnb/engine/train/peercopy.py",
+  "            self.ps.group = (gen, pg, holders(hosts))\n",
+  "            self.ps.group = (gen, pg, holders([0] * len(hosts)))\n",
+  ["tests/multihost/test_ssh.py::test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy[the whole second host]"]),
  ("checkpoint: a full folder is said as out of space", "dpnb/engine/train/checkpoint.py",
   "    if full:  # (no free-space figure", "    if False:  # (no free-space figure",
   ["tests/cluster/test_checkpoint_full.py::test_a_full_checkpoint_folder_is_said_and_nothing_is_lost"]),

@@ -222,15 +222,17 @@ def _outer_pid(hs, host, inner: int) -> int:
     raise AssertionError(f"no process {inner} in {host.name}")
 
 
-def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts):
+@pytest.mark.parametrize("lost", [(2,), (2, 3)], ids=["one rank", "the whole second host"])
+def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts, lost):
     """ZeRO-2 on 2 + 2 ranks with peer copies every K steps: each rank's copy is
     held on the other host (the hosts told apart by their real hostnames, over
-    the copies' own gloo group across the bridge).  Rank 2, on the second host,
-    is SIGKILLed from outside mid-training, as the OOM killer would; ``restart
-    --resume`` with no checkpoint ever written puts its replacement on that host
-    with its shard from rank 0's copy, the others rolled back to their own
+    the copies' own gloo group across the bridge).  Rank 2 -- or both ranks of
+    the second host at once, as a lost machine -- is SIGKILLed from outside
+    mid-training, as the OOM killer would; ``restart --resume`` with no
+    checkpoint ever written puts the replacements on that host with their
+    shards from the first host's copies, the others rolled back to their own
     snapshots -- byte for byte -- and training goes on in sync."""
-    hs, k, dead = two_hosts, 3, 2
+    hs, k, dead = two_hosts, 3, lost[0]
     a, b = hs.hosts
     c = _start(hs)
     try:
@@ -251,10 +253,11 @@ def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts):
         t = threading.Thread(target=train)
         t.start()
         time.sleep(1.5)
-        os.kill(_outer_pid(hs, b, c.ranks[dead].pid), signal.SIGKILL)
+        for r in lost:
+            os.kill(_outer_pid(hs, b, c.ranks[r].pid), signal.SIGKILL)
         t.join(60)
         assert err and isinstance(err[0], RemoteCellError) and err[0].died, err
-        alive = [r for r in range(4) if r != dead]
+        alive = [r for r in range(4) if r not in lost]
         c.run("_p = _dpnb.peer\npeer = (_p.own, _p.copy, _p.own_step, _p.copy_of, "
               "_dpnb.train.step, _p.group[2])", ranks=alive, display=False)
         want = {r: c.pull("peer", rank=r) for r in alive}
@@ -265,10 +268,12 @@ def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts):
         # at most K steps lost, K + 1 when the death came with a copy in flight
         assert want[0][3] == dead and 0 <= reached - step <= k + 1, (step, reached)
         msg = c.restart(resume=True)
-        assert (f"rank 2 replaced; rebuilt from rank 0's copy of rank 2's shard at step {step:,} "
-                f"({reached - step} steps lost; others rolled back to it)") in msg, msg
-        assert c.ranks[dead].host == b.name
-        expect = {r: want[r][0] for r in alive} | {dead: want[0][1]}
+        copies = "; ".join(f"rebuilt from rank {holders[r]}'s copy of rank {r}'s shard"
+                           for r in lost)
+        assert (f"{'rank 2' if len(lost) == 1 else 'ranks 2-3'} replaced; {copies} at step "
+                f"{step:,} ({reached - step} steps lost; others rolled back to it)") in msg, msg
+        assert all(c.ranks[r].host == b.name for r in lost)
+        expect = {r: want[r][0] for r in alive} | {r: want[holders[r]][1] for r in lost}
         c.run("import dpnb.engine.train.peercopy as _pc\npacked = _pc.pack(_dpnb.train)\n", display=False)
         for r in range(4):  # every rank's state is the snapshot it rolled back to
             (meta, off), (meta0, off0) = peercopy.meta_of(got := c.pull("packed", rank=r)), \
