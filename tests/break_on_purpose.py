@@ -39,6 +39,21 @@ from helpers import breakrun  # noqa: E402  (the runner; this file is the list)
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("incidents: healthy is said only after a fault, with no rank dead or busy", "dpnb/cluster/types.py",
+  "        if self.hurt and self.group_ok and not self.dead and not self.busy:",
+  "        if self.group_ok and not self.dead:",
+  ["tests/unit/test_incidents.py::test_faults_are_logged_once_and_healthy_only_after_a_fault"]),
+ ("incidents: a death is logged", "dpnb/cluster/types.py",
+  "        if self.dead.get(r) != how:\n            self._saw(", "        if False:\n            self._saw(",
+  ["tests/unit/test_incidents.py::test_faults_are_logged_once_and_healthy_only_after_a_fault", "tests/cluster/test_incidents.py::test_each_fault_is_listed_with_the_ranks_it_hit_and_its_time_to_healthy"]),
+ ("incidents: each fault is paired with the next healthy moment", "dpnb/core/incidents.py",
+  '        healed = next((h.at for h in incidents[i + 1:] if h.kind == "healthy"), None)',
+  "        healed = None",
+  ["tests/unit/test_incidents.py::test_rows_pair_each_fault_with_its_time_to_healthy", "tests/cluster/test_incidents.py::test_each_fault_is_listed_with_the_ranks_it_hit_and_its_time_to_healthy"]),
+ ("incidents: a failed call re-formed at once is logged as a broken group", "dpnb/cluster/__init__.py",
+  '            self.health.group_broken("a call failed (" + ", ".join(',
+  '            (lambda *a: None)("a call failed (" + ", ".join(',
+  ["tests/cluster/test_incidents.py::test_each_fault_is_listed_with_the_ranks_it_hit_and_its_time_to_healthy"]),
  ("peer: a whole host lost is rebuilt from the other host's copies", "dpnb/engine/train/peercopy.py",
   "            self.ps.group = (gen, pg, holders(hosts))\n",
   "            self.ps.group = (gen, pg, holders([0] * len(hosts)))\n",

@@ -298,21 +298,32 @@ class Engines(keeping.Kept):
         d = diagnose.classify(res)
         reformed, msg = False, ""
         if d.died:
-            self.health.group_broken()
+            self.health.group_broken(f"it cannot continue without {rank_label(d.died)}")
             alive = (r for r in range(self.world_size) if r not in d.died)
             msg = (f"The process group cannot continue without {rank_label(d.died)}: run "
                    f"%dp restart to replace {'it' if len(d.died) == 1 else 'them'} and re-form the group "
                    f"({diagnose.kept(alive)}).")
         elif d.needs_reform and not self.busy:
+            bad = {r: str(getattr(o.status, "value", o.status))
+                   for r, o in sorted(res.outcomes.items()) if not o.ok}
+            self.health.group_broken("a call failed (" + ", ".join(
+                f"rank {r}: {st}" for r, st in bad.items()) + "); re-formed at once")
             reformed, msg = self.group.try_reform()
         elif d.needs_reform:
-            self.health.group_broken()
+            self.health.group_broken(f"a failed collective, {rank_label(self.busy)} still busy")
             msg = (f"{rank_label(self.busy)} still busy, so the process group was not "
                    f"re-formed yet: wait and run %dp reform, or %dp restart.")
         return diagnose.remote_error(res, d, timeout_s=self.timeout_s, reform_msg=msg,
                                      reformed=reformed)
 
     # ------------------------------------------------------------ group
+    @property
+    def incidents(self) -> tuple:
+        """Every change in the cluster's health the notebook saw, in order
+        (:class:`dpnb.core.incidents.Incident`: deaths, calls it stopped waiting
+        for, a broken group, healthy again, ranks replaced); ``%dp incidents``."""
+        return tuple(self.health.incidents)
+
     @notebook_turn
     def reform(self) -> dict:
         """Destroy and re-create the process group on a fresh port.

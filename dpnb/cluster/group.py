@@ -161,7 +161,7 @@ class Group:
         self.check_reach(port)
         res = self.t.setup_all("reform_group", (port, callbacks), timeout=self.form_wait_s)
         if not res.ok:
-            self.health.group_broken()
+            self.health.group_broken("a re-formation failed: " + first_error(res))
             raise DpnbError("could not re-form the process group: " + first_error(res) + hint)
         self.worlds.set(self.world.formed(
             port, max(o.value["generation"] for o in res.outcomes.values())))
@@ -187,7 +187,7 @@ class Group:
             info = self.regroup(callbacks=True, hint="; try %dp restart")
         except DpnbError as e:
             log.warning("re-forming the group failed: %s", e)
-            self.health.group_broken()
+            self.health.group_broken(f"a re-formation failed: {e}")
             return False, f"Re-forming the process group failed: {e}"
         return True, (f"The process group was re-formed on port {self.master_port} "
                       f"(generation {self.world.generation}); everything on the engines is "

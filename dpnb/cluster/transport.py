@@ -31,6 +31,7 @@ from .processes import frozen_state, oom_counter, oom_kills
 from .render import Streamer, split_notes, without_native_logs
 from .sidedoor import knock_all
 from .worldref import WorldRef
+from ..ranks import rank_label
 from .types import CellResult, Health, RankOutcome, Status, WaitKind
 from .waiting import Waiting
 
@@ -286,7 +287,7 @@ class Transport:
         done = [r for r, a in answers.items() if a and "released" in a]
         log.info("released the groups of ranks %s (asked %s)", done, alive)
         if done:
-            self.health.group_broken()
+            self.health.group_broken(f"the groups of {rank_label(done)} released (side door)")
         return bool(done)
 
     def where(self, ranks: Iterable[int]) -> dict[int, dict | None]:

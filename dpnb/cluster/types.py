@@ -8,10 +8,13 @@ from the engines and what the diagnosis and the output renderer read.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from ..core.incidents import FAULTS, Incident
 from ..errors import DpnbError
 from ..core.timeouts import (FORM_TIMEOUT_S, TORCH_DEFAULT_TIMEOUT_S,  # noqa: F401
                              default_timeout, form_timeout)
@@ -27,6 +30,8 @@ USER_ENAMES = frozenset({"UserError", "ConfigError", "DpnbError", "NotRunningErr
                          "DoorError", "CheckpointWriteError"})
 #: how many cells and pushes the history keeps (what ``restart --resume`` may replay)
 SETUP_LOG_MAX = 200
+#: how many health changes ``%dp incidents`` keeps
+MAX_INCIDENTS = 1000
 
 
 @dataclass(frozen=True)
@@ -255,41 +260,70 @@ class Health:
     dead: dict[int, str] = field(default_factory=dict)
     busy: set[int] = field(default_factory=set)
     group_ok: bool = True
+    #: every change above, in order (``%dp incidents``; the last MAX_INCIDENTS)
+    incidents: deque = field(default_factory=lambda: deque(maxlen=MAX_INCIDENTS))
+    hurt: bool = False  # a fault since the last "healthy" incident
 
     # The only writers of the fields above (tests/unit/test_layers.py holds it):
     # the transport, the group, restart and status report what happened here,
     # by name, and read the fields.
+    def _saw(self, kind: str, ranks=(), detail: str = "") -> None:
+        self.incidents.append(Incident(time.time(), kind, tuple(sorted(ranks)), detail))
+        if kind in FAULTS:
+            self.hurt = True
+
+    def _healed(self) -> None:
+        if self.hurt and self.group_ok and not self.dead and not self.busy:
+            self.hurt = False
+            self._saw("healthy", detail="every rank alive and idle, the process group usable")
+
     def died(self, r: int, how: str) -> None:
         """Rank ``r``'s engine ended (``how``: the exit as said to the user)."""
+        if self.dead.get(r) != how:
+            self._saw("died", (r,), how)
         self.dead[r] = how
 
     def still_busy(self, r: int) -> None:
         """The notebook stopped waiting for rank ``r``, which still runs a cell."""
+        if r not in self.busy:
+            self._saw("still busy", (r,), "the notebook stopped waiting for its call")
         self.busy.add(r)
 
     def settled(self, r: int) -> None:
         """Rank ``r`` finished what it was running."""
         self.busy.discard(r)
+        self._healed()
 
-    def group_broken(self) -> None:
+    def group_broken(self, why: str = "") -> None:
         """The process group cannot be used until it is re-formed."""
+        if self.group_ok:
+            self._saw("group broken", detail=why)
         self.group_ok = False
 
     def group_formed(self, *, all_settled: bool = False) -> None:
         """A new group stands; ``all_settled``: every rank took part, so none runs an old cell."""
+        was = self.group_ok
         self.group_ok = True
         if all_settled:
             self.busy.clear()
+        if not was or all_settled:
+            self._healed()
 
     def replaced(self, ranks) -> None:
         """``ranks`` are fresh engines: their death marks are history."""
+        ranks = [r for r in ranks if r in self.dead]
         for r in ranks:
             self.dead.pop(r, None)
+        if ranks:
+            self._saw("replaced", ranks, "fresh engines")
+            self._healed()
 
     def new_world(self) -> None:
         """A resize: every rank alive and idle."""
         self.dead.clear()
         self.busy.clear()
+        self._saw("resized", detail="every rank alive and idle")
+        self._healed()
 
 
 @dataclass(frozen=True)

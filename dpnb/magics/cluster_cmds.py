@@ -14,6 +14,7 @@ from .. import session
 from ..agent import door
 from ..cluster import keep
 from ..cluster.types import BACKENDS, LAUNCHERS, TORCH_DEFAULT_TIMEOUT_S, StartOptions, Status
+from ..core.incidents import rows as incident_rows, text as incident_text
 from ..display import show_status
 from dpnb.engine import entrypoints as ep
 from .options import subcommand
@@ -134,6 +135,14 @@ class ClusterCommands:
     def status(self, a):
         """Table of ranks: host, pid, device, backend, alive, memory in use."""
         show_status(self._need().status())
+
+    @subcommand("incidents")
+    @magic_arguments()
+    def incidents(self, a):
+        """What happened to this cluster: each death, call given up on or broken group,
+        and how long until every rank was alive and the group usable again."""
+        c = self._need()
+        print(incident_text(incident_rows(c.incidents, c.created)))
 
     @subcommand("restart")
     @magic_arguments()
