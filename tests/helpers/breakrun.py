@@ -170,6 +170,35 @@ def _env(root: str, outcomes: str | None = None) -> dict:
     return env
 
 
+#: the variable that marks every process one break's tests start (their children inherit it)
+LEFT_MARK = "DPNB_BREAK_RUN"
+
+
+def reap(mark: str) -> list[int]:
+    """Stop what one break's run left running (a broken cleanup leaves what the
+    cleanup would have stopped: a controller and its schedulers, say): the
+    processes whose environment carries ``mark``, by PID -- psutil checks each
+    one's start time before the signal -- never by name.  Their PIDs."""
+    import psutil  # lazy: a dependency of ipyparallel, read only here
+
+    left = []
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        try:
+            if p.environ().get(LEFT_MARK) == mark:
+                left.append(p)
+        except (psutil.Error, OSError):  # gone, or not ours to read: not this run's
+            continue
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:  # ended by itself meanwhile
+            pass
+    psutil.wait_procs(left, timeout=5)
+    return [p.pid for p in left]
+
+
 def collected(files: list[str], root: str = ROOT) -> tuple[set[str], str]:
     """Every test id pytest collects from ``files``, and what it said if it failed."""
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p",
@@ -246,9 +275,13 @@ def unbroken_outcomes(ids: list[str], root: str = ROOT) -> dict[str, dict[str, s
         path = os.path.join(d, "outcomes.jsonl")
         # side by side where there are many (xdist), as the suite runs them
         many = ["-n", "2"] if len(ids) > 10 else []
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        *many, *ids], cwd=root, capture_output=True, text=True,
-                       env=_env(root, path))
+        env = _env(root, path)
+        env[LEFT_MARK] = mark = f"{os.getpid()}-{time.monotonic_ns()}-baseline"
+        try:
+            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            *many, *ids], cwd=root, capture_output=True, text=True, env=env)
+        finally:
+            reap(mark)
         return read_outcomes(path)
 
 
@@ -311,20 +344,22 @@ def try_break(e: Entry, ids: list[str], tree: str, zygote: Zygote | None = None)
     if os.path.exists(outcomes):
         os.remove(outcomes)
     t0 = time.monotonic()
+    env = _env(tree, outcomes)
+    env[LEFT_MARK] = mark = f"{os.getpid()}-{time.monotonic_ns()}-{os.path.basename(tree)}"
     try:
         with open(path, "w") as fh:
             fh.write(text.replace(e.old, e.new))
         args = ["-q", "-p", "no:cacheprovider", *lean(e.tests, tree), *e.tests]
         if zygote is not None:
-            rc, said = zygote.pytest(args, _env(tree, outcomes),
-                                     os.path.join(os.path.dirname(tree), "pytest.out"))
+            rc, said = zygote.pytest(args, env, os.path.join(os.path.dirname(tree), "pytest.out"))
         else:
             r = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tree,
-                               capture_output=True, text=True, env=_env(tree, outcomes))
+                               capture_output=True, text=True, env=env)
             rc, said = r.returncode, r.stdout + r.stderr
     finally:
         with open(path, "w") as fh:
             fh.write(text)
+        reap(mark)  # what the broken tree's tests left running, stopped before the next break
     took = time.monotonic() - t0
     got = read_outcomes(outcomes)
     hit = [i for i in ids if failed(got.get(i))]

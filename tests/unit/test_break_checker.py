@@ -197,3 +197,50 @@ def test_a_break_runs_without_the_plugins_its_tests_never_use(project):
     assert breakrun.lean(["tests/unit/test_prop.py"], project) == [
         "-p", "no:anyio", "-p", "no:xdist"]
     assert breakrun.lean(["tests/unit/missing.py::t"], project) == []  # unknown: every plugin
+
+
+LEAKS = '''
+import os
+import subprocess
+import sys
+from pkg.mod import double
+
+def test_double_and_leave_a_process():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                         start_new_session=True)
+    with open(os.environ["LEAK_FILE"], "w") as f:
+        f.write(str(p.pid))
+    assert double(2) == 4
+'''
+
+
+def test_what_a_broken_run_left_running_is_stopped_and_nothing_else(project, tmp_path,
+                                                                     monkeypatch):
+    """A break that removes a cleanup leaves what the cleanup would stop (CI found
+    a controller and its 8 schedulers after a rehearsal): the runner stops the
+    processes its run started -- marked in their environment -- and no other."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    leak = tmp_path / "leak.pid"
+    monkeypatch.setenv("LEAK_FILE", str(leak))
+    with open(os.path.join(project, "tests", "unit", "test_leak.py"), "w") as f:
+        f.write(LEAKS)
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        v = _judge(project, _entry(["tests/unit/test_leak.py::test_double_and_leave_a_process"]))
+        assert v.word == "caught", v.line()
+        left = int(leak.read_text())
+        for _ in range(50):
+            if not psutil.pid_exists(left) or psutil.Process(left).status() == "zombie":
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the broken run's process {left} is still running")
+        assert mine.poll() is None  # not the run's: left alone
+    finally:
+        mine.kill()
+        mine.wait()
