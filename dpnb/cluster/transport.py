@@ -22,8 +22,7 @@ from ..errors import DpnbError
 from ..ippcompat import (output_wait, rank_replies, reply_content, result_metadata,
                          shell_ignores_engine_comms)
 from dpnb.engine.cell import outcount
-from dpnb.engine.cell.collcheck import mark_unchecked
-from ..core.cellflags import with_flags
+from ..core.cellflags import UNCHECKED_FLAG, with_flags
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .launchers import EngineLauncher
@@ -161,12 +160,9 @@ class Transport:
                 flags: tuple[str, ...] = ()) -> dict:
         """Send a cell to every rank of ``sel``.  ``unchecked``: each rank counts but
         does not check the cell's collectives; ``flags``: what the layers above ask
-        of the cell's run (:mod:`dpnb.core.cellflags`) -- both told in the cell's
-        own request (:func:`~dpnb.engine.cell.collcheck.mark_unchecked`: no
-        request before it)."""
-        code = with_flags(code, flags)
-        if unchecked:  # last: its mark must end the cell
-            code = mark_unchecked(code)
+        of the cell's run -- both told in the cell's own request
+        (:mod:`dpnb.core.cellflags`: no request before it)."""
+        code = with_flags(code, (*flags, UNCHECKED_FLAG) if unchecked else flags)
         if len(sel) == 1:
             return {sel[0]: self.view(sel[0]).execute(code, silent=False, block=False)}
         # one view for all: its requests leave in one tight loop, and each

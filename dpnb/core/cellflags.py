@@ -2,11 +2,12 @@
 
 The notebook asks something of a cell's run -- ``%%dp --unchecked``, ``%%dp
 --profile`` -- by appending ``# dpnb: FLAG`` lines to the code it sends
-(``Engines.run(flags=...)``); each rank's ``pre_run_cell`` hook reads them off
-the raw cell IPython hands it.  Comments, last: no line of the user's moves,
-and a traceback's line numbers stay the notebook's.  The runtime only carries
-them; what a flag means is the hook's (``dpnb.engine.metrics.profilemark`` for
-``--profile``; ``--unchecked`` keeps its own mark, ``engine/cell/collcheck.py``).
+(``Engines.run(unchecked=..., flags=...)``); each rank's ``pre_run_cell`` hook
+reads them off the raw cell IPython hands it.  Comments, last: no line of the
+user's moves, and a traceback's line numbers stay the notebook's.  The runtime
+only carries them; what a flag means is the hook's (the cell guard's
+``engine/cell/collcheck.is_unchecked`` for ``--unchecked``,
+``dpnb.engine.metrics.profilemark`` for ``--profile``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ PREFIX = "# dpnb: "
 #: how many trailing lines a hook looks at (the flags one cell can carry)
 MAX_FLAGS = 4
 _TAG = re.compile(r"[A-Za-z0-9_-]{1,80}")
+#: ``%%dp --unchecked``: this cell's collectives are counted, not checked
+UNCHECKED_FLAG = "--unchecked"
 
 
 def with_flags(code: str, flags: tuple[str, ...] | list[str]) -> str:

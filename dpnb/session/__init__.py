@@ -120,7 +120,7 @@ class Cluster(Engines):
     def profiled(self, run, *, ranks=None, what: str = "cell", out_dir: str | None = None,
                  wait: bool = False, in_request: bool = False):
         """``run()`` (a cell, a train, a script) with every selected rank profiled; its
-        result.  ``in_request``: ``run(tag)`` sends a cell with ``profile_tag=tag``."""
+        result.  ``in_request``: ``run(tag)`` sends a cell flagged ``profile_flag(tag)``."""
         return _profile.profiled(self, run, ranks=ranks, what=what, out_dir=out_dir,
                                  wait=wait, in_request=in_request)[0]
 

@@ -38,6 +38,7 @@ import json
 import os
 from typing import Any
 
+from dpnb.core.cellflags import UNCHECKED_FLAG, trailing_flags
 from dpnb.engine.debugging.frames import is_cell
 
 #: what identifies a call, per collective: (parameter, kind); kinds: ``t`` a
@@ -157,21 +158,11 @@ def digest(text: str) -> int:
                           signed=True)
 
 
-#: the last line a ``%%dp --unchecked`` cell is sent with: the flag travels in the
-#: cell's own request (IPython hands the raw cell to ``pre_run_cell``), no round
-#: trip before it; a comment, last, so no line of the user's moves
-UNCHECKED_MARK = "# dpnb: --unchecked"
-
-
-def mark_unchecked(code: str) -> str:
-    """``code`` as a ``%%dp --unchecked`` cell is sent (see :data:`UNCHECKED_MARK`)."""
-    return code + ("" if code.endswith("\n") else "\n") + UNCHECKED_MARK + "\n"
-
-
 def is_unchecked(info) -> bool:
-    """Does the cell IPython is about to run carry :data:`UNCHECKED_MARK` last?"""
-    raw = getattr(info, "raw_cell", None)
-    return isinstance(raw, str) and raw.rstrip().endswith(UNCHECKED_MARK)
+    """Does the cell IPython is about to run carry the ``--unchecked`` flag?  It
+    travels in the cell's own request (:mod:`dpnb.core.cellflags`: IPython hands
+    the raw cell to ``pre_run_cell``), no round trip before it."""
+    return UNCHECKED_FLAG in trailing_flags(getattr(info, "raw_cell", None))
 
 
 # ----------------------------------------------------------------- patterns
