@@ -39,6 +39,17 @@ from helpers import breakrun  # noqa: E402  (the runner; this file is the list)
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("start: engines whose registration notice was lost are found by asking the hub", "dpnb/cluster/registration.py",
+  "    if len(hub) <= len(client.ids):", "    if True:",
+  ["tests/unit/test_registration.py::test_engines_whose_notifications_were_lost_are_found_by_asking_the_hub",
+   "tests/cluster/test_registration_lost.py::test_the_start_finds_engines_whose_notifications_never_came[zygote]",
+   "tests/cluster/test_registration_lost.py::test_the_start_finds_engines_whose_notifications_never_came[plain]"]),
+ ("start: the replaced client is closed", "dpnb/cluster/registration.py",
+  "    client.close()\n    return fresh", "    return fresh",
+  ["tests/unit/test_registration.py::test_engines_whose_notifications_were_lost_are_found_by_asking_the_hub"]),
+ ("start: an engine that ended ends the wait at once", "dpnb/cluster/registration.py",
+  "        bad = failures()\n", "        bad = []\n",
+  ["tests/unit/test_registration.py::test_an_engine_that_ended_ends_the_wait_at_once"]),
  ("break checker: what a broken run left running is stopped", "tests/helpers/breakrun.py",
   "            if p.environ().get(LEFT_MARK) == mark:", "            if False:",
   ["tests/unit/test_break_checker.py::test_what_a_broken_run_left_running_is_stopped_and_nothing_else"]),

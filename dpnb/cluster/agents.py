@@ -37,6 +37,7 @@ from dpnb.engine import entrypoints as ep
 from dpnb.engine.boot import wait_for_connection
 from ..errors import DpnbError, StartError
 from .processes import describe_exit
+from .registration import wait_registered
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +367,8 @@ def start_with(agents: Agents, icluster, n: int, timeout: float, warm=None):
         agents.hello(wait_file(engine_connection_file(icluster), timeout))
         started = agents.start(agents.counts)
         client = icluster.connect_client_sync()
-        _wait_registered(client, n, agents, started, timeout)
+        client = wait_registered(icluster, client, n, timeout, lambda: agents.failures(started),
+                                 _unreachable(client))
         return client, agents
     except BaseException:
         agents.close()
@@ -463,18 +465,6 @@ def _end(a: HostAgent) -> None:
             a.proc.wait(5)
 
 
-def _wait_registered(client, n: int, agents: Agents, started: dict[str, list[int]],
-                     timeout: float) -> None:
-    """Wait for ``n`` engines; an engine that exits first ends the wait at once."""
-    deadline = time.monotonic() + timeout
-    while len(client.ids) < n:
-        bad = agents.failures(started)
-        if bad:
-            raise StartError(f"{len(client.ids)} of {n} engines registered; then:\n"
-                             + "\n".join(bad))
-        if time.monotonic() > deadline:
-            raise StartError(f"only {len(client.ids)} of {n} engines registered within "
-                             f"{timeout:.0f} s: can the hosts reach the controller at "
-                             f"{client._config.get('interface', '?')}? Give --controller-ip "
-                             f"an address of this host they can reach")
-        time.sleep(0.05)
+def _unreachable(client) -> str:
+    return (f": can the hosts reach the controller at {client._config.get('interface', '?')}? "
+            f"Give --controller-ip an address of this host they can reach")

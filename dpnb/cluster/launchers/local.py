@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from .. import agents as agents_mod
+from ..registration import wait_registered
 from dpnb.engine import entrypoints as ep
 from ..processes import local_exit, same_process, start_time
 from ..types import RankInfo
@@ -78,9 +79,8 @@ class LocalLauncher(EngineLauncher):
         icluster.send_engines_connection_env = False
         icluster.start_engines_sync(n)
         icluster.start_controller_sync()
-        client = icluster.connect_client_sync()
-        client.wait_for_engines(n, timeout=timeout)
-        return client
+        return wait_registered(icluster, icluster.connect_client_sync(), n, timeout,
+                               lambda: _stopped_sets(icluster))
 
     def capacity(self, ranks: Sequence[RankInfo], backend: str,
                  gpus: list[int] | None) -> tuple[int, str]:
@@ -118,6 +118,13 @@ class LocalLauncher(EngineLauncher):
     def root_pids(self, ranks: Iterable[RankInfo]) -> list[int]:
         """The controller, the engines' nannies and the engines themselves."""
         return super().root_pids(ranks) + ipp_launcher_pids(self.ipp) + [ri.pid for ri in ranks]
+
+
+def _stopped_sets(icluster) -> list[str]:
+    """ipyparallel's engine sets that ended before registering (what its own
+    ``wait_for_engines`` ended on)."""
+    return [f"engine set {name} stopped: {es.stop_data}"
+            for name, es in (icluster.engines or {}).items() if es.state == "after"]
 
 
 class ZygoteAgent(agents_mod.Agents):
