@@ -52,8 +52,8 @@ def is_closed(addr: str, port: int, timeout: float = 1.0) -> bool:
 
 
 def knock_all(doors: dict[int, tuple[str, int]], ranks, token: str, cmd: str,
-              timeout: float = 2.0) -> dict[int, dict | None]:
-    """``cmd`` to the doors of ``ranks`` at once: ``{rank: answer or None}``."""
+              timeout: float = 2.0, **extra) -> dict[int, dict | None]:
+    """``cmd`` (with ``extra``) to the doors of ``ranks`` at once: ``{rank: answer or None}``."""
     out: dict[int, dict | None] = {}
     threads = []
     for r in ranks:
@@ -63,7 +63,7 @@ def knock_all(doors: dict[int, tuple[str, int]], ranks, token: str, cmd: str,
         addr, port = doors[r]
 
         def ask(r=r, addr=addr, port=port):
-            out[r] = knock(addr, port, token, cmd, timeout)
+            out[r] = knock(addr, port, token, cmd, timeout, **extra)
 
         t = threading.Thread(target=ask, name=f"dpnb-knock-{r}", daemon=True)
         t.start()

@@ -7,12 +7,15 @@ reads them off the raw cell IPython hands it.  Comments, last: no line of the
 user's moves, and a traceback's line numbers stay the notebook's.  The runtime
 only carries them; what a flag means is the hook's (the cell guard's
 ``engine/cell/collcheck.is_unchecked`` for ``--unchecked``,
-``dpnb.engine.metrics.profilemark`` for ``--profile``).
+``dpnb.engine.metrics.profilemark`` for ``--profile``,
+``dpnb.engine.debugging.rankdap`` for ``--dap``).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
 
 PREFIX = "# dpnb: "
 #: how many trailing lines a hook looks at (the flags one cell can carry)
@@ -51,4 +54,42 @@ def profile_tag(raw: object) -> str | None:
         name, _, tag = f.partition(" ")
         if name == "--profile" and _TAG.fullmatch(tag):
             return tag
+    return None
+
+
+@dataclass(frozen=True)
+class DapCell:
+    """What a ``%%dp`` cell run under JupyterLab's debugger tells its ranks
+    (:mod:`dpnb.engine.debugging.rankdap`): the path the notebook's debugger
+    knows the cell by, the lines the rank's copy is shifted by (the ``%%dp``
+    line), and every breakpoint set in the notebook, by path."""
+
+    path: str
+    shift: int
+    breaks: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def points(self) -> dict[str, set[int]]:
+        return {p: set(lines) for p, lines in self.breaks}
+
+
+def dap_flag(cell: DapCell) -> str:
+    """The flag of a cell run under the notebook's debugger: ``--dap {json}``."""
+    return "--dap " + json.dumps({"path": cell.path, "shift": cell.shift,
+                                  "breaks": {p: list(ls) for p, ls in cell.breaks}},
+                                 separators=(",", ":"))
+
+
+def dap_cell(raw: object) -> DapCell | None:
+    """The debugger's request a raw cell carries, or None (a malformed one too)."""
+    for f in trailing_flags(raw):
+        name, _, rest = f.partition(" ")
+        if name != "--dap":
+            continue
+        try:
+            d = json.loads(rest)
+            return DapCell(str(d["path"]), int(d["shift"]),
+                           tuple((str(p), tuple(int(n) for n in ls))
+                                 for p, ls in dict(d.get("breaks") or {}).items()))
+        except (ValueError, KeyError, TypeError):
+            return None
     return None

@@ -54,6 +54,9 @@ PROFILE_END: Final = "dpnb.engine.metrics.profile.end"
 PROFILE_DROP: Final = "dpnb.engine.metrics.profile.drop"
 PROFILE_ARM: Final = "dpnb.engine.metrics.profilemark.arm"
 
+# ------------------------------------------------- JupyterLab's debugger
+DAP_ARM: Final = "dpnb.engine.debugging.rankdap.arm"
+
 # --------------------------------------------------------------------- views
 WATCH: Final = "dpnb.engine.metrics.views.watch"
 LIVE_SUMMARY: Final = "dpnb.engine.metrics.views.live_summary"

@@ -20,6 +20,9 @@ address (multi-host).  The notebook proves it holds the cluster's token
     ``init_rank`` (the process groups' gloo pairs and store connections --
     not ipyparallel's, which were open before); every collective on this rank
     and on its peers fails at once; the notebook then re-forms the group.
+``dap``
+    a request of JupyterLab's debugger for this rank (a stop's stack,
+    variables, continue...): :mod:`dpnb.engine.debugging.rankdap`.
 ``where``
     what the main thread is doing: the user's cell line, and the collective
     it is inside (op, shape, dtype, its number in this cell), read from the
@@ -28,6 +31,7 @@ address (multi-host).  The notebook proves it holds the cluster's token
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -39,7 +43,7 @@ from typing import Any
 
 import psutil
 
-from dpnb.engine.debugging import frames, rankpdb
+from dpnb.engine.debugging import frames, rankdap, rankpdb
 from dpnb.engine.proc import wire
 from dpnb.engine.cell.collcheck import COLLECTIVES, DEVICE_WAIT_OP, DEVICE_WAITS
 from dpnb.engine.proc.private import private_dir
@@ -278,8 +282,11 @@ class SideDoor:
             return
         try:
             req = json.loads(data)
-            out = self.answer(req, writer.get_extra_info("sockname"),
-                              writer.get_extra_info("peername"))
+            args = (req, writer.get_extra_info("sockname"), writer.get_extra_info("peername"))
+            # a debugger request waits for the stopped main thread: not on this loop,
+            # which must stay free to release the group meanwhile
+            out = (await asyncio.to_thread(self.answer, *args) if req.get("cmd") == "dap"
+                   else self.answer(*args))
         except Exception as e:  # one bad request must not close the door
             log.warning("side door request failed: %s: %s", type(e).__name__, e, exc_info=True)
             out = {"error": f"{type(e).__name__}: {e}"}
@@ -318,6 +325,8 @@ class SideDoor:
             return where(self.state)
         if cmd == "pdb":  # a line for this rank's debugger (None: go on without it)
             return {"fed": rankpdb.feed(self.state, req.get("line"))}
+        if cmd == "dap":  # JupyterLab's debugger, through the notebook's router
+            return rankdap.request(self.state, req.get("req") or {})
         return {"error": f"unknown command {cmd!r}"}
 
 

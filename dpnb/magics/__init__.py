@@ -28,6 +28,7 @@ from ..errors import RemoteCellError
 from .agent_cmds import AgentCommands
 from .cell_cmds import CellCommands
 from .cluster_cmds import ClusterCommands
+from . import debugger
 from .grade_cmds import GradeCommands
 from .job_cmds import JobCommands
 from .options import handlers, parse
@@ -74,6 +75,8 @@ class DPMagics(Magics, *AREAS):
         self.cluster: session.Cluster | None = None
         self.live_dashboard = None  # the live dashboard widget, if one is shown
         self.warm = None  # a zygote importing torch ahead of %dp start (agents.WarmZygote)
+        # JupyterLab's debugger across the ranks (None outside a kernel)
+        self.dap = debugger.install(shell, lambda: self.cluster) if shell is not None else None
         self.subcommands = {name: getattr(self, f.__name__) for name, f in subcommands().items()}
 
     def prewarm(self) -> None:

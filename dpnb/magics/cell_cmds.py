@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ..core.cellflags import profile_flag
+from . import debugger
 from ..session.resume import describe as describe_resume
 from .options import profile_options, run_options, subcommand
 
@@ -29,12 +30,15 @@ class CellCommands:
         c = self._need()
         if not code.strip():
             raise UsageError("%%dp cell is empty: put code to run on the ranks below %%dp")
-        def run(tag=None):
-            return c.run(code, ranks=a.ranks, timeout=a.timeout, stream=not a.no_stream,
-                         setup=a.setup, unchecked=a.unchecked,
-                         flags=(profile_flag(tag),) if tag else ())
+        dap = debugger.cell_flag(self.dap, self.shell)  # JupyterLab's debugger is on
 
-        self._profiled(a, "cell", run, tagged=run)
+        def run(tag=None):
+            flags = ((profile_flag(tag),) if tag else ()) + ((dap,) if dap else ())
+            return c.run(code, ranks=a.ranks, timeout=a.timeout, stream=not a.no_stream,
+                         setup=a.setup, unchecked=a.unchecked, flags=flags)
+
+        with debugger.debugged(self.dap, c, a.ranks, dap):
+            self._profiled(a, "cell", run, tagged=run)
 
     @subcommand("push")
     @magic_arguments()

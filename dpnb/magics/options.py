@@ -70,7 +70,7 @@ def run_options(what: str):
     """The options of code run on the ranks (``%%dp`` and ``%dp run``): where, how
     long, and whether its collectives are checked across ranks first."""
     decos = [
-        argument("--ranks", default=None,
+        argument("-r", "--ranks", default=None,
                  help=f"ranks to run {what} on: 0 | 0,2 | 1: | :2 | 0-2 | all (default all)"),
         argument("--timeout", type=float, default=None,
                  help=f"wall-clock limit for {what} in seconds; ranks still running are "

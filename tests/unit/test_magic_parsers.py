@@ -69,7 +69,7 @@ def test_help_lists_every_subcommand_by_its_usage_line():
     for name, handler in SUBCOMMANDS.items():
         assert handler.parser.prog == f"dp {name}"
         assert re.search(rf"^  %dp {re.escape(name)}( |$)", doc, re.M), name
-    assert "\n  %%dp [--ranks RANKS] [--timeout TIMEOUT] [--unchecked]" in doc  # the cell's
+    assert "\n  %%dp [-r RANKS] [--timeout TIMEOUT] [--unchecked]" in doc  # the cell's
 
 
 def test_every_subcommand_is_a_bound_method_of_the_magics(magics):
