@@ -15,7 +15,10 @@ the kernel's own process.  :class:`DapRouter` stands in front of it
   ``dap`` ``state``) every :data:`POLL_S`; a rank's new stop becomes a
   ``stopped`` event for a thread of its own (id :data:`THREAD_BASE` +
   rank, named "rank R · MainThread");
-* ``threads`` lists the kernel's threads and the running cell's ranks;
+* ``threads`` lists the kernel's threads and the running cell's ranks
+  (JupyterLab's Callstack panel shows one thread: a rank's stack is followed
+  by the other stopped ranks', and its Continue moves every stopped rank --
+  :meth:`DapRouter._continue_all` says why);
   ``stackTrace``, ``scopes``, ``variables``, ``evaluate``, ``continue``,
   ``next``, ``stepIn``, ``stepOut`` on a rank's thread, frame or variable
   go to that rank's side door, with ids translated both ways (ids here start
@@ -58,6 +61,7 @@ class DapRouter:
         self.cluster = cluster
         self.breaks: dict[str, tuple[int, ...]] = {}
         self.on = False  # JupyterLab's debugger attached
+        self.lab = False  # the client is JupyterLab's debugger: Continue moves every rank
         self.armed: set[int] = set()  # engine PIDs whose hook is registered
         self.cell_ranks: tuple[int, ...] = ()  # the debugged cell's ranks while it runs
         self.seen: dict[int, int] = {}  # rank -> the stop serial last announced
@@ -143,10 +147,19 @@ class DapRouter:
         rank = self._thread_rank(args.get("threadId"))
         if cmd == "stackTrace" and rank is not None:
             return self._stack(rank)
+        if cmd == "continue" and self.lab and (rank is not None or self.stopped):
+            return self._continue_all()
         if cmd in RANK_STEPS and rank is not None:
+            if cmd == "continue" and rank not in self.stopped:
+                return {"allThreadsContinued": False}  # already running: nothing to move
             self._ask(rank, {"op": cmd})
             with self._lock:
                 self.stopped.discard(rank)
+                rest = sorted(self.stopped)
+            if rest:  # JupyterLab cleared its panel: show the next stopped rank there
+                self._event("stopped", {"reason": "breakpoint", "threadId": THREAD_BASE + rest[0],
+                                        "allThreadsStopped": False,
+                                        "description": f"rank {rest[0]} stopped"})
             return {"allThreadsContinued": False}
         if cmd == "pause" and rank is not None:
             raise RankDebugError(f"rank {rank} cannot be paused while it runs: set a breakpoint")
@@ -173,6 +186,20 @@ class DapRouter:
                     "variablesReference": self._id(r, "var", got["ref"]) if got["ref"] else 0}
         return None
 
+    def _continue_all(self) -> dict:
+        """JupyterLab's Continue: every stopped rank goes on.
+
+        Its Callstack panel shows one thread, and its Continue names another:
+        it drops the shown thread from its stopped set *before* naming the
+        request's thread (the next stopped one, or thread 1 when none is
+        left -- the kernel's, with a lone rank stopped).  One rank per
+        Continue would move a rank the user is not looking at, or none."""
+        with self._lock:
+            todo, self.stopped = sorted(self.stopped), set()
+        for r in todo:
+            self._ask(r, {"op": "continue"})
+        return {"allThreadsContinued": True}
+
     def _after_kernel(self, cmd, args: dict, reply: dict) -> dict:
         """debugpy's answer, with what the ranks add to it."""
         if not isinstance(reply, dict):
@@ -180,6 +207,8 @@ class DapRouter:
         body = reply.setdefault("body", {}) if reply.get("success", True) else None
         if cmd in ("initialize", "attach") and reply.get("success"):
             self.on = True
+            if cmd == "initialize":
+                self.lab = args.get("clientID") == "jupyterlab"
         elif cmd == "disconnect":
             self._off()
         elif cmd == "setBreakpoints":
@@ -229,10 +258,25 @@ class DapRouter:
         return None
 
     def _stack(self, rank: int) -> dict:
-        got = self._ask(rank, {"op": "stack"})
-        frames = [{"id": self._id(rank, "frame", f["frame"]), "name": f["name"], "line": f["line"],
-                   "column": 1, "source": {"name": os.path.basename(f["path"]), "path": f["path"]}}
-                  for f in got["frames"]]
+        """The rank's frames, then every other stopped rank's, each named with its rank.
+
+        JupyterLab's Callstack panel shows one thread's frames (the first
+        stopped one's) and has no thread list: the other stopped ranks follow
+        there, so every stopped rank is in view, and a click on a frame shows
+        that rank's variables (the frame's id is that rank's)."""
+        frames = []
+        for r in [rank] + sorted(self.stopped - {rank}):
+            try:
+                got = self._ask(r, {"op": "stack"})
+            except RankDebugError as e:
+                if r == rank:
+                    raise
+                log.info("rank %s's frames left out of rank %s's stack: %s", r, rank, e)
+                continue
+            frames += [{"id": self._id(r, "frame", f["frame"]), "name": f"rank {r} · {f['name']}",
+                        "line": f["line"], "column": 1,
+                        "source": {"name": os.path.basename(f["path"]), "path": f["path"]}}
+                       for f in got["frames"]]
         return {"stackFrames": frames, "totalFrames": len(frames)}
 
     def _id(self, rank: int, kind: str, theirs: int) -> int:

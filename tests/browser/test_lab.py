@@ -19,83 +19,19 @@ go to a temp dir, and the file's bytes are compared before and after.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import re
-import secrets
 import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from helpers import nbutil as nbu
+from helpers.labpage import NOTEBOOK, _open_notebook, _scratch_notebook, _screenshot
 
 RUN_ALL_TIMEOUT_S = 240
-NOTEBOOK = "notebooks/00_quickstart.ipynb"
 # errors render as stderr text in JupyterLab (tracebacks and a cell's stderr alike)
 STDERR = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
 
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
-
-
-@pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on 127.0.0.1: yields (base_url, token)."""
-    # no dpnb kernelspec: the notebooks must run on what the install gives
-    env = {**os.environ, **nbu.jupyter_env(tmp_path / "home")}
-    settings = Path(env["JUPYTERLAB_SETTINGS_DIR"])
-    # never write the repository's notebook (Lab autosaves every 2 minutes)
-    _write_json(settings / "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings",
-                {"autosave": False})
-    # every cell in the DOM (Lab 4 may virtualize long notebooks), for the
-    # checks and the full-page screenshot
-    _write_json(settings / "@jupyterlab/notebook-extension/tracker.jupyterlab-settings",
-                {"windowingMode": "none"})
-    _write_json(Path(env["JUPYTER_CONFIG_DIR"]) / "labconfig" / "page_config.json",
-                {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}})
-    port, token = nbu.free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
-           f"--port={port}", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={nbu.REPO}",
-           f"--FileCheckpoints.checkpoint_dir={tmp_path / 'checkpoints'}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")  # CI containers run as root
-    log_path = tmp_path / "jupyter-lab.log"
-    log = open(log_path, "w")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        nbu.wait_for_lab(server, base, token, log_path)
-        yield base, token
-    finally:
-        nbu.stop_process(server)  # by PID; then whatever it started that outlived it
-        log.close()
-
-
-@pytest.fixture
-def browser():
-    with nbu.chromium() as b:
-        yield b
-
-
-#: the kernel the course's notebooks name: the default one, no dpnb kernelspec needed
-KERNEL = "Python 3 (ipykernel)"
-
-
-def _select_kernel_if_asked(page) -> None:
-    dialog = page.locator(".jp-Dialog")
-    if dialog.count() and dialog.locator("select").count():
-        dialog.locator("select").select_option(label=KERNEL)
-        dialog.locator(".jp-mod-accept").click()
 
 
 def _all_ran(page) -> dict:
@@ -108,20 +44,6 @@ def _all_ran(page) -> dict:
     }""")
 
 
-def _scratch_notebook(name: str, sources: list[str]) -> Path:
-    """A notebook of code cells under Lab's root (test-artifacts/browser/, git-ignored),
-    on the quick start's kernel."""
-    artifacts = nbu.ARTIFACTS / "browser"
-    artifacts.mkdir(parents=True, exist_ok=True)
-    meta = json.loads((nbu.REPO / NOTEBOOK).read_text())["metadata"]
-    cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-              "source": s} for s in sources]
-    nb_file = artifacts / name
-    nb_file.write_text(json.dumps({"cells": cells, "metadata": meta, "nbformat": 4,
-                                   "nbformat_minor": 5}))
-    return nb_file
-
-
 def _assert_no_error_output(page) -> None:
     stderr = page.locator(STDERR).all_inner_texts()
     bad = [t for t in stderr if re.search(r"Traceback|Error", t)]
@@ -131,25 +53,7 @@ def _assert_no_error_output(page) -> None:
 def _run_all(page, base: str, token: str, notebook: str) -> None:
     """Open ``notebook`` (a path under the server's root) in Lab, wait for its
     kernel, Run -> Run All Cells, and wait until every cell ran (or one failed)."""
-    page.goto(f"{base}/lab/tree/{notebook}?token={token}", timeout=90_000)
-    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
-    # the notebook's kernel is up (it names it; pick it if Lab asks)
-    kname = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName").first
-    deadline = time.monotonic() + 90
-    while True:
-        _select_kernel_if_asked(page)
-        name = kname.inner_text().strip() if kname.count() else ""
-        idle = page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').count()
-        if name == KERNEL and idle:
-            break
-        if time.monotonic() > deadline:
-            pytest.fail(f"the {KERNEL} kernel did not start in 90 s (toolbar says {name!r})")
-        page.wait_for_timeout(500)
-
-    # more room for the notebook in the screenshot: fold the file browser
-    left = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
-    if left.count():
-        left.first.click()
+    _open_notebook(page, base, token, notebook)
 
     # Run -> Run All Cells
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
@@ -272,22 +176,6 @@ def _answer_a_question(box, qid: str) -> None:
         box.page.wait_for_timeout(500)
         text = box.inner_text()
         assert head in text and q.explanations[pick][:40] in text, (pick, text[-600:])
-
-
-def _screenshot(page, path: Path) -> None:
-    """The whole notebook in one image: grow the viewport to fit its height."""
-    h = page.evaluate("""() => {
-        const o = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')
-               || document.querySelector('.jp-NotebookPanel .jp-Notebook');
-        return o ? o.scrollHeight : 1000;
-    }""")
-    vp = page.viewport_size or {"width": 1400, "height": 1000}
-    page.set_viewport_size({"width": vp["width"], "height": max(1000, min(int(h) + 120, 16000))})
-    page.wait_for_timeout(800)
-    page.evaluate("""() => document.querySelectorAll('.jp-NotebookPanel .jp-WindowedPanel-outer')
-                         .forEach(o => { o.scrollTop = 0; })""")
-    page.wait_for_timeout(500)
-    page.screenshot(path=str(path), full_page=True)
 
 
 @contextlib.contextmanager

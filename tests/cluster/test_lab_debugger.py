@@ -95,8 +95,11 @@ def test_a_breakpoint_in_a_dp_cell_stops_each_rank_as_a_thread_with_its_own_vari
     assert names[THREAD_BASE] == "rank 0 · MainThread"
     assert names[THREAD_BASE + 1] == "rank 1 · MainThread"
     assert set(dap.request("debugInfo")["body"]["stoppedThreads"]) >= {THREAD_BASE, THREAD_BASE + 1}
-    top = _top(dap, 1)
-    assert (top["line"], top["source"]["path"]) == (3, path)  # the notebook's numbering
+    frames = dap.request("stackTrace", threadId=THREAD_BASE + 1)["body"]["stackFrames"]
+    top = frames[0]
+    assert (top["name"], top["line"], top["source"]["path"]) == ("rank 1 · <module>", 3, path)
+    # JupyterLab shows one thread's frames: the other stopped rank's follow them
+    assert [f["name"] for f in frames[1:]] == ["rank 0 · <module>"]
     assert _var(dap, top["id"], "x") == "10" and _var(dap, _top(dap, 0)["id"], "x") == "0"
     assert _var(dap, top["id"], "y") is None  # line 3 has not run yet
     ev = dap.request("evaluate", expression="x * 2 + rank", frameId=top["id"], context="repl")
@@ -114,8 +117,9 @@ def test_next_moves_one_rank_and_its_stack_follows(kc, dap):
     mid = kc.execute(cell)
     assert _stopped_ranks(dap, 2, sink) == [0, 1]
     assert dap.request("next", threadId=THREAD_BASE + 1)["success"]
-    ev = dap.wait_event("stopped", sink=sink)["body"]
-    assert ev["threadId"] == THREAD_BASE + 1 and ev["reason"] == "step"
+    ev = dap.wait_event("stopped", lambda e: e["body"]["threadId"] == THREAD_BASE + 1,
+                        sink=sink)["body"]
+    assert ev["reason"] == "step"
     top1 = _top(dap, 1)
     assert top1["line"] == 4 and _var(dap, top1["id"], "b") == "101"
     assert _top(dap, 0)["line"] == 3  # rank 0 did not move

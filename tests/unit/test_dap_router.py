@@ -106,3 +106,23 @@ def test_a_rank_that_cannot_answer_fails_that_request_with_its_words(router, mon
     monkeypatch.setattr(dapmod.sidedoor, "knock", lambda *a, **k: {"error": "rank 1 is running, not stopped"})
     r = _ask(router, "stackTrace", threadId=dapmod.THREAD_BASE + 1)
     assert not r["success"] and r["message"] == "rank 1 is running, not stopped"
+
+
+def test_jupyterlabs_continue_moves_every_stopped_rank_whatever_thread_it_names(router):
+    """Lab drops the shown thread from its stopped set before naming one: a lone
+    stopped rank's Continue arrives for thread 1 (the kernel's)."""
+    _ask(router, "initialize", clientID="jupyterlab")
+    router.cell_ranks, router.stopped = (0, 1), {1}
+    r = _ask(router, "continue", threadId=1)
+    assert r["success"] and r["body"] == {"allThreadsContinued": True}
+    assert (1, "continue") in router.fake.asked and router.stopped == set()
+    assert "continue" not in router.kernel_calls
+    router.stopped = {0, 1}
+    _ask(router, "continue", threadId=dapmod.THREAD_BASE)
+    assert router.stopped == set() and router.fake.asked.count((0, "continue")) == 1
+
+
+def test_another_clients_continue_on_a_running_rank_is_a_no_op(router):
+    router.cell_ranks, router.stopped = (0, 1), {0}
+    r = _ask(router, "continue", threadId=dapmod.THREAD_BASE + 1)
+    assert r["success"] and router.fake.asked == [] and router.stopped == {0}
