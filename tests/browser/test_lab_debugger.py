@@ -6,7 +6,8 @@ breakpoint set by a click in the ``%%dp`` cell's gutter on its third line,
 the cell run: the Callstack panel shows both ranks stopped at that line
 ("rank 0 · <module>", "rank 1 · <module>"), the Variables panel shows the
 rank's ``x``, one Continue lets both ranks finish and the cell print both
-ranks' lines.  The screenshot goes to test-artifacts/browser/lab-debugger.png.
+ranks' lines.  After a page reload the same cell stops again (the kernel's
+debugger and its breakpoint outlive the page).  The screenshot goes to test-artifacts/browser/lab-debugger.png.
 
     python -m pytest -m browser tests/browser/test_lab_debugger.py
 """
@@ -93,6 +94,17 @@ def test_a_breakpoint_in_a_dp_cells_gutter_stops_both_ranks_in_the_callstack(bro
               lambda: "[rank 1]" in _outputs(page, 1) and "11" in _outputs(page, 1), 60)
         out = _outputs(page, 1)
         assert "[rank 0]\n1\n" in out + "\n" and "[rank 1]\n11" in out, out
+
+        # a reload: JupyterLab finds the kernel's debugger on, with its breakpoint
+        page.reload()
+        _open_notebook(page, base, token, str(nb_file.relative_to(nbu.REPO)), goto=False)
+        _run_cell(page, 1)
+        _wait(page, "after a reload, the Callstack panel showed no rank",
+              lambda: sum("rank" in n for n in frames.all_inner_texts()) >= 2, 60,
+              lambda: repr(frames.all_inner_texts()))
+        page.get_by_title(re.compile(r"^Continue")).first.click()
+        _wait(page, "after a reload, the cell did not finish after Continue",
+              lambda: "[rank 1]" in _outputs(page, 1) and "11" in _outputs(page, 1), 60)
     except BaseException:
         _screenshot(page, nbu.ARTIFACTS / "browser" / "lab-debugger-failure.png")
         raise

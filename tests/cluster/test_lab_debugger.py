@@ -22,6 +22,7 @@ THREAD_BASE = 1_000_000_000  # dpnb.session.dap.THREAD_BASE (not imported: the k
 @pytest.fixture(scope="module")
 def kc():
     km, kc = start_new_kernel(kernel_name="python3", startup_timeout=90)
+    kc.km = km  # for the interrupt test
     try:
         assert _run(kc, "%load_ext dpnb\n%dp start -n 2", 240)["status"] == "ok"
         yield kc
@@ -171,3 +172,21 @@ def test_the_kernels_own_cells_debug_as_before(kc, dap):
     assert dap.request("continue", threadId=ev["threadId"])["success"]
     rep, _ = _finish(kc, dap, mid, sink)
     assert rep["status"] == "ok"
+
+
+def test_interrupting_a_cell_held_at_a_breakpoint_ends_it_at_once_and_nothing_stays_traced(kc, dap):
+    cell = "%%dp\nm = rank\nn = m + 1"
+    _breaks(dap, cell, [3])
+    sink = []
+    mid = kc.execute(cell)
+    assert _stopped_ranks(dap, 2, sink) == [0, 1]
+    t0 = time.monotonic()
+    kc.km.interrupt_kernel()
+    rep, _ = _finish(kc, dap, mid, sink, timeout=30)
+    assert rep["status"] == "error" and time.monotonic() - t0 < 10, rep
+    dap.request("setBreakpoints", source={"path": dap.request("dumpCell", code=cell)["body"]["sourcePath"]},
+                breakpoints=[], sourceModified=False)
+    sink = []
+    mid = kc.execute("%%dp\nafter = rank + 100\nprint(after)")
+    rep, text = _finish(kc, dap, mid, sink)
+    assert rep["status"] == "ok" and "[rank 0]\n100\n" in text and "[rank 1]\n101\n" in text

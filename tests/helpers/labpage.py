@@ -93,9 +93,11 @@ def _scratch_notebook(name: str, sources: list[str]) -> Path:
     return nb_file
 
 
-def _open_notebook(page, base: str, token: str, notebook: str) -> None:
-    """Open ``notebook`` (a path under the server's root) in Lab and wait for its kernel."""
-    page.goto(f"{base}/lab/tree/{notebook}?token={token}", timeout=90_000)
+def _open_notebook(page, base: str, token: str, notebook: str, goto: bool = True) -> None:
+    """Open ``notebook`` (a path under the server's root) in Lab and wait for its
+    kernel (``goto=False``: the page already shows it, e.g. after a reload)."""
+    if goto:
+        page.goto(f"{base}/lab/tree/{notebook}?token={token}", timeout=90_000)
     page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
     # the notebook's kernel is up (it names it; pick it if Lab asks)
     kname = page.locator(".jp-NotebookPanel-toolbar .jp-Toolbar-kernelName").first
