@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -49,34 +50,85 @@ def _rss_mb(pid: int) -> float | None:
 
 
 class GpuMemory:
-    """Each process's GPU memory on this host, by PID (MiB), as ``nvidia-smi`` reports it;
-    read only for clusters with a CUDA rank, and reused for GPU_CACHE_S (a call takes
-    ~0.1 s; the sidebar polls every second).  Empty where there is no nvidia-smi.
+    """Each process's GPU memory on this host, by PID (MiB); empty where there is no GPU.
+
+    Never read on the caller's thread: the server's loop answers every
+    request of the user's notebooks, and a GPU query may hang (``nvidia-smi``
+    was given 5 s).  A call returns the last reading at once and, when that
+    is older than :data:`GPU_CACHE_S`, starts one refresh on a thread of its
+    own (never two at a time).  NVML (``pynvml``, where installed) is asked
+    first -- no process to start -- else ``nvidia-smi``.  So the first call
+    answers empty and the sidebar shows GPU memory from its next poll on.
     The server's handler owns one (its reading lives as long as the server)."""
 
     GPU_CACHE_S = 2.0
+    SMI_TIMEOUT_S = 5.0
 
     def __init__(self):
         self.at, self.by_pid = -1e9, {}
+        self.lock = threading.Lock()
+        self.refreshing = False
 
     def __call__(self) -> dict[int, float]:
-        if time.monotonic() - self.at < self.GPU_CACHE_S:
+        with self.lock:
+            if time.monotonic() - self.at >= self.GPU_CACHE_S and not self.refreshing:
+                self.refreshing = True
+                threading.Thread(target=self._refresh, name="dpnb-gpu-memory", daemon=True).start()
             return self.by_pid
-        self.at, self.by_pid = time.monotonic(), {}
+
+    def _refresh(self) -> None:
         try:
-            text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                                   "--format=csv,noheader,nounits"], capture_output=True,
-                                  text=True, timeout=5, check=True).stdout
-        except (OSError, subprocess.SubprocessError) as e:
-            log.info("no GPU memory per process here (nvidia-smi: %s)", e)
-            return self.by_pid
-        for line in text.splitlines():
-            pid, _, mib = line.partition(",")
-            try:
-                self.by_pid[int(pid)] = self.by_pid.get(int(pid), 0.0) + float(mib)
-            except ValueError:
-                log.info("nvidia-smi line %r not understood: skipped", line)
-        return self.by_pid
+            got = _nvml_by_pid()
+            if got is None:
+                got = _smi_by_pid(self.SMI_TIMEOUT_S)
+        except Exception as e:  # a failed reading leaves the last one; the next poll retries
+            log.info("GPU memory per process not read: %s: %s", type(e).__name__, e)
+            got = None
+        with self.lock:
+            if got is not None:
+                self.by_pid = got
+            self.at, self.refreshing = time.monotonic(), False
+
+
+def _nvml_by_pid() -> dict[int, float] | None:
+    """GPU memory by PID from NVML, or None where pynvml or the driver is missing."""
+    try:
+        import pynvml  # lazy: optional (NVIDIA's nvidia-ml-py), absent on CPU hosts
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        log.info("NVML not available (%s): nvidia-smi instead", e)
+        return None
+    try:
+        out: dict[int, float] = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if p.usedGpuMemory is not None:
+                    out[int(p.pid)] = out.get(int(p.pid), 0.0) + p.usedGpuMemory / 2**20
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _smi_by_pid(timeout: float) -> dict[int, float]:
+    out: dict[int, float] = {}
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                               "--format=csv,noheader,nounits"], capture_output=True,
+                              text=True, timeout=timeout, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("no GPU memory per process here (nvidia-smi: %s)", e)
+        return out
+    for line in text.splitlines():
+        pid, _, mib = line.partition(",")
+        try:
+            out[int(pid)] = out.get(int(pid), 0.0) + float(mib)
+        except ValueError:
+            log.info("nvidia-smi line %r not understood: skipped", line)
+    return out
 
 
 def _rank(r: dict, local: bool, gpu: GpuMemory) -> dict:

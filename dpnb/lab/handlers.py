@@ -6,8 +6,9 @@ and ``@authorized`` asks the server's authorizer (JupyterHub's scopes on a
 hosted server) whether this user may act on kernels -- a dpnb cluster is a
 kernel's processes, so whoever may not touch the kernels may not touch it.
 POSTs also need the XSRF token when the browser's cookie is the credential.
-Reading the records and signalling engines is quick, so it runs on the
-server's loop; a kept cluster's stop or restart runs in a worker thread.
+Nothing blocks the server's loop, which answers the user's notebooks too: the
+listing and the actions run in worker threads, and GPU memory is read on a
+thread of its own (:class:`dpnb.lab.clusters.GpuMemory`).
 """
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ class ClustersHandler(_Base):
     """``GET /api/dpnb/clusters``: ``{"clusters": [...]}``, see :func:`dpnb.lab.clusters.clusters`."""
 
     def initialize(self, gpu: cl.GpuMemory) -> None:
-        self.gpu = gpu  # one reading of nvidia-smi per server, reused across requests
+        self.gpu = gpu  # one reading of GPU memory per server, reused across requests
 
     @web.authenticated
     @authorized
-    def get(self) -> None:
+    async def get(self) -> None:
+        # the records are files and /proc reads: off the loop that serves the notebooks
+        listing = await asyncio.to_thread(cl.clusters, self.gpu)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"clusters": cl.clusters(self.gpu)}, default=str))
+        self.finish(json.dumps({"clusters": listing}, default=str))
 
 
 class ActionHandler(_Base):

@@ -18,30 +18,14 @@ import pytest
 
 from dpnb.cluster import publish
 from dpnb.cluster.processes import start_time
-from dpnb.cluster.types import CellResult, RankInfo, RankOutcome, Status
+from dpnb.cluster.types import CellResult, RankOutcome, Status
 from dpnb.core import profile as P
 from dpnb.core import profilesummary as PS
 from dpnb.core.profilesummary import summarize
 from dpnb.lab import act as lab_act
 from dpnb.lab import clusters as lab
 from dpnb.widgets import profile as V
-
-
-def _rank(r: int, pid: int) -> RankInfo:
-    return RankInfo(rank=r, engine_id=r, host="h1", ip="127.0.0.1", pid=pid, local_rank=r,
-                    local_world_size=2, node_rank=0, device="cpu")
-
-
-class _Stand(SimpleNamespace):
-    """What a Publication reads of an Engines (held weakly, as the real one)."""
-
-
-def _cluster(pid: int, **kw) -> _Stand:
-    return _Stand(cluster_id="1700000000-abcd", ranks=[_rank(0, pid), _rank(1, pid)],
-                           local=True, dead={}, profile_dir="/p", created=time.time(),
-                           backend="gloo", launcher="local", keep_s=None, generation=1,
-                           group_ok=True, last_failure=None, running=True,
-                           **{"agent_door": None, **kw})
+from helpers.labrecords import _cluster, _cuda_publication, _rank
 
 
 @pytest.fixture
@@ -171,8 +155,44 @@ def test_gpu_memory_per_rank_by_pid_from_nvidia_smi_plumbing(dirs, monkeypatch):
     c = _cluster(os.getpid())  # another id: the first record's thread may still remove its own
     c.cluster_id, c.ranks[0] = "1700000001-cuda", dataclasses.replace(c.ranks[0], device="cuda:0")
     pub = publish.Publication(c, period_s=60)
-    assert [r["gpu_mb"] for r in lab.clusters(lab.GpuMemory())[0]["ranks"]] == [312.0, None]
+    assert _gpu_mb_once_read(lab.GpuMemory()) == [312.0, None]
     assert "--query-compute-apps=pid,used_memory" in calls.read_text()
+    pub.remove()
+
+
+def _gpu_mb_once_read(gpu, timeout=10.0):
+    """The ranks' gpu_mb once the reading (started by the first listing, on its own
+    thread) has come in; the first listing answers before it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = [r["gpu_mb"] for r in lab.clusters(gpu)[0]["ranks"]]
+        if got[0] is not None or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_a_slow_gpu_query_never_holds_the_listing(dirs, monkeypatch):
+    """A stand-in nvidia-smi that takes 3 s: every listing meanwhile answers at once
+    (from the last reading), one query runs at a time, and its numbers come after."""
+    bin_, calls = dirs / "bin", dirs / "calls"
+    bin_.mkdir()
+    (bin_ / "nvidia-smi").write_text(f"#!/bin/sh\necho run >> {calls}\nsleep 3\n"
+                                     f"printf '{os.getpid()}, 40\\n'\n")
+    (bin_ / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: the stand-in is asked
+    pub = _cuda_publication(os.getpid())
+    gpu = lab.GpuMemory()
+    took = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        got = [r["gpu_mb"] for r in lab.clusters(gpu)[0]["ranks"]]
+        took.append(time.monotonic() - t0)
+        assert got == [None, None]  # nothing read yet: the query still sleeps
+        time.sleep(0.3)
+    assert max(took) < 1.0, took  # the 3 s query held none of them
+    assert _gpu_mb_once_read(gpu) == [40.0, None]
+    assert calls.read_text().count("run") == 1  # one query in flight, not one per listing
     pub.remove()
 
 
