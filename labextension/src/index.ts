@@ -9,18 +9,29 @@
  * this.  The server reads the clusters' own records (see dpnb/lab/clusters.py).
  */
 import {
-  ILabShell,
+  ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
+import { Dialog, ICommandPalette, WidgetTracker, showDialog } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { ServerConnection } from '@jupyterlab/services';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
+import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-const POLL_MS = 1000;
+const PLUGIN_ID = 'dpnb:plugin';
+/** Polling when the settings say nothing (schema/plugin.json's defaults). */
+const DEFAULTS = { pollInterval: 1000, confirmStop: true };
+/** Actions that end what the ranks hold: asked about first (setting confirmStop). */
+const CONFIRM: { [action: string]: string } = {
+  stop: 'Stop',
+  restart: 'Restart',
+  'restart-resume': 'Restart --resume'
+};
 
 interface IRank {
   rank: number;
@@ -52,6 +63,7 @@ interface IProfileSummary {
 interface ICluster {
   id: string;
   source: string;
+  kernel_id: string | null;
   kept: boolean;
   holder: number | null;
   stops_in_s: number | null;
@@ -193,6 +205,13 @@ class ClusterPanel extends Widget {
     this.addClass('dpnb-panel');
   }
 
+  /** Closing the tab ends the panel (a closed Lumino widget is only detached, and
+   * Panel or the palette could not bring it back). */
+  protected onCloseRequest(msg: any): void {
+    super.onCloseRequest(msg);
+    this.dispose();
+  }
+
   render(c: ICluster | undefined, card: HTMLElement | null): void {
     this.node.textContent = '';
     if (!c || !card) {
@@ -208,7 +227,11 @@ class ClusterPanel extends Widget {
 }
 
 class Sidebar extends Widget {
-  constructor(private tracker: INotebookTracker | null, private app: JupyterFrontEnd) {
+  constructor(
+    private tracker: INotebookTracker | null,
+    private app: JupyterFrontEnd,
+    private panelTracker: WidgetTracker<ClusterPanel>
+  ) {
     super();
     this.id = 'dpnb-sidebar';
     this.title.icon = icon;
@@ -222,7 +245,13 @@ class Sidebar extends Widget {
     this.node.appendChild(this.message);
   }
 
+  /** Ask before an action that ends what the ranks hold (setting confirmStop). */
+  confirm = DEFAULTS.confirmStop;
+  /** The clusters of the last poll. */
+  clusters: ICluster[] = [];
+
   render(clusters: ICluster[]): void {
+    this.clusters = clusters;
     const key = JSON.stringify(clusters);
     if (key === this.last) {
       return; // unchanged: keep the DOM (and a pressed button) as it is
@@ -241,8 +270,9 @@ class Sidebar extends Widget {
     }
   }
 
-  /** Open (or show) cluster ``id``'s panel in the main area, split beside the notebook. */
-  private openPanel(id: string): void {
+  /** Open (or show) cluster ``id``'s panel in the main area, split beside the notebook;
+   * the layout restorer opens it again after a reload (the tracker remembers it). */
+  openPanel(id: string): ClusterPanel {
     let panel = this.panels.get(id);
     if (!panel || panel.isDisposed) {
       panel = new ClusterPanel(id);
@@ -250,9 +280,58 @@ class Sidebar extends Widget {
       panel.disposed.connect(() => this.panels.delete(id));
       const nb = this.tracker ? this.tracker.currentWidget : null;
       this.app.shell.add(panel, 'main', nb ? { mode: 'split-right', ref: nb.id } : {});
-      this.last = ''; // render the new panel at the next poll
+      void this.panelTracker.add(panel);
+      const c = this.clusters.find(x => x.id === id);
+      if (c) {
+        panel.render(c, this.card(c, false));
+      }
+      this.last = ''; // render it again at the next poll
     }
     this.app.shell.activateById(panel.id);
+    return panel;
+  }
+
+  /** The cluster a command without an id means: the current notebook's, else the only one. */
+  current(id?: string): ICluster | null {
+    if (id) {
+      return this.clusters.find(c => c.id === id) || null;
+    }
+    const nb = this.tracker ? this.tracker.currentWidget : null;
+    const kernel = nb && nb.sessionContext.session ? nb.sessionContext.session.kernel : null;
+    const mine = kernel ? this.clusters.find(c => c.kernel_id === kernel.id) : undefined;
+    if (mine) {
+      return mine;
+    }
+    return this.clusters.length === 1 ? this.clusters[0] : null;
+  }
+
+  /** A command's action on the current cluster (see ``current``), or why there is none. */
+  async command(action: string, id?: string): Promise<void> {
+    const c = this.current(id);
+    if (!c) {
+      this.app.shell.activateById(this.id);
+      this.message.textContent = this.clusters.length
+        ? `${action}: which cluster? Use a card's buttons below`
+        : `${action}: no dpnb cluster`;
+      return;
+    }
+    if (action === 'attach') {
+      return this.attach(c.id);
+    }
+    if (action === 'panel') {
+      this.openPanel(c.id);
+      return;
+    }
+    return this.act(c.id, action);
+  }
+
+  /** The sidebar's Start form, focused. */
+  focusStart(): void {
+    this.app.shell.activateById(this.id);
+    const n = this.node.querySelector('.dpnb-start-n') as HTMLInputElement | null;
+    if (n) {
+      n.focus();
+    }
   }
 
   private card(c: ICluster, withActions = true): HTMLElement {
@@ -352,7 +431,22 @@ class Sidebar extends Widget {
     return b;
   }
 
-  private async act(id: string, action: string): Promise<void> {
+  async act(id: string, action: string): Promise<void> {
+    if (this.confirm && CONFIRM[action]) {
+      const c = this.clusters.find(x => x.id === id);
+      const n = c ? `${c.world_size} ranks` : 'its ranks';
+      const result = await showDialog({
+        title: `${CONFIRM[action]} dpnb cluster ${id}?`,
+        body: action === 'stop'
+          ? `Its ${n} end, and what they hold (models, optimizer state) is lost.`
+          : `Its ${n} are replaced; what they hold is lost unless --resume rebuilds it.`,
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: CONFIRM[action] })]
+      });
+      if (!result.button.accept) {
+        this.message.textContent = `${action} ${id}: cancelled`;
+        return;
+      }
+    }
     this.message.textContent = `${action} ${id}...`;
     try {
       const out = await api(`${id}/${action}`, { method: 'POST' });
@@ -379,7 +473,7 @@ class Sidebar extends Widget {
     await NotebookActions.run(panel.content, panel.sessionContext);
   }
 
-  private async attach(id: string): Promise<void> {
+  async attach(id: string): Promise<void> {
     try {
       const out = await api(`${id}/attach-code`, { method: 'POST' });
       const panel = this.tracker ? this.tracker.currentWidget : null;
@@ -430,37 +524,99 @@ class StatusItem extends Widget {
   }
 }
 
+/** The palette's dpnb commands: [id, label, action on the current cluster]. */
+const ACTIONS: [string, string, string][] = [
+  ['dpnb:open-panel', 'Open the cluster panel (live view)', 'panel'],
+  ['dpnb:interrupt', 'Interrupt the cluster', 'interrupt'],
+  ['dpnb:stop', 'Stop the cluster', 'stop'],
+  ['dpnb:restart', 'Restart the cluster', 'restart'],
+  ['dpnb:restart-resume', 'Restart the cluster --resume', 'restart-resume'],
+  ['dpnb:attach', 'Attach the cluster in this notebook', 'attach']
+];
+
 const plugin: JupyterFrontEndPlugin<void> = {
-  id: 'dpnb:plugin',
+  id: PLUGIN_ID,
   description: 'A sidebar and a status bar item for every dpnb cluster of this server',
   autoStart: true,
-  optional: [INotebookTracker, IStatusBar, ILabShell],
+  optional: [INotebookTracker, IStatusBar, ICommandPalette, ILayoutRestorer, ISettingRegistry],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker | null,
-    statusBar: IStatusBar | null
+    statusBar: IStatusBar | null,
+    palette: ICommandPalette | null,
+    restorer: ILayoutRestorer | null,
+    settings: ISettingRegistry | null
   ) => {
-    const sidebar = new Sidebar(tracker, app);
+    const panels = new WidgetTracker<ClusterPanel>({ namespace: 'dpnb-panel' });
+    const sidebar = new Sidebar(tracker, app, panels);
     app.shell.add(sidebar, 'left', { rank: 900 });
-    app.commands.addCommand('dpnb:show-clusters', {
-      label: 'Show dpnb clusters',
-      execute: () => app.shell.activateById(sidebar.id)
-    });
     const status = new StatusItem();
     if (statusBar) {
       statusBar.registerStatusItem('dpnb:status', { item: status, align: 'left', rank: 4 });
     }
-    const poll = async () => {
-      try {
-        const data = await api('');
-        sidebar.render(data.clusters);
-        status.render(data.clusters);
-      } catch (e) {
-        status.node.textContent = 'dpnb: server extension not answering';
+
+    app.commands.addCommand('dpnb:show-clusters', {
+      label: 'Show dpnb clusters',
+      execute: () => app.shell.activateById(sidebar.id)
+    });
+    app.commands.addCommand('dpnb:start', {
+      label: 'Start a dpnb cluster…',
+      execute: () => sidebar.focusStart()
+    });
+    for (const [id, label, action] of ACTIONS) {
+      app.commands.addCommand(id, {
+        label: args => (args.id ? `${label} ${args.id}` : label),
+        execute: args => {
+          // the restorer opens a panel again before the first poll: by its id, as saved
+          if (action === 'panel' && args.id) {
+            return sidebar.openPanel(String(args.id));
+          }
+          return sidebar.command(action, args.id ? String(args.id) : undefined);
+        }
+      });
+    }
+    if (palette) {
+      for (const id of ['dpnb:show-clusters', 'dpnb:start', ...ACTIONS.map(a => a[0])]) {
+        palette.addItem({ command: id, category: 'dpnb' });
       }
-      window.setTimeout(poll, POLL_MS);
-    };
-    void poll();
+    }
+    if (restorer) {
+      restorer.add(sidebar, 'dpnb-sidebar');
+      void restorer.restore(panels, {
+        command: 'dpnb:open-panel',
+        args: panel => ({ id: panel.clusterId }),
+        name: panel => panel.clusterId
+      });
+    }
+
+    // Poll: standby while the tab is hidden; on errors it backs off (up to 30 s)
+    const poll = new Poll({
+      auto: true,
+      factory: async () => {
+        try {
+          const data = await api('');
+          sidebar.render(data.clusters);
+          status.render(data.clusters);
+        } catch (e) {
+          status.node.textContent = 'dpnb: server extension not answering';
+          throw e; // rejected: the next poll waits longer
+        }
+      },
+      frequency: { interval: DEFAULTS.pollInterval, backoff: true, max: 30 * 1000 },
+      name: 'dpnb:clusters',
+      standby: 'when-hidden'
+    });
+    if (settings) {
+      const apply = (s: ISettingRegistry.ISettings) => {
+        const interval = Number(s.get('pollInterval').composite) || DEFAULTS.pollInterval;
+        poll.frequency = { interval, backoff: true, max: 30 * 1000 };
+        sidebar.confirm = s.get('confirmStop').composite !== false;
+      };
+      settings.load(PLUGIN_ID).then(s => {
+        apply(s);
+        s.changed.connect(apply);
+      }).catch(e => console.warn('dpnb: settings not loaded, defaults kept:', e));
+    }
   }
 };
 

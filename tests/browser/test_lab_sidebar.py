@@ -10,7 +10,10 @@ bar says 2/2 ranks and follows the training's step, the failure shows as the las
 Attach inserts ``%dp attach ID`` into the notebook, the Start form's bad input
 comes back as the server's one line, Panel opens the cluster's live view in the
 main area beside the notebook (with the last profile's straggler line,
-folder and merged trace), Stop on a cluster its kernel holds says to stop it there.  Playwright's Python package drives
+folder and merged trace) and opens again after a page reload (the layout
+restorer), the command palette lists dpnb's commands under "dpnb", Stop and
+Restart --resume ask first (a dialog; Cancel stops nothing), and Stop on a
+cluster its kernel holds says to stop it there.  Playwright's Python package drives
 Debian's Chromium (/usr/bin/chromium; never ``playwright install``).  The
 screenshot goes to test-artifacts/browser/lab-sidebar.png (docs/lab-sidebar.png
 is a copy of one, looked at).
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.request
 
 import pytest
 from helpers import labserver
@@ -158,9 +162,22 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     page.screenshot(path=str(_artifact("lab-sidebar.png")))
 
     cid = sidebar.locator(".dpnb-cluster").get_attribute("data-cluster-id")
+    # Stop asks first (a dialog), and Cancel stops nothing
     sidebar.locator("button[data-action=stop]").click()
+    dialog = page.locator(".jp-Dialog")
+    _wait(page, lambda: dialog.count() == 1 and f"Stop dpnb cluster {cid}?" in dialog.inner_text(),
+          "the confirmation before Stop", 10)
+    dialog.locator(".jp-mod-reject").click()
+    _wait(page, lambda: f"stop {cid}: cancelled" in sidebar.inner_text(), "Stop cancelled", 10)
+    assert "2/2 alive" in sidebar.inner_text()
+    sidebar.locator("button[data-action=stop]").click()
+    _wait(page, lambda: dialog.count() == 1, "the confirmation before Stop", 10)
+    dialog.locator(".jp-mod-accept").click()
     _wait(page, lambda: "%dp stop in its notebook" in sidebar.inner_text(), "stop refused", 10)
     sidebar.locator("button[data-action=restart-resume]").click()  # its own endpoint
+    _wait(page, lambda: dialog.count() == 1 and "Restart --resume" in dialog.inner_text(),
+          "the confirmation before Restart --resume", 10)
+    dialog.locator(".jp-mod-accept").click()
     _wait(page, lambda: "%dp restart --resume in its notebook" in sidebar.inner_text(),
           "restart --resume refused", 10)
     sidebar.locator("button[data-action=attach]").click()
@@ -199,7 +216,57 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     _wait(page, lambda: line in page.locator(".jp-Notebook").inner_text()
           and "a dpnb cluster is already running" in page.locator(".jp-Notebook").inner_text(),
           "the Start line run in the notebook", 30)
+    # dpnb's settings (poll interval, confirm on stop) are in Lab's settings registry
+    settings = json.loads(_get(lab, "/lab/api/settings/dpnb:plugin"))
+    assert set(settings["schema"]["properties"]) == {"pollInterval", "confirmStop"}, settings
+    # a reload, once the workspace holds the panel: the layout restorer opens it again
+    _wait(page, lambda: f"dpnb-panel:{cid}" in _workspaces(lab), "the panel in the saved layout", 30)
+    page.reload()
+    reloaded = time.monotonic()
+    _wait(page, lambda: page.locator(f"#jp-main-dock-panel #dpnb-panel-{cid}").count() == 1
+          and "rank 1" in page.locator(f"#dpnb-panel-{cid}").inner_text(),
+          "the panel restored after a reload", 60)
+    print(f"panel restored {time.monotonic() - reloaded:.1f} s after the reload")
+    assert time.monotonic() - reloaded < 20
+    # the command palette: dpnb's commands under their category; one opens the panel
+    page.locator(f'.lm-TabBar-tab[data-id="dpnb-panel-{cid}"] .lm-TabBar-tabCloseIcon').click()
+    _wait(page, lambda: page.locator(f"#dpnb-panel-{cid}").count() == 0, "the panel closed", 10)
+    search = _palette(page, "dpnb")
+    palette = page.locator(".lm-CommandPalette-content")
+    _wait(page, lambda: "Stop the cluster" in palette.inner_text()
+          and "Open the cluster panel" in palette.inner_text(), "dpnb's palette entries", 10)
+    headers = palette.locator(".lm-CommandPalette-header").all_inner_texts()
+    assert any(h.strip().lower() == "dpnb" for h in headers), headers
+    page.keyboard.press("Escape")
+    search = _palette(page, "Open the cluster panel (live view)")
+    search.press("Enter")  # no id: the current notebook's cluster
+    _wait(page, lambda: page.locator(f"#jp-main-dock-panel #dpnb-panel-{cid}.dpnb-panel").count() == 1,
+          "the panel opened from the palette", 10)
     page.close()
+
+
+def _palette(page, text: str):
+    """The command palette, open, searching ``text`` (its shortcut needs Lab's focus)."""
+    search = page.locator(".lm-CommandPalette-input")
+    for _ in range(5):
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        page.keyboard.press("Escape")
+        page.keyboard.press("Control+Shift+C")
+        page.wait_for_timeout(300)
+        if search.is_visible():
+            search.fill(text)
+            return search
+    pytest.fail("the command palette did not open")
+
+
+def _get(lab, path: str) -> str:
+    with urllib.request.urlopen(f"{lab.base}{path}?token={lab.token}", timeout=10) as r:
+        return r.read().decode()
+
+
+def _workspaces(lab) -> str:
+    """JupyterLab's saved workspaces (the layout a reload restores), as text."""
+    return _get(lab, "/lab/api/workspaces")
 
 
 def _artifact(name: str):
