@@ -16,6 +16,7 @@ import {
 import { Dialog, ICommandPalette, WidgetTracker, showDialog } from '@jupyterlab/apputils';
 import { URLExt } from '@jupyterlab/coreutils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { IRenderMimeRegistry, MimeModel } from '@jupyterlab/rendermime';
 import { ServerConnection } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -161,9 +162,38 @@ function profileSection(p: IProfileSummary): HTMLElement {
   return box;
 }
 
+const VEGALITE = 'application/vnd.vegalite.v5+json';
+
+/** The loss curve as a Vega-Lite chart (axes titled "step" and "loss", drawn as SVG
+ * by JupyterLab's own Vega renderer through the rendermime registry); null where
+ * that renderer is not there (then the plain line below is drawn). */
+function vegaCurve(curve: [number, number][], rendermime: IRenderMimeRegistry | null): HTMLElement | null {
+  if (!rendermime || rendermime.mimeTypes.indexOf(VEGALITE) < 0) {
+    return null;
+  }
+  const spec = {
+    $schema: 'https://vega.github.io/schema/vega-lite/v5.json',
+    width: 320,
+    height: 140,
+    data: { values: curve.map(([step, loss]) => ({ step, loss })) },
+    mark: { type: 'line', point: curve.length <= 50, tooltip: true },
+    encoding: {
+      x: { field: 'step', type: 'quantitative', title: 'step', axis: { tickMinStep: 1 } },
+      y: { field: 'loss', type: 'quantitative', title: 'loss', scale: { zero: false } }
+    }
+  };
+  const renderer = rendermime.createRenderer(VEGALITE);
+  const model = new MimeModel({
+    data: { [VEGALITE]: spec } as any,
+    metadata: { [VEGALITE]: { embed_options: { renderer: 'svg', actions: false } } } as any
+  });
+  renderer.renderModel(model).catch(e => console.warn('dpnb: loss chart not drawn:', e));
+  return renderer.node;
+}
+
 /** The loss curve the kernel publishes (the latest steps, from the run's start or
- * the step it resumed at), as an SVG line with its step and loss ranges. */
-function curveSection(curve: [number, number][]): HTMLElement {
+ * the step it resumed at): a Vega-Lite chart, or an SVG line with its step and loss ranges. */
+function curveSection(curve: [number, number][], rendermime: IRenderMimeRegistry | null = null): HTMLElement {
   const box = el('div', 'dpnb-curve');
   if (!curve.length) {
     box.appendChild(el('div', '', 'no loss curve yet: train a few steps'));
@@ -173,6 +203,13 @@ function curveSection(curve: [number, number][]): HTMLElement {
   const losses = curve.map(([, l]) => l);
   const [s0, s1] = [Math.min(...steps), Math.max(...steps)];
   const [l0, l1] = [Math.min(...losses), Math.max(...losses)];
+  const title = `loss, steps ${s0}–${s1} (${curve.length} points): ${l1.toFixed(4)} → ${losses[losses.length - 1].toFixed(4)}, min ${l0.toFixed(4)}`;
+  const chart = vegaCurve(curve, rendermime);
+  if (chart) {
+    box.appendChild(el('div', 'dpnb-curve-title', title));
+    box.appendChild(chart);
+    return box;
+  }
   const W = 320;
   const H = 120;
   const x = (s: number) => (s1 > s0 ? ((s - s0) / (s1 - s0)) * W : W / 2);
@@ -188,8 +225,7 @@ function curveSection(curve: [number, number][]): HTMLElement {
   line.setAttribute('stroke', 'var(--jp-brand-color1, #1976d2)');
   line.setAttribute('stroke-width', '1.5');
   svg.appendChild(line);
-  box.appendChild(el('div', 'dpnb-curve-title',
-    `loss, steps ${s0}–${s1} (${curve.length} points): ${l1.toFixed(4)} → ${losses[losses.length - 1].toFixed(4)}, min ${l0.toFixed(4)}`));
+  box.appendChild(el('div', 'dpnb-curve-title', title));
   box.appendChild(svg);
   return box;
 }
@@ -197,13 +233,16 @@ function curveSection(curve: [number, number][]): HTMLElement {
 /** A cluster's live view in the main area, beside the notebook: its card (ranks,
  * progress, last error), its loss curve and the last profile's summary. */
 class ClusterPanel extends Widget {
-  constructor(readonly clusterId: string) {
+  constructor(readonly clusterId: string, private rendermime: IRenderMimeRegistry | null = null) {
     super();
     this.id = `dpnb-panel-${clusterId}`;
     this.title.label = `dpnb ${clusterId}`;
     this.title.closable = true;
     this.addClass('dpnb-panel');
   }
+
+  private curveKey = '';
+  private curveBox: HTMLElement | null = null;
 
   /** Closing the tab ends the panel (a closed Lumino widget is only detached, and
    * Panel or the palette could not bring it back). */
@@ -219,7 +258,13 @@ class ClusterPanel extends Widget {
       return;
     }
     this.node.appendChild(card);
-    this.node.appendChild(curveSection(c.curve || []));
+    // the chart is drawn again only when the curve changed (not at every poll)
+    const key = JSON.stringify(c.curve || []);
+    if (key !== this.curveKey || !this.curveBox) {
+      this.curveKey = key;
+      this.curveBox = curveSection(c.curve || [], this.rendermime);
+    }
+    this.node.appendChild(this.curveBox);
     if (c.last_profile) {
       this.node.appendChild(profileSection(c.last_profile));
     }
@@ -230,7 +275,8 @@ class Sidebar extends Widget {
   constructor(
     private tracker: INotebookTracker | null,
     private app: JupyterFrontEnd,
-    private panelTracker: WidgetTracker<ClusterPanel>
+    private panelTracker: WidgetTracker<ClusterPanel>,
+    private rendermime: IRenderMimeRegistry | null = null
   ) {
     super();
     this.id = 'dpnb-sidebar';
@@ -275,7 +321,7 @@ class Sidebar extends Widget {
   openPanel(id: string): ClusterPanel {
     let panel = this.panels.get(id);
     if (!panel || panel.isDisposed) {
-      panel = new ClusterPanel(id);
+      panel = new ClusterPanel(id, this.rendermime);
       this.panels.set(id, panel);
       panel.disposed.connect(() => this.panels.delete(id));
       const nb = this.tracker ? this.tracker.currentWidget : null;
@@ -538,17 +584,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'A sidebar and a status bar item for every dpnb cluster of this server',
   autoStart: true,
-  optional: [INotebookTracker, IStatusBar, ICommandPalette, ILayoutRestorer, ISettingRegistry],
+  optional: [INotebookTracker, IStatusBar, ICommandPalette, ILayoutRestorer, ISettingRegistry,
+    IRenderMimeRegistry],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker | null,
     statusBar: IStatusBar | null,
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null,
-    settings: ISettingRegistry | null
+    settings: ISettingRegistry | null,
+    rendermime: IRenderMimeRegistry | null
   ) => {
     const panels = new WidgetTracker<ClusterPanel>({ namespace: 'dpnb-panel' });
-    const sidebar = new Sidebar(tracker, app, panels);
+    const sidebar = new Sidebar(tracker, app, panels, rendermime);
     app.shell.add(sidebar, 'left', { rank: 900 });
     const status = new StatusItem();
     if (statusBar) {

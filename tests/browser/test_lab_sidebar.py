@@ -9,7 +9,8 @@ lists the cluster's two ranks soon after the start cell returned, the status
 bar says 2/2 ranks and follows the training's step, the failure shows as the last error with a red mark,
 Attach inserts ``%dp attach ID`` into the notebook, the Start form's bad input
 comes back as the server's one line, Panel opens the cluster's live view in the
-main area beside the notebook (with the last profile's straggler line,
+main area beside the notebook (the loss over the steps as a Vega-Lite chart with
+titled axes, the last profile's straggler line,
 folder and merged trace) and opens again after a page reload (the layout
 restorer), the command palette lists dpnb's commands under "dpnb", Stop and
 Restart --resume ask first (a dialog; Cancel stops nothing), and Stop on a
@@ -193,8 +194,11 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     # (not only the steps this panel happened to see: it opened after training)
     title = panel.locator(".dpnb-curve-title").inner_text()
     assert title.startswith("loss, steps 0–4 (5 points)"), title
-    points = panel.locator(".dpnb-curve polyline").get_attribute("points")
-    assert len(points.split()) == 5, points
+    # drawn by JupyterLab's own Vega-Lite renderer as SVG: axes titled, one point per step
+    _wait(page, lambda: {"step", "loss"} <= set(panel.locator(".dpnb-curve svg text").all_text_contents()),
+          "the loss chart's axis titles", 10)
+    marks = panel.locator('.dpnb-curve svg [aria-roledescription="point"]').count()
+    assert marks == 5, marks
     # the last profile's summary, as the profiled cell's view says it, and where its traces are
     said = re.search(r"Straggler: rank 1 entered [^\n]*",
                      page.locator(".jp-Notebook .jp-Cell").nth(2).inner_text())
@@ -253,9 +257,12 @@ def _palette(page, text: str):
         page.keyboard.press("Escape")
         page.keyboard.press("Control+Shift+C")
         page.wait_for_timeout(300)
-        if search.is_visible():
-            search.fill(text)
-            return search
+        try:
+            search.fill(text, timeout=2000)
+        except Exception as e:  # closed again before the text went in: open it again
+            print(f"command palette: {type(e).__name__}")
+            continue
+        return search
     pytest.fail("the command palette did not open")
 
 
