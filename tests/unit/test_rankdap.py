@@ -35,7 +35,7 @@ def _cell(dap, code, ns, lines=(3,)):
     return t, out
 
 
-def _wait_stopped(dap, serial, timeout=10):
+def _wait_stopped(dap, serial, timeout=4):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         s = dap.state()
