@@ -42,6 +42,8 @@ from dpnb.cluster import sidedoor
 from dpnb.core.cellflags import DapCell
 from dpnb.engine import entrypoints as ep
 
+from . import hooks
+
 log = logging.getLogger(__name__)
 
 THREAD_BASE = 1_000_000_000  # rank r's main thread; debugpy numbers its threads from 1
@@ -80,15 +82,7 @@ class DapRouter:
 
     def arm(self, c, ranks) -> None:
         """Register the ranks' hook on engines not armed yet (an engine's first debugged cell)."""
-        todo = [r for r in ranks if c.ranks[r].pid not in self.armed]
-        if not todo:
-            return
-        res = c.call(ep.DAP_ARM, ranks=todo, raise_errors=False)
-        for r, o in res.outcomes.items():
-            if o.ok and o.value:
-                self.armed.add(c.ranks[r].pid)
-            else:  # that rank runs the cell without stopping
-                log.warning("debugger hook not registered on rank %s: %s: %s", r, o.ename, o.evalue)
+        hooks.arm(c, ep.DAP_ARM, ranks, self.armed, "debugger", "it runs the cell without stopping")
 
     @contextmanager
     def running(self, c, ranks):

@@ -34,6 +34,7 @@ import time
 import uuid
 
 from ..core.errors import ConfigError
+from . import hooks
 from ..core.profile import Profiled, RankTrace, analyze, merged_trace
 from ..core.profilesummary import failure_note
 from dpnb.engine import entrypoints as ep
@@ -104,19 +105,10 @@ class TraceWrite:
 
 
 def _arm(cluster) -> None:
-    """Register the profiling hook on every live engine not armed yet (a call on an
-    engine's first profiled cell only: engines are remembered by PID, so one that
-    replaced a dead rank is armed again)."""
-    todo = [r.rank for r in cluster.ranks
-            if r.pid not in cluster.profile_armed and r.rank not in cluster.dead]
-    if not todo:
-        return
-    res = cluster.call(ep.PROFILE_ARM, ranks=todo, raise_errors=False)
-    for r, o in res.outcomes.items():
-        if o.ok and o.value:
-            cluster.profile_armed.add(cluster.ranks[r].pid)
-        else:  # that rank's profile will say "no profile was running on this rank"
-            log.warning("profiling hook not registered on rank %s: %s: %s", r, o.ename, o.evalue)
+    """Register the profiling hook on every live engine not armed yet (:mod:`.hooks`)."""
+    live = [r.rank for r in cluster.ranks if r.rank not in cluster.dead]
+    hooks.arm(cluster, ep.PROFILE_ARM, live, cluster.profile_armed, "profiling",
+              'its profile will say "no profile was running on this rank"')
 
 
 def profiled(cluster, run, *, ranks=None, what: str = "cell", out_dir: str | None = None,

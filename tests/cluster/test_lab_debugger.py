@@ -54,6 +54,15 @@ def _breaks(dap, cell, lines):
     return path
 
 
+def _run_to_break(kc, dap, cell, lines, ranks):
+    """Breakpoints at ``lines`` of ``cell``, the cell run: ``ranks`` stop; (its msg id, iopub sink)."""
+    _breaks(dap, cell, lines)
+    sink = []
+    mid = kc.execute(cell)
+    assert _stopped_ranks(dap, len(ranks), sink) == ranks
+    return mid, sink
+
+
 def _stopped_ranks(dap, n, sink):
     got = sorted(dap.wait_event("stopped", sink=sink)["body"]["threadId"] for _ in range(n))
     return [t - THREAD_BASE for t in got]
@@ -71,6 +80,14 @@ def _finish(kc, dap, mid, sink, timeout=60):
                    for m in sink if m["msg_type"] in ("display_data", "stream")
                    and m["parent_header"].get("msg_id") == mid)
     return rep, text
+
+
+def _continue_and_see(kc, dap, mid, sink, *outputs):
+    """Continue both ranks' threads; the cell ends well, printing ``outputs``."""
+    for r in (0, 1):
+        assert dap.request("continue", threadId=THREAD_BASE + r)["success"]
+    rep, text = _finish(kc, dap, mid, sink)
+    assert rep["status"] == "ok" and all(o in text for o in outputs), (rep, text)
 
 
 def _top(dap, rank):
@@ -105,18 +122,12 @@ def test_a_breakpoint_in_a_dp_cell_stops_each_rank_as_a_thread_with_its_own_vari
     assert _var(dap, top["id"], "y") is None  # line 3 has not run yet
     ev = dap.request("evaluate", expression="x * 2 + rank", frameId=top["id"], context="repl")
     assert ev["body"]["result"] == "21"  # the debug console, in rank 1's frame
-    for r in (0, 1):
-        assert dap.request("continue", threadId=THREAD_BASE + r)["success"]
-    rep, text = _finish(kc, dap, mid, sink)
-    assert rep["status"] == "ok" and "[rank 0]\n1\n" in text and "[rank 1]\n11\n" in text
+    _continue_and_see(kc, dap, mid, sink, "[rank 0]\n1\n", "[rank 1]\n11\n")
 
 
 def test_next_moves_one_rank_and_its_stack_follows(kc, dap):
     cell = "%%dp\na = rank\nb = a + 100\nc = b * 2\nprint(c)"
-    _breaks(dap, cell, [3])
-    sink = []
-    mid = kc.execute(cell)
-    assert _stopped_ranks(dap, 2, sink) == [0, 1]
+    mid, sink = _run_to_break(kc, dap, cell, [3], [0, 1])
     assert dap.request("next", threadId=THREAD_BASE + 1)["success"]
     ev = dap.wait_event("stopped", lambda e: e["body"]["threadId"] == THREAD_BASE + 1,
                         sink=sink)["body"]
@@ -124,18 +135,12 @@ def test_next_moves_one_rank_and_its_stack_follows(kc, dap):
     top1 = _top(dap, 1)
     assert top1["line"] == 4 and _var(dap, top1["id"], "b") == "101"
     assert _top(dap, 0)["line"] == 3  # rank 0 did not move
-    for r in (0, 1):
-        assert dap.request("continue", threadId=THREAD_BASE + r)["success"]
-    rep, text = _finish(kc, dap, mid, sink)
-    assert rep["status"] == "ok" and "[rank 0]\n200\n" in text and "[rank 1]\n202\n" in text
+    _continue_and_see(kc, dap, mid, sink, "[rank 0]\n200\n", "[rank 1]\n202\n")
 
 
 def test_a_cell_on_one_rank_stops_only_that_rank(kc, dap):
     cell = "%%dp -r 1\nq = rank + 5\nr2 = q"
-    _breaks(dap, cell, [3])
-    sink = []
-    mid = kc.execute(cell)
-    assert _stopped_ranks(dap, 1, sink) == [1]
+    mid, sink = _run_to_break(kc, dap, cell, [3], [1])
     tids = {t["id"] for t in dap.request("threads")["body"]["threads"]}
     assert THREAD_BASE + 1 in tids and THREAD_BASE not in tids
     assert _var(dap, _top(dap, 1)["id"], "q") == "6"
@@ -147,10 +152,7 @@ def test_a_cell_on_one_rank_stops_only_that_rank(kc, dap):
 def test_a_rank_held_at_a_breakpoint_while_its_peer_waits_in_a_collective_is_a_pause(kc, dap):
     cell = ("%%dp\nt = torch.ones(1)\nif rank == 1:\n    held = True\n"
             "dist.all_reduce(t)\nprint(t.item())")
-    _breaks(dap, cell, [4])
-    sink = []
-    mid = kc.execute(cell)
-    assert _stopped_ranks(dap, 1, sink) == [1]
+    mid, sink = _run_to_break(kc, dap, cell, [4], [1])
     time.sleep(4)  # rank 0 waits in the collective's check meanwhile
     dap.pump(sink, 0.1)
     assert not any(m["msg_type"] == "error" for m in sink)
@@ -176,10 +178,7 @@ def test_the_kernels_own_cells_debug_as_before(kc, dap):
 
 def test_interrupting_a_cell_held_at_a_breakpoint_ends_it_at_once_and_nothing_stays_traced(kc, dap):
     cell = "%%dp\nm = rank\nn = m + 1"
-    _breaks(dap, cell, [3])
-    sink = []
-    mid = kc.execute(cell)
-    assert _stopped_ranks(dap, 2, sink) == [0, 1]
+    mid, sink = _run_to_break(kc, dap, cell, [3], [0, 1])
     t0 = time.monotonic()
     kc.km.interrupt_kernel()
     rep, _ = _finish(kc, dap, mid, sink, timeout=30)
