@@ -39,6 +39,9 @@ from helpers import breakrun  # noqa: E402  (the runner; this file is the list)
 
 #: (what the tests claim, file, text to change, the broken text, the tests)
 MUTATIONS = [
+ ("lab: the publication is written by one writer at a time", "dpnb/cluster/publish.py",
+  "        with self._writing:\n", "        if True:\n",
+  ["tests/unit/test_lab_records.py::test_the_publication_thread_and_a_caller_write_the_record_one_at_a_time"]),
  ("lab debugger: a rank stops at the notebook's line (the %%dp line counted)", 'dpnb/engine/debugging/rankdap.py',
   '        return k is not None and frame.f_lineno + k.shift in self.points.get(k.path, ())',
   '        return k is not None and frame.f_lineno in self.points.get(k.path, ())',

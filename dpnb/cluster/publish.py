@@ -117,6 +117,9 @@ class Publication:
         self._kernel = {"pid": os.getpid(), "start": start_time(os.getpid()),
                         "kernel_id": _kernel_id()}
         self._stop = threading.Event()
+        # the publication thread and a caller who wants the record out now (after a
+        # profile) write the same temporary file: one at a time
+        self._writing = threading.Lock()
         self.write()
         self._thread = threading.Thread(target=self._loop, name=f"dpnb-publish-{self.cluster_id}",
                                         daemon=True)
@@ -159,13 +162,14 @@ class Publication:
         c = self._ref()
         if c is None or not c.running:
             return False
-        text = json.dumps(self.record(c), default=str, sort_keys=True)
-        if text != self._written:
-            tmp = self.path + ".tmp"
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                f.write(text)
-            os.replace(tmp, self.path)
-            self._written = text
+        with self._writing:
+            text = json.dumps(self.record(c), default=str, sort_keys=True)
+            if text != self._written:
+                tmp = self.path + ".tmp"
+                with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                    f.write(text)
+                os.replace(tmp, self.path)
+                self._written = text
         return True
 
     def _loop(self) -> None:

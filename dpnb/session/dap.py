@@ -88,6 +88,9 @@ class DapRouter:
     def running(self, c, ranks):
         """While a debugged cell runs on ``ranks``: their stops become ``stopped`` events."""
         self.cell_ranks = tuple(ranks)
+        # stops are told apart by each engine's count; a rank's engine may have been
+        # replaced since the last cell (its count starts again)
+        self.seen = {}
         done = threading.Event()
         t = threading.Thread(target=self._watch, args=(c, done), name="dpnb-dap-watch",
                              daemon=True)

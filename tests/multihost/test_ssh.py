@@ -265,8 +265,9 @@ def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts, lo
         assert holders == [2, 3, 0, 1], holders  # every copy on the other host
         assert all(c.ranks[h].host != c.ranks[r].host for r, h in enumerate(holders))
         step, reached = want[0][2], max(w[4] for w in want.values())
-        # at most K steps lost, K + 1 when the death came with a copy in flight
-        assert want[0][3] == dead and 0 <= reached - step <= k + 1, (step, reached)
+        # at most K steps lost, plus the steps a copy in flight overlapped (2K - 1 at
+        # most: a copy is settled at the next copy point; see test_resume_memory)
+        assert want[0][3] == dead and 0 <= reached - step <= 2 * k - 1, (step, reached)
         msg = c.restart(resume=True)
         copies = "; ".join(f"rebuilt from rank {holders[r]}'s copy of rank {r}'s shard"
                            for r in lost)

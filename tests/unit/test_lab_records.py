@@ -321,3 +321,17 @@ def test_the_published_loss_curve_takes_each_step_once_and_follows_a_rollback():
     assert curve == [[0, 2.0]]
     publish.extend_curve(curve, {"history": [[i, 1.0, None] for i in range(1, 600)]})
     assert len(curve) == publish.CURVE_MAX and curve[-1] == [599, 1.0]
+
+
+def test_the_publication_thread_and_a_caller_write_the_record_one_at_a_time(dirs):
+    """Both write the same temporary file and rename it: unguarded, one rename found
+    the other's file gone (CI: FileNotFoundError in a test's write after a profile)."""
+    c = _cluster(os.getpid())
+    pub = publish.Publication(c, period_s=0.0005)  # its thread rewrites at every change
+    try:
+        for i in range(1500):
+            c.generation = i  # a new record each time: both sides write
+            assert pub.write()
+        assert json.loads(open(pub.path).read())["id"] == c.cluster_id
+    finally:
+        pub.remove()
