@@ -239,8 +239,9 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     palette = page.locator(".lm-CommandPalette-content")
     _wait(page, lambda: "Stop the cluster" in palette.inner_text()
           and "Open the cluster panel" in palette.inner_text(), "dpnb's palette entries", 10)
-    headers = palette.locator(".lm-CommandPalette-header").all_inner_texts()
-    assert any(h.strip().lower() == "dpnb" for h in headers), headers
+    headers = palette.locator(".lm-CommandPalette-header")
+    _wait(page, lambda: any(h.strip().lower() == "dpnb" for h in headers.all_text_contents()),
+          f"the palette's dpnb category (headers: {headers.all_text_contents()})", 10)
     page.keyboard.press("Escape")
     search = _palette(page, "Open the cluster panel (live view)")
     search.press("Enter")  # no id: the current notebook's cluster
