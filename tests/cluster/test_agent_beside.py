@@ -247,7 +247,7 @@ def test_the_agent_watches_the_humans_training_live(human):
 
     def train():
         # with its progress (the default): rank 0 publishes each step as it trains
-        done["result"] = c.train(steps=80, micro_batch=4)
+        done["result"] = c.train(steps=240, micro_batch=4)  # outlives the agent's two looks, unloaded too
 
     human_train = threading.Thread(target=train, daemon=True)
     human_train.start()
