@@ -26,6 +26,19 @@ def library_roots() -> tuple[str, ...]:
     return tuple(sorted(r + os.sep for r in roots if r))
 
 
+#: modules whose frames stepping passes over, in pdb on a rank and in JupyterLab's
+#: debugger alike: the kernel and dpnb around a cell, so stepping goes from one
+#: cell statement to the next; and torch.distributed's wrappers
+STEP_SKIP = ("IPython.*", "ipykernel.*", "ipyparallel.*", "dpnb.*", "asyncio.*", "tornado.*",
+             "zmq.*", "traitlets.*", "concurrent.*", "threading", "contextlib", "codeop",
+             "runpy", "selectors", "queue", "torch.distributed.*")
+
+
+def is_cell_statement(frame: Any) -> bool:
+    """One top-level statement of a cell (IPython runs each as its own code object)."""
+    return frame.f_code.co_name == "<module>" and is_cell(frame.f_code.co_filename)
+
+
 def is_cell(filename: str) -> bool:
     """A ``%%dp`` cell's code (IPython names cells ``<ipython-input-...>`` or,
     in a kernel, a temporary ``ipykernel_<pid>/<hash>.py``)."""

@@ -45,10 +45,6 @@ WAKE_S = 0.2
 ANSWER_S = 10.0
 #: children listed per variable (a dict of a million entries is not a panel)
 MAX_CHILDREN = 300
-#: modules whose frames stepping passes over (the engine's own and torch.distributed's wrappers)
-SKIP = ["IPython.*", "ipykernel.*", "ipyparallel.*", "dpnb.*", "asyncio.*", "tornado.*",
-        "zmq.*", "traitlets.*", "concurrent.*", "threading", "contextlib", "codeop",
-        "runpy", "selectors", "queue", "torch.distributed.*"]
 RESUME = ("continue", "next", "stepIn", "stepOut")
 
 _NEVER = object()  # a stop frame no frame is: trace, stop at breakpoints only
@@ -84,7 +80,7 @@ class RankDap(bdb.Bdb):
     """This rank's debugger for the notebook's DAP session (see the module's docstring)."""
 
     def __init__(self, rank: int):
-        super().__init__(skip=SKIP)
+        super().__init__(skip=frames.STEP_SKIP)
         self.rank = rank
         self.files: dict[str, Known] = {}  # engine file -> notebook path
         self.points: dict[str, set[int]] = {}  # notebook path -> lines (notebook numbering)
@@ -129,11 +125,6 @@ class RankDap(bdb.Bdb):
     def set_continue(self) -> None:
         # bdb's drops tracing when its own table is empty; ours is elsewhere
         self.stopframe, self.returnframe, self.stoplineno = self.botframe, None, -1
-
-    @staticmethod
-    def _cell_statement(frame) -> bool:
-        # IPython runs each top-level statement of a cell as its own code object
-        return frame.f_code.co_name == "<module>" and frames.is_cell(frame.f_code.co_filename)
 
     # bdb's user_call / user_return / user_exception do nothing: a stop is at a line;
     # `next` past a cell statement's end steps into the next one (bdb's dispatch_return)
@@ -180,7 +171,7 @@ class RankDap(bdb.Bdb):
             return self._evaluate(self._at(req), str(req["expression"]))
         if op in RESUME:
             top = self.stack[0]
-            if op == "continue" or (op == "stepOut" and self._cell_statement(top)):
+            if op == "continue" or (op == "stepOut" and frames.is_cell_statement(top)):
                 self.set_continue()
             elif op == "next":
                 self.set_next(top)

@@ -43,12 +43,8 @@ log = logging.getLogger(__name__)
 DATA_KEY = "dpnb_pdb"
 #: how often a rank waiting for its next pdb line wakes (so Ctrl-C reaches it)
 WAKE_S = 0.2
-#: modules whose frames ``next`` and ``step`` pass over: the kernel and dpnb
-#: around a cell, so stepping goes from one cell statement to the next; and
-#: torch.distributed's wrappers (``dist.breakpoint``'s own barrier among them)
-SKIP = ["IPython.*", "ipykernel.*", "ipyparallel.*", "dpnb.*", "asyncio.*", "tornado.*",
-        "zmq.*", "traitlets.*", "concurrent.*", "threading", "contextlib", "codeop",
-        "runpy", "selectors", "queue", "torch.distributed.*"]
+#: modules whose frames ``next`` and ``step`` pass over (dpnb.engine.debugging.frames)
+SKIP = list(frames.STEP_SKIP)
 
 
 class Channel(io.TextIOBase):
@@ -128,9 +124,7 @@ class RankPdb(pdb.Pdb):
 
     # IPython runs each top-level statement of a cell as its own code object:
     # the start or end of one is not a place to stop, its first line is
-    @staticmethod
-    def _cell_statement(frame) -> bool:
-        return frame.f_code.co_name == "<module>" and frames.is_cell(frame.f_code.co_filename)
+    _cell_statement = staticmethod(frames.is_cell_statement)
 
     def user_call(self, frame, argument_list):
         if self._cell_statement(frame):
