@@ -6,9 +6,11 @@ ones, without asking any kernel anything.  So the kernel holding a cluster
 publishes a record of it -- cluster id, profile folder, the kernel's PID and
 start time, each rank's host/PID/start time/device and whether the notebook
 side saw it die, the latest training progress (step, loss, samples/s),
-the last failed cell's one-line summary and the last profiled cell's summary
+the last failed cell's one-line summary, the last profiled cell's summary
 (:class:`dpnb.core.profilesummary.ProfileSummary`: the sentences the cell's
 view prints, two numbers per rank, the traces' folder; never their contents)
+and the last train call's step (:mod:`dpnb.core.labviews`: gradient sync as
+lanes of bars, memory per rank measured against the exact model)
 -- in this user's private folder (:func:`dpnb.engine.proc.private.private_dir`,
 mode 0700, files 0600): the server runs as the same user and reads it; nobody
 else can.
@@ -33,6 +35,7 @@ import threading
 import time
 import weakref
 
+from ..core.labviews import MemoryPanel, SyncPanel
 from ..core.profilesummary import ProfileSummary
 from dpnb.engine.proc.private import private_dir
 from .processes import json_records, remove_record, same_process, start_time
@@ -44,26 +47,28 @@ log = logging.getLogger(__name__)
 PUBLISH_ENV = "DPNB_PUBLISH_DIR"
 #: seconds between two looks at the cluster (the sidebar polls about as often)
 PERIOD_S = 1.0
-_PROGRESS_KEYS = ("step", "loss", "samples_per_s", "tokens_per_s", "total", "done")
-#: the loss curve JupyterLab's panel draws: the latest steps' (step, loss)
+_PROGRESS_KEYS = ("step", "loss", "samples_per_s", "tokens_per_s", "step_time_s", "total", "done")
+#: the curves JupyterLab's dashboard panel draws: the latest steps' (step, loss, samples/s)
 CURVE_MAX = 500
 
 
 def extend_curve(curve: list[list], data: dict) -> None:
-    """Add a progress payload's steps to ``curve`` (``[step, loss]``, steps rising).
+    """Add a progress payload's steps to ``curve`` (``[step, loss, samples/s or None]``,
+    steps rising).
 
     The payload's ``history`` carries the recent steps (a reader polling less
     often than steps finish still gets each); a step at or before the curve's
     last -- a resume that rolled back, a new model's step 0 -- drops what came
     after it, so the curve goes on from there as the training does.
     """
-    pts = [(h[0], h[1]) for h in data.get("history") or [] if len(h) >= 2]
-    for step, loss in pts or [(data.get("step"), data.get("loss"))]:
+    pts = [(h[0], h[1], h[2] if len(h) > 2 else None)
+           for h in data.get("history") or [] if len(h) >= 2]
+    for step, loss, sps in pts or [(data.get("step"), data.get("loss"), data.get("samples_per_s"))]:
         if not isinstance(step, int) or not isinstance(loss, (int, float)):
             continue
         while curve and curve[-1][0] >= step:
             curve.pop()
-        curve.append([step, float(loss)])
+        curve.append([step, float(loss), float(sps) if isinstance(sps, (int, float)) else None])
     del curve[:-CURVE_MAX]
 
 
@@ -112,6 +117,8 @@ class Publication:
         self._progress: dict = {}
         self._curve: list[list] = []
         self._profile: dict | None = None
+        self._sync: dict | None = None
+        self._memory: dict | None = None
         self._written = ""
         self._starts: dict[int, float | None] = {}
         self._kernel = {"pid": os.getpid(), "start": start_time(os.getpid()),
@@ -136,6 +143,12 @@ class Publication:
         """The layer above's last profiled cell (None: none yet, or a new one under way)."""
         self._profile = None if summary is None else summary.as_dict()
 
+    def step_views(self, sync: SyncPanel | None, memory: MemoryPanel | None) -> None:
+        """The last train call's step as the session read it from the ranks: gradient
+        sync on a timeline and memory per rank (None: not recorded, or no model)."""
+        self._sync = None if sync is None else sync.as_dict()
+        self._memory = None if memory is None else memory.as_dict()
+
     def record(self, c) -> dict:
         """What the sidebar shows of ``c`` (JSON)."""
         ranks = []
@@ -153,6 +166,7 @@ class Publication:
                 "progress": dict(self._progress), "curve": [list(x) for x in self._curve],
                 "last_error": error_summary(c.last_failure),
                 "last_profile": self._profile,
+                "gradsync": self._sync, "memory": self._memory,
                 # the holder's door for dpnb mcp (dpnb.agent.door), and what agents did
                 "agent_door": door.path if door is not None else None,
                 "agent": door.summary() if door is not None else None}

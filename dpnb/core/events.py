@@ -100,10 +100,11 @@ class TrainSummary(Indexed):
     def progress_event(self) -> ProgressEvent:
         """The call's end as a progress event: the one place the summary's
         names (``last_step``, ``steps``, ``requested_steps``) meet progress's
-        (``step``, ``done``, ``total``)."""
+        (``step``, ``done``, ``total``); the step time is the call's mean."""
         return ProgressEvent(rank=self.rank, step=self.last_step, done=self.steps,
                              total=self.requested_steps, loss=self.loss,
-                             samples_per_s=self.samples_per_s, tokens_per_s=self.tokens_per_s)
+                             samples_per_s=self.samples_per_s, tokens_per_s=self.tokens_per_s,
+                             step_time_s=self.time_s / self.steps if self.steps else None)
 
     def to_record(self) -> dict:
         return self.to_dict()

@@ -150,6 +150,8 @@ def _from_kernel(rec: dict, gpu: GpuMemory) -> dict:
             "progress": rec.get("progress") or {}, "curve": rec.get("curve") or [],
             "last_error": rec.get("last_error"),
             "last_profile": rec.get("last_profile"),
+            # the last train call's step: gradient sync and memory per rank (core/labviews)
+            "gradsync": rec.get("gradsync"), "memory": rec.get("memory"),
             # what agents may do and did (dpnb.agent.service); the door's path stays here
             "agent": rec.get("agent")}
 
@@ -169,7 +171,7 @@ def _from_keep(rec: dict, gpu: GpuMemory) -> dict:
             "stops_in_s": rec.get("stops_in_s"), "backend": rec.get("backend"),
             "launcher": "local", "created": rec.get("created"), "ranks": ranks,
             "progress": _kept_progress(rec), "curve": [], "last_error": None,
-            "last_profile": None, "agent": None}
+            "last_profile": None, "gradsync": None, "memory": None, "agent": None}
 
 
 def clusters(gpu: GpuMemory | None = None) -> list[dict]:

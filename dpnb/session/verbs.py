@@ -10,12 +10,14 @@ to the session's :class:`~dpnb.session.training_state.TrainingState`.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from ..ippcompat import result_metadata
 from ..core.events import ProgressEvent, TrainSummary
 from ..core.errors import ConfigError
+from ..core.labviews import memory_panel, sync_panel
 from ..core.trainargs import TrainArgs
 from ..core.strategies import STRATEGIES, is_fsdp, parse_comm_hook
 from dpnb.engine import entrypoints as ep
@@ -25,6 +27,8 @@ from ..ranks import rank_label
 from .record import DataStep, LoadStep, WatchStep, WrapStep
 from .results import TrainResult
 from .training_state import LastTrain, TrainCall, WrapRecord
+
+log = logging.getLogger(__name__)
 
 
 
@@ -149,6 +153,7 @@ def train(cluster, args: TrainArgs) -> TrainResult | None:
         if ev is not None:
             finals[ev.rank] = ev.as_dict()
     st.last_train = LastTrain(args, summary, finals)
+    publish_step_views(cluster)
     if summary and summary.steps:
         st.train_log.append(TrainCall.of(summary.steps, cluster.world_size, args))
     if summary is None:
@@ -156,6 +161,26 @@ def train(cluster, args: TrainArgs) -> TrainResult | None:
     if not from_plan:  # a layout of the user's own: the resize plan is history
         st.batch_plan = None
     return TrainResult.of(summary, batch_note=from_plan)
+
+
+def publish_step_views(cluster) -> None:
+    """JupyterLab's gradient-sync and memory panels: after a train call, one engine
+    call (no collective) brings each rank's last recorded step and model-state bytes,
+    and the runtime's publication carries them to the Jupyter server.  A failure
+    here is logged and costs the panels, never the training."""
+    pub = cluster.published
+    if pub is None:
+        return
+    try:
+        per = cluster.call(ep.STEP_VIEWS).values
+        recs = [r for v in per for r in v["gradsync"]]
+        snaps = [v["memory"] for v in per if v["memory"] is not None]
+        sync = sync_panel(recs, cluster.world_size) if recs else None
+        memory = memory_panel(snaps) if len(snaps) == cluster.world_size else None
+    except Exception as e:  # the panels are a view: training's result stands
+        log.warning("the step's views for JupyterLab were not read: %s: %s", type(e).__name__, e)
+        return
+    pub.step_views(sync, memory)
 
 
 #: what ``train`` uses when neither the call nor a resize says

@@ -46,7 +46,6 @@ from .gradsync_data import (  # noqa: F401  (the view's data layer, re-exported)
     RankTimeline,
     Segment,
     _cmp,
-    _fnum,
     _ready_order,
     bucket_rows,
     data,

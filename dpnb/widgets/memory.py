@@ -25,12 +25,11 @@ import ipywidgets as w
 from dpnb.core import (
     GB,
     ConfigError,
-    ParamSpec,
-    exact_rank_bytes,
     max_params_that_fit,
     memory_table,
     min_dp_to_fit,
 )
+from dpnb.core.labviews import MEMORY_PARTS as LIVE_PARTS, memory_panel
 from dpnb.core.memory import MODELED_OPTIMIZERS as OPTIMIZERS, OFFLOADS, PRECISIONS
 
 from dpnb.engine import entrypoints as ep
@@ -44,7 +43,6 @@ PART_LABELS = {
     "master_weights": "master weights (fp32)",
     "optimizer_moments": "optimizer moments",
 }
-LIVE_PARTS = ("params", "grads", "optimizer")
 LIVE_LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state"}
 LIVE_COLORS = {"params": C.COLORS["params"], "grads": C.COLORS["grads"], "optimizer": C.COLORS["optimizer"]}
 STAGE_OF = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
@@ -154,26 +152,19 @@ def live_data(snapshots: list[dict]) -> LiveMemory:
     """
     if not snapshots:
         raise C.ViewError("no memory snapshots: is a model wrapped? run %dp wrap and %dp train --steps 1")
-    s0 = snapshots[0]
-    ws = s0["world_size"]
+    ws = snapshots[0]["world_size"]
     if len(snapshots) != ws:
         raise C.ViewError(f"need one snapshot per rank ({ws}), got {len(snapshots)}")
-    specs = [ParamSpec(n, tuple(shape), dt, rg) for n, shape, dt, rg in s0["specs"]]
-    pred = exact_rank_bytes(specs, ws, s0["strategy"], s0["optimizer"],  # type: ignore[arg-type]
-                            gradient_as_bucket_view=bool(s0.get("gradient_as_bucket_view", True)))
+    mp = memory_panel(snapshots)
     ranks = []
-    for snap, p in zip(sorted(snapshots, key=lambda s: s["rank"]), pred):
-        after = snap.get("phase") == "after_step"
-        predicted = {"params": p.params, "grads": p.grad_storage if after else 0,
-                     "optimizer": p.optimizer_state}
-        m = snap["measured"]
-        measured = {k: int(m.get(k) or 0) for k in LIVE_PARTS}
+    for r in mp.ranks:
+        measured = dict(zip(LIVE_PARTS, r.measured))
+        predicted = dict(zip(LIVE_PARTS, r.predicted))
         diff = {k: measured[k] - predicted[k] for k in LIVE_PARTS}
         diff["total"] = sum(diff.values())
-        ranks.append(RankMemory(snap["rank"], measured, predicted, diff))
-    return LiveMemory(s0["strategy"], s0["optimizer"], ws, s0.get("phase", "now"), s0.get("step"),
-                      int(s0.get("n_params", sum(sp.numel for sp in specs))), tuple(ranks),
-                      PRECISION_OF.get(s0.get("mixed_precision", "none"), "fp32"))
+        ranks.append(RankMemory(r.rank, measured, predicted, diff))
+    return LiveMemory(mp.strategy, mp.optimizer, ws, mp.phase, mp.step, mp.n_params, tuple(ranks),
+                      PRECISION_OF.get(mp.mixed_precision, "fp32"))
 
 
 def fetch(cluster) -> LiveMemory:

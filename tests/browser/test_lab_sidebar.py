@@ -8,11 +8,13 @@ cell that fails on every rank.  Checked in the page: ``#dpnb-sidebar``
 lists the cluster's two ranks soon after the start cell returned, the status
 bar says 2/2 ranks and follows the training's step, the failure shows as the last error with a red mark,
 Attach inserts ``%dp attach ID`` into the notebook, the Start form's bad input
-comes back as the server's one line, Panel opens the cluster's live view in the
-main area beside the notebook (the loss over the steps as a Vega-Lite chart with
-titled axes, the last profile's straggler line,
-folder and merged trace) and opens again after a page reload (the layout
-restorer), the command palette lists dpnb's commands under "dpnb", Stop and
+comes back as the server's one line, Panel opens the cluster's training dashboard in
+the main area beside the notebook (the loss and samples/s over the steps as
+Vega-Lite charts with titled axes, the last profile's straggler line, folder
+and merged trace), Grad sync the last step's lanes per rank on a time axis,
+Memory each rank's model states beside the exact model; the panels open again
+after a page reload (the layout restorer), the command palette lists dpnb's
+commands under "dpnb" and opens the dashboard, Stop and
 Restart --resume ask first (a dialog; Cancel stops nothing), and Stop on a
 cluster its kernel holds says to stop it there.  Playwright's Python package drives
 Debian's Chromium (/usr/bin/chromium; never ``playwright install``).  The
@@ -209,7 +211,34 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     assert "Last profile (cell" in shown and "dpnb-profiles/" in shown, shown
     assert "merged trace: merged.json" in shown and "ui.perfetto.dev" in shown, shown
     assert re.search(r"rank 0\s+[\d.]+ ms\s+[\d.]+ ms", shown), shown  # compute, exposed comm
+    # samples/s over the same steps, drawn beside the loss, and the step time
+    _wait(page, lambda: {"step", "samples/s"} <= set(panel.locator(".dpnb-throughput svg text")
+                                                      .all_text_contents()),
+          "the samples/s chart's axis titles", 10)
+    assert re.search(r"step time [\d.]+ ms", panel.locator(".dpnb-throughput").inner_text())
     page.screenshot(path=str(_artifact("lab-panel.png")))
+    # Grad sync: the last train call's last recorded step, each rank's lanes on one time axis
+    sidebar.locator("button[data-action=gradsync]").click()
+    sync = page.locator(f"#jp-main-dock-panel #dpnb-panel-gradsync-{cid}.dpnb-panel")
+    _wait(page, lambda: sync.count() == 1 and "Gradient sync, step 4 (ddp, 2 ranks)" in sync.inner_text(),
+          "the gradient-sync panel", 10)
+    _wait(page, lambda: {"time from step start (ms)", "rank · lane", "rank 1 · all-reduce",
+                         "rank 0 · backward"} <= set(sync.locator("svg text").all_text_contents()),
+          "the timeline's axes and lanes", 10)
+    for r in (0, 1):
+        assert re.search(rf"rank {r}: step [\d.]+ ms · communication [\d.]+ ms, exposed [\d.]+ ms",
+                         sync.inner_text()), sync.inner_text()
+    # Memory: each rank's model states measured beside the exact model (DDP: byte for byte)
+    sidebar.locator("button[data-action=memory]").click()
+    mem = page.locator(f"#jp-main-dock-panel #dpnb-panel-memory-{cid}.dpnb-panel")
+    _wait(page, lambda: mem.count() == 1 and "Memory per rank (ddp, " in mem.inner_text(),
+          "the memory panel", 10)
+    _wait(page, lambda: {"model states (KiB)", "rank 0", "rank 1"}  # a Linear(8, 2): KiB
+          <= set(mem.locator("svg text").all_text_contents()), "the memory chart's axes", 10)
+    rows = mem.locator(".dpnb-memory-ranks tr").all_inner_texts()[1:]
+    assert len(rows) == 6 and all(r.split("\t")[-1] == "exact" for r in rows), rows
+    assert any(r.startswith("rank 1\tparameters\t") for r in rows), rows
+    page.screenshot(path=str(_artifact("lab-panels.png")))
     # Start with ssh hosts: held by a kernel's connections, so the server answers the
     # checked %dp start line and the sidebar runs it in this notebook (whose kernel
     # already holds a cluster: the line's own refusal shows that it ran there)
@@ -224,12 +253,14 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     settings = json.loads(_get(lab, "/lab/api/settings/dpnb:plugin"))
     assert set(settings["schema"]["properties"]) == {"pollInterval", "confirmStop"}, settings
     # a reload, once the workspace holds the panel: the layout restorer opens it again
-    _wait(page, lambda: f"dpnb-panel:{cid}" in _workspaces(lab), "the panel in the saved layout", 30)
+    _wait(page, lambda: f"dpnb-panel:{cid}" in _workspaces(lab)
+          and f"dpnb-panel:gradsync-{cid}" in _workspaces(lab), "the panels in the saved layout", 30)
     page.reload()
     reloaded = time.monotonic()
     _wait(page, lambda: page.locator(f"#jp-main-dock-panel #dpnb-panel-{cid}").count() == 1
-          and "rank 1" in page.locator(f"#dpnb-panel-{cid}").inner_text(),
-          "the panel restored after a reload", 60)
+          and "rank 1" in page.locator(f"#dpnb-panel-{cid}").inner_text()
+          and "Gradient sync, step 4" in page.locator(f"#dpnb-panel-gradsync-{cid}").inner_text(),
+          "the panels restored after a reload", 60)
     print(f"panel restored {time.monotonic() - reloaded:.1f} s after the reload")
     assert time.monotonic() - reloaded < 20
     # the command palette: dpnb's commands under their category; one opens the panel
@@ -238,15 +269,18 @@ def test_sidebar_and_status_bar_follow_a_notebooks_cluster(browser, lab):
     search = _palette(page, "dpnb")
     palette = page.locator(".lm-CommandPalette-content")
     _wait(page, lambda: "Stop the cluster" in palette.inner_text()
-          and "Open the cluster panel" in palette.inner_text(), "dpnb's palette entries", 10)
+          and "Open the training dashboard" in palette.inner_text()
+          and "Open the memory per rank" in palette.inner_text(), "dpnb's palette entries", 10)
     headers = palette.locator(".lm-CommandPalette-header")
     _wait(page, lambda: any(h.strip().lower() == "dpnb" for h in headers.all_text_contents()),
           f"the palette's dpnb category (headers: {headers.all_text_contents()})", 10)
     page.keyboard.press("Escape")
-    search = _palette(page, "Open the cluster panel (live view)")
+    search = _palette(page, "Open the training dashboard")
     search.press("Enter")  # no id: the current notebook's cluster
-    _wait(page, lambda: page.locator(f"#jp-main-dock-panel #dpnb-panel-{cid}.dpnb-panel").count() == 1,
-          "the panel opened from the palette", 10)
+    board = page.locator(f"#jp-main-dock-panel #dpnb-panel-{cid}.dpnb-panel")
+    _wait(page, lambda: board.count() == 1
+          and {"step", "loss"} <= set(board.locator(".dpnb-curve svg text").all_text_contents()),
+          "the dashboard opened from the palette, its loss chart's axes titled", 10)
     page.close()
 
 

@@ -7,7 +7,7 @@ Lab.  The prebuilt bundle's shared-module ranges (compiled into its
 from pyproject.toml (``>=4`` is 4.0.0), and in a fresh venv installs
 ``jupyterlab==X``, psutil (what ``dpnb.lab`` imports at server start beyond
 Jupyter's own packages; no torch: the server extension imports none) and dpnb
-itself editable with ``--no-deps`` from a copy of the checkout (a
+itself editable with ``--no-deps`` from a copy of the checkout, every run (a
 contributor's ``pip install -e``; setup.py's fix makes the data files put
 the labextension in the venv's ``share/jupyter/labextensions/dpnb`` and the server extension's switch in its
 ``etc/jupyter``; the checkout gets no build output).  Then:
@@ -22,7 +22,10 @@ the labextension in the venv's ``share/jupyter/labextensions/dpnb`` and the serv
   error names dpnb.  The console's messages are printed (``-s`` shows them).
 
 Skipped only where Playwright or Chromium is missing, as its neighbours.
-pip's cache is used: with it warm the test takes about a minute.
+The venv with Lab X is kept across runs (``~/.cache/dpnb/oldest-lab-venv/KEY``,
+:class:`helpers.nbutil.KeptVenv`: built again when X or the list above changes,
+or after a week); dpnb is installed into it afresh from this checkout's copy
+every run, which is what the listings below check.
 
     python -m pytest -m browser tests/browser/test_oldest_lab.py -s
 """
@@ -86,14 +89,19 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
 def test_the_oldest_jupyterlab_loads_the_sidebar_without_unsatisfied_versions(browser, tmp_path):
     t0 = time.monotonic()
     lab_version = oldest_jupyterlab()
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], timeout=300)
+    # Lab X and what the server extension needs, in a venv kept across runs (built again
+    # when X or that list changes, or weekly); dpnb goes in afresh every run, below
+    kept = nbu.KeptVenv.of("oldest-lab-venv", lab_version, SERVER_EXTENSION_NEEDS)
+    venv = kept.path
     py, bin_ = nbu.python_in(venv), venv / "bin"
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
     env.update(nbu.jupyter_env(tmp_path / "home"), VIRTUAL_ENV=str(venv),
                PATH=f"{bin_}{os.pathsep}{os.environ['PATH']}")
-    _run([py, "-m", "pip", "install", "-q", f"jupyterlab=={lab_version}",
-          *SERVER_EXTENSION_NEEDS], env=env, cwd=tmp_path, timeout=900)
+    if kept.fresh:
+        _run([sys.executable, "-m", "venv", str(venv)], timeout=300)
+        _run([py, "-m", "pip", "install", "-q", f"jupyterlab=={lab_version}",
+              *SERVER_EXTENSION_NEEDS], env=env, cwd=tmp_path, timeout=900)
+        kept.done()
     src = nbu.copy_worktree(tmp_path / "src")  # pip's build output stays out of the checkout
     # editable, as a contributor installs it: setuptools' editable wheel leaves the data
     # files (the labextension, the server extension's switch) out unless setup.py's fix

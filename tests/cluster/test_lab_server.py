@@ -10,9 +10,14 @@ is killed and the server's restart action replaces it; its stop action ends
 the cluster, every process of it gone.
 """
 
+import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
+import urllib.request
 
 import psutil
 import pytest
@@ -106,6 +111,20 @@ def _check(srv) -> None:
         assert [(r["rank"], r["alive"]) for r in c["ranks"]] == [(0, True), (1, True)]
         assert c["alive"] == c["world_size"] == 2 and c["progress"]["loss"] > 0
         assert c["last_error"] is None
+        # the train call's last step, read from the ranks once it ended, for the Lab panels:
+        # each rank's lanes (a DDP all-reduce among them) and its bytes against the exact
+        # model (Linear(8, 2): 18 float32 parameters)
+        sync, mem = c["gradsync"], c["memory"]
+        assert (sync["step"], sync["strategy"], [r["rank"] for r in sync["ranks"]]) == (2, "ddp", [0, 1])
+        assert {"forward", "backward", "all_reduce"} <= {b["lane"] for b in sync["ranks"][1]["bars"]}
+        assert (mem["strategy"], mem["phase"], mem["step"]) == ("ddp", "after_step", 2)
+        assert all(r["measured"] == r["predicted"] and r["measured"][0] == 18 * 4 for r in mem["ranks"])
+        # ipyparallel's own sidebar lists plain ipyparallel clusters from IPython's profile
+        # folders: never this one (its profile is dpnb's private folder), so a user is not
+        # offered a second, wrong stop button (README: "Two cluster sidebars")
+        status, ipp = srv.request("/ipyparallel/clusters")
+        assert status == 200 and isinstance(ipp, list), ipp
+        assert c["id"] not in json.dumps(ipp), ipp
         # no token, a wrong token: refused, for reading and for acting
         for token in (None, "0" * 32):
             assert srv.request("/api/dpnb/clusters", token=token)[0] == 403
@@ -181,3 +200,38 @@ def test_a_cluster_started_from_the_panel_is_kept_attachable_and_stopped(lab, mo
         keeping.release(d)  # let go: the server may act on it
     _wait_for(lab, lambda cs: cs[0]["holder"] is None, "the cluster free again")
     _stop_leaves_nothing(lab, c["id"], pids)
+
+
+def test_the_readmes_line_hides_ipyparallels_sidebar_and_keeps_dpnbs(srv):
+    """README's "Two cluster sidebars": ``jupyter labextension disable
+    ipyparallel-labextension`` (the user's level, no rebuild) takes ipyparallel's
+    sidebar out of the page JupyterLab serves, and dpnb's stays in it."""
+    def page_config() -> dict:
+        with urllib.request.urlopen(f"{srv.base}/lab?token={srv.token}", timeout=60) as r:
+            html = r.read().decode()
+        m = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
+                      html, re.S)
+        assert m, html[:2000]
+        return json.loads(m.group(1))
+
+    def names(cfg: dict) -> set:
+        return {e["name"] for e in cfg.get("federated_extensions", [])}
+
+    before = page_config()
+    assert {"dpnb", "ipyparallel-labextension"} <= names(before)
+    assert "ipyparallel-labextension" not in before.get("disabledExtensions", [])
+    # the line as the README gives it
+    line = re.search(r"^jupyter labextension disable (\S+)$",
+                     (labserver.nbu.REPO / "README.md").read_text(), re.M)
+    assert line, "README.md gives no `jupyter labextension disable` line"
+    p = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "disable", line.group(1)],
+                       env=srv.env, capture_output=True, text=True, timeout=120)
+    try:
+        assert p.returncode == 0, p.stdout + p.stderr
+        after = page_config()
+        assert "ipyparallel-labextension" in after.get("disabledExtensions", []), after
+        assert "dpnb" in names(after) and not any(
+            d.startswith("dpnb") for d in after.get("disabledExtensions", [])), after
+    finally:  # the module's other tests see Lab as installed
+        subprocess.run([sys.executable, "-m", "jupyter", "labextension", "enable",
+                        "ipyparallel-labextension"], env=srv.env, capture_output=True, timeout=120)

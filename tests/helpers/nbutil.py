@@ -323,3 +323,36 @@ def copy_worktree(dst: Path) -> Path:
 
 def python_in(venv: Path) -> str:
     return str(venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python"))
+
+
+#: a kept venv older than this is built again (what pip resolves for a fresh user moves on)
+KEPT_VENV_MAX_AGE_S = 7 * 24 * 3600
+
+
+@dataclass
+class KeptVenv:
+    """A venv kept across test runs under ``$DPNB_VENV_CACHE`` (default ``~/.cache/dpnb``),
+    at ``NAME/KEY``: KEY a digest of the Python version and everything the caller says
+    the venv's contents depend on (requirement strings, files' text), so any change
+    builds a new one; also rebuilt after :data:`KEPT_VENV_MAX_AGE_S`.  ``fresh``: build it
+    (the folder is emptied first); call :meth:`done` once its contents are checked, so an
+    interrupted build is redone."""
+
+    path: Path
+    fresh: bool
+
+    @classmethod
+    def of(cls, name: str, *key_parts) -> "KeptVenv":
+        import hashlib  # lazy: only the tests that keep a venv
+
+        key = hashlib.sha256(repr((sys.version_info[:2],) + key_parts).encode()).hexdigest()[:16]
+        path = Path(os.environ.get("DPNB_VENV_CACHE", Path.home() / ".cache" / "dpnb")) / name / key
+        mark = path / "dpnb-complete"
+        fresh = not (mark.exists() and time.time() - mark.stat().st_mtime < KEPT_VENV_MAX_AGE_S)
+        if fresh:
+            shutil.rmtree(path, ignore_errors=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return cls(path, fresh)
+
+    def done(self) -> None:
+        (self.path / "dpnb-complete").write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import site
@@ -57,6 +58,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import labpage
 from helpers import nbutil as nbu
 
 pytestmark = pytest.mark.hosted
@@ -88,6 +90,9 @@ c.Spawner.environment = {{
     "DPNB_PREWARM": "0", "MPLBACKEND": "Agg", "PATH": {path!r},
     # the server's own files outside the home (alice's home is read-only)
     "JUPYTER_RUNTIME_DIR": lambda spawner: os.path.join({homes!r}, "run", spawner.user.name),
+    # this checkout's built labextension (as its Python is on PYTHONPATH), not a copy an
+    # older editable install left in the venv
+    "JUPYTER_PATH": os.path.join({homes!r}, "jupyter-path"),
 }}
 c.Spawner.http_timeout = 120
 c.Spawner.start_timeout = 120
@@ -216,6 +221,8 @@ def hub(tmp_path_factory):
                            check=True, capture_output=True)
             made.append(name)
             _user_files(homes / name, pwd.getpwnam(name), cull=role == "bob")
+        (homes / "jupyter-path" / "labextensions").mkdir(parents=True)
+        os.symlink(nbu.REPO / "dpnb" / "labextension", homes / "jupyter-path" / "labextensions" / "dpnb")
         changed = _let_others_traverse([sys.executable, sys.prefix, sys.base_prefix,
                                         str(nbu.REPO), *site.getsitepackages()])
         (root / "jupyterhub_config.py").write_text(CONFIG.format(
@@ -451,3 +458,135 @@ def test_kernel_culling_stops_its_cluster_and_a_kept_one_survives_to_attach(hub)
     _run(h, "bob", new_k, "%%dp\nassert mark == 42")
     _run(h, "bob", new_k, "%dp stop")
     assert not _gone(kept["pids"])
+
+
+def _bob_lab_files(h: dict) -> None:
+    """Bob's quick start (up to its stop cell: the Hub stops this cluster) and his Lab
+    settings: the app reachable by the test's page, every cell in the DOM."""
+    pw = pwd.getpwnam(h["users"]["bob"])
+    home = h["homes"] / pw.pw_name
+    nb = json.loads((nbu.REPO / "notebooks" / "00_quickstart.ipynb").read_text())
+    stop = next(i for i, c in enumerate(nb["cells"]) if "".join(c["source"]).startswith("## 6. Stop"))
+    nb["cells"] = nb["cells"][:stop]
+    files = {home / "quickstart.ipynb": nb,
+             home / ".jupyter" / "labconfig" / "page_config.json": {
+                 "exposeAppInBrowser": True,
+                 "disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}},
+             home / ".jupyter" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
+             / "tracker.jupyterlab-settings": {"windowingMode": "none"}}
+    for path, data in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+    for p in [home, *home.rglob("*")]:
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+
+
+def _wait_page(page, pred, what: str, timeout_s: float):
+    deadline = time.monotonic() + timeout_s  # only "not hung" on a loaded 2-core machine
+    while not (out := pred()):
+        assert time.monotonic() < deadline, f"{what} (after {timeout_s} s)"
+        page.wait_for_timeout(300)
+    return out
+
+
+@pytest.mark.timeout(900)
+def test_in_chromium_a_user_logs_in_spawns_runs_the_quick_start_and_the_hub_stops_it(hub):
+    """The hosted flow in a real browser, through the Hub's pages and its proxy: bob
+    signs in, the Hub spawns his server, JupyterLab opens the quick start and runs it
+    (2 ranks, 20 DDP steps); dpnb's sidebar lists his cluster and its Panel button
+    opens the training dashboard, which draws its loss; the Hub's control panel stops his server, and
+    no process of the cluster -- none of bob's at all -- is left."""
+    why = nbu.browser_missing()
+    if why:
+        pytest.skip(why)
+    h = hub
+    bob = pwd.getpwnam(h["users"]["bob"])
+    # his server from the module's start stopped: this one is spawned from the Hub's page
+    status, body = _req(f"{h['base']}/hub/api/users/{bob.pw_name}/server", h["admin"], "DELETE")
+    assert status in (202, 204), body
+    deadline = time.monotonic() + 60
+    while _req(f"{h['base']}/hub/api/users/{bob.pw_name}", h["admin"])[1].get("servers"):
+        assert time.monotonic() < deadline, "bob's first server did not stop"
+        time.sleep(0.5)
+    _bob_lab_files(h)
+    artifacts = nbu.ARTIFACTS / "hosted"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    pids: list[int] = []
+    with nbu.chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            page.goto(f"{h['base']}/hub/login", timeout=90_000)
+            page.fill("#username_input", bob.pw_name)
+            page.fill("#password_input", "any")  # the dummy authenticator
+            page.click("#login_submit")
+            # the Hub spawns his server (spawn-pending), then sends him to it
+            page.wait_for_url(re.compile(rf"/user/{bob.pw_name}/"), timeout=180_000)
+            # the notebook's session made first, on its own kernelspec: with two kernelspecs
+            # (his culled one too) Lab may otherwise ask which, and an answer cancels Run All
+            api = f"{h['base']}/user/{bob.pw_name}/api"
+            status, sess = _req(f"{api}/sessions", h["tokens"]["bob"], "POST", {
+                "path": "quickstart.ipynb", "name": "quickstart.ipynb", "type": "notebook",
+                "kernel": {"name": "python3"}})
+            assert status == 201, sess
+            page.goto(f"{h['base']}/user/{bob.pw_name}/lab/tree/quickstart.ipynb", timeout=90_000)
+            page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=120_000)
+            _wait_page(page, lambda: page.evaluate("() => !!window.jupyterapp"), "Lab's app", 60)
+            # bob has two kernelspecs (the culled one too): Lab may ask which; the default
+            def kernel_idle() -> int:
+                labpage._select_kernel_if_asked(page)
+                return page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').count()
+
+            _wait_page(page, kernel_idle, "the kernel", 120)
+            # Run All (not awaited: the command's promise ends only when every cell has run);
+            # again if Lab asked for a kernel instead of running (the answer cancels the run)
+            prompts = page.locator(".jp-CodeCell .jp-InputArea-prompt")
+            for _ in range(5):
+                page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+                page.wait_for_timeout(3000)
+                labpage._select_kernel_if_asked(page)
+                if any(re.match(r"\[\d+\]", t.strip()) for t in prompts.all_inner_texts()):
+                    break
+            else:
+                pytest.fail("Run All never started the quick start's cells")
+            sidebar = page.locator("#dpnb-sidebar")
+            shown: list = []
+
+            def listed() -> bool:
+                labpage._select_kernel_if_asked(page)  # asked again when run-all starts it
+                if not shown and not page.locator(".jp-Dialog").count():
+                    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="dpnb-sidebar"]').click()
+                    shown.append(True)
+                return bool(shown) and "2 ranks" in sidebar.inner_text() \
+                    and "step 19 · loss" in sidebar.inner_text()
+
+            _wait_page(page, listed, "his cluster in dpnb's sidebar, trained 20 steps", 240)
+            _wait_page(page, lambda: "Memory" in page.locator(".jp-Notebook").inner_text()
+                       and page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]')
+                       .count(), "the quick start run to its end", 120)
+            cid = sidebar.locator(".dpnb-cluster").get_attribute("data-cluster-id")
+            # the card's Panel: the training dashboard, its loss chart's axes titled
+            sidebar.locator("button[data-action=panel]").click()
+            board = page.locator(f"#jp-main-dock-panel #dpnb-panel-{cid}.dpnb-panel")
+            _wait_page(page, lambda: board.count() == 1 and {"step", "loss"}
+                       <= set(board.locator(".dpnb-curve svg text").all_text_contents()),
+                       "the training dashboard beside the notebook", 30)
+            page.screenshot(path=str(artifacts / "hub-lab.png"))
+            pids = [int(t) for t in re.findall(r"pid (\d+)", sidebar.inner_text())]
+            assert len(pids) == 2 and all(psutil.Process(p).uids().real == bob.pw_uid for p in pids)
+            # the Hub's control panel: Stop My Server
+            page.goto(f"{h['base']}/hub/home", timeout=60_000)
+            page.click("#stop")
+            _wait_page(page, lambda: page.locator("#start").is_visible(), "his server stopped", 120)
+        except Exception:
+            page.screenshot(path=str(artifacts / "hub-lab-failure.png"))
+            raise
+    assert not _gone(pids, 60), "the stopped server's cluster left processes"
+    t0 = time.monotonic()
+    deadline = t0 + 30  # the reaper's stop of what the kernel left: seconds
+    while left := [(p.pid, p.info["cmdline"]) for p in psutil.process_iter(["uids", "cmdline"])
+                   if p.info["uids"] and p.info["uids"].real == bob.pw_uid
+                   and p.status() != psutil.STATUS_ZOMBIE]:
+        assert time.monotonic() < deadline, \
+            f"bob's processes left after the Hub stopped his server: {left}"
+        time.sleep(0.5)
+    print(f"none of bob's processes left {time.monotonic() - t0:.1f} s after his engines exited")

@@ -25,13 +25,10 @@ time.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -40,8 +37,6 @@ import pytest
 
 from helpers import nbutil as nbu
 BINDER = nbu.REPO / "binder"
-#: a kept venv older than this is built again (what pip resolves moves on)
-VENV_MAX_AGE_S = 7 * 24 * 3600
 
 
 def _reachable(url: str, timeout: float = 5.0) -> bool:
@@ -101,23 +96,18 @@ def test_binder_env_runs_a_cluster_in_its_kernel(tmp_path):
     dropped = requirements_for_here(repo / "binder" / "requirements.txt", req)
     if dropped:
         print(f"unreachable here, left out: {dropped}")
-    key = hashlib.sha256(repr((sys.version_info[:2], req.read_text(),
-                               (repo / "constraints-cpu.txt").read_text())).encode()).hexdigest()[:16]
-    venv = Path(os.environ.get("DPNB_VENV_CACHE", Path.home() / ".cache" / "dpnb")) / "binder-venv" / key
-    done = venv / "dpnb-complete"
-    fresh = not (done.exists() and time.time() - done.stat().st_mtime < VENV_MAX_AGE_S)
+    kept = nbu.KeptVenv.of("binder-venv", req.read_text(), (repo / "constraints-cpu.txt").read_text())
+    venv, fresh = kept.path, kept.fresh
     py = nbu.python_in(venv)
     env = {**os.environ, **nbu.jupyter_env(tmp_path / "home"),
            "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     for var in ("PYTHONHOME", "JUPYTER_PATH", "PIP_REQUIRE_VIRTUALENV"):
         env.pop(var, None)
     if fresh:  # marked complete once the requirements are in: an interrupted build is redone
-        shutil.rmtree(venv, ignore_errors=True)
-        venv.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
         _sh([py, "-m", "pip", "install", "-q", "-r", str(req), "-c", "constraints-cpu.txt"],
             env=env, cwd=repo, timeout=1200)
-        done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+        kept.done()
     print(f"binder venv: {'built' if fresh else 'kept'} ({venv})")
     _sh(["bash", "binder/postBuild"], env=env, cwd=repo, timeout=600)
 

@@ -31,10 +31,8 @@ workers.  Skipped only when the package index cannot be reached.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -54,8 +52,6 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
 pytestmark = pytest.mark.slow
 
 PYPROJECT = nbu.REPO / "pyproject.toml"
-#: a kept venv older than this is built again (what pip resolves for a fresh user moves on)
-VENV_MAX_AGE_S = 7 * 24 * 3600
 SMOKE_STRATEGIES = "ddp,zero1,zero2,zero3"
 #: what the unit tier needs beside dpnb's own dependencies, from the `test` extra (the
 #: rest of it drives browsers, notebooks and other libraries' code: other tiers)
@@ -155,26 +151,20 @@ def test_the_oldest_declared_torch_and_ipyparallel_pass_the_unit_tier_and_a_2_ra
     repo = nbu.copy_worktree(tmp_path / "repo")
     pins = tmp_path / "oldest.txt"
     pins.write_text(f"torch=={torch_v}\nipyparallel=={ipp_v}\n")
-    key = hashlib.sha256(repr((sys.version_info[:2], torch_v, ipp_v, sorted(deps), sorted(tools),
-                               sorted(agent))).encode()).hexdigest()[:16]
-    kept = Path(os.environ.get("DPNB_VENV_CACHE",
-                               Path.home() / ".cache" / "dpnb")) / "oldest-venv" / key
-    done = kept / "dpnb-complete"
-    fresh = not (done.exists() and time.time() - done.stat().st_mtime < VENV_MAX_AGE_S)
-    venv = kept  # built in place when fresh: a venv's scripts name their own path
+    kept = nbu.KeptVenv.of("oldest-venv", torch_v, ipp_v, sorted(deps), sorted(tools), sorted(agent))
+    fresh = kept.fresh
+    venv = kept.path  # built in place when fresh: a venv's scripts name their own path
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
     env.update(nbu.jupyter_env(tmp_path / "home"), VIRTUAL_ENV=str(venv),
                PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
                DPNB_STATE_DIR=str(tmp_path / "home" / "kept"), OMP_NUM_THREADS="1")
     t0 = time.monotonic()
     if fresh:  # marked complete only once checked below: an interrupted build is redone
-        shutil.rmtree(venv, ignore_errors=True)
-        venv.parent.mkdir(parents=True, exist_ok=True)
         _install_fresh(venv, env, tmp_path, torch_v, pins, repo, tools, agent)
     else:  # everything but this copy's dpnb is installed already
         _ok(_run([nbu.python_in(venv), "-m", "pip", "install", "-q", "--no-deps", "-e", repo],
                  env=env, cwd=tmp_path, timeout=600), "pip install dpnb")
-    print(f"install ({'fresh venv' if fresh else 'kept venv ' + key}): "
+    print(f"install ({'fresh venv' if fresh else 'kept venv ' + venv.name}): "
           f"{time.monotonic() - t0:.0f} s", flush=True)
     py = nbu.python_in(venv)
     got = _ok(_run([py, "-c", "import importlib.metadata as m, dpnb; "
@@ -184,7 +174,7 @@ def test_the_oldest_declared_torch_and_ipyparallel_pass_the_unit_tier_and_a_2_ra
     assert Version(got[1]) == Version(ipp_v), f"ipyparallel {got[1]}, not {ipp_v}"
     assert Path(got[2]).resolve().is_relative_to(repo.resolve()), f"dpnb from {got[2]}, not the copy"
     if fresh:  # checked: the next run takes it as it is
-        done.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+        kept.done()
 
     # the whole unit tier, under the installed versions
     t0 = time.monotonic()

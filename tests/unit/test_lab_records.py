@@ -25,7 +25,9 @@ from dpnb.core.profilesummary import summarize
 from dpnb.lab import act as lab_act
 from dpnb.lab import clusters as lab
 from dpnb.widgets import profile as V
+from dpnb.core import labviews as LV
 from helpers.labrecords import _cluster, _cuda_publication, _rank
+from helpers.recorded import ddp_record, snapshots32
 
 
 @pytest.fixture
@@ -314,13 +316,44 @@ def test_the_published_loss_curve_takes_each_step_once_and_follows_a_rollback():
                                  "history": [[0, 0.9, 5.0], [1, 0.8, 5.0], [2, 0.7, 5.0]]})
     publish.extend_curve(curve, {"step": 5, "loss": 0.4,
                                  "history": [[2, 0.7, 5.0], [3, 0.6, 5.0], [4, 0.5, 5.0], [5, 0.4, 5.0]]})
-    assert curve == [[0, 0.9], [1, 0.8], [2, 0.7], [3, 0.6], [4, 0.5], [5, 0.4]]
-    publish.extend_curve(curve, {"step": 3, "loss": 0.65})  # rolled back to step 3, redone
-    assert curve == [[0, 0.9], [1, 0.8], [2, 0.7], [3, 0.65]]
+    assert curve == [[0, 0.9, 5.0], [1, 0.8, 5.0], [2, 0.7, 5.0], [3, 0.6, 5.0], [4, 0.5, 5.0],
+                     [5, 0.4, 5.0]]
+    publish.extend_curve(curve, {"step": 3, "loss": 0.65, "samples_per_s": 6.0})  # rolled back, redone
+    assert curve == [[0, 0.9, 5.0], [1, 0.8, 5.0], [2, 0.7, 5.0], [3, 0.65, 6.0]]
     publish.extend_curve(curve, {"step": 0, "loss": 2.0, "history": []})  # a new model
-    assert curve == [[0, 2.0]]
+    assert curve == [[0, 2.0, None]]
     publish.extend_curve(curve, {"history": [[i, 1.0, None] for i in range(1, 600)]})
-    assert len(curve) == publish.CURVE_MAX and curve[-1] == [599, 1.0]
+    assert len(curve) == publish.CURVE_MAX and curve[-1] == [599, 1.0, None]
+
+
+def test_the_last_steps_sync_and_memory_are_published_for_the_panels(dirs):
+    """None before a train call; after, the file and the API carry the step's lanes of
+    bars per rank and each rank's bytes measured beside the exact model, as
+    dpnb.core.labviews reduced them (what the Lab panels draw)."""
+    c = _cluster(os.getpid())
+    pub = publish.Publication(c, period_s=60)
+    path = dirs / "pub" / "1700000000-abcd.json"
+    assert json.loads(path.read_text())["gradsync"] is None
+    assert lab.clusters()[0]["memory"] is None
+    sync = LV.sync_panel([ddp_record(0), ddp_record(1, shift=0.0002)], 2)
+    mem = LV.memory_panel(_two_snapshots())
+    pub.step_views(sync, mem)
+    pub.write()
+    got = json.loads(path.read_text())
+    as_json = lambda x: json.loads(json.dumps(x.as_dict()))  # noqa: E731
+    assert got["gradsync"] == as_json(sync) and got["gradsync"]["step"] == 5
+    assert got["memory"] == as_json(mem) and got["memory"]["parts"] == ["params", "grads", "optimizer"]
+    api = lab.clusters()[0]
+    assert (api["gradsync"], api["memory"]) == (got["gradsync"], got["memory"])
+    pub.step_views(None, None)  # a train call that recorded nothing: nothing stale shown
+    pub.write()
+    assert json.loads(path.read_text())["gradsync"] is None
+    pub.remove()
+
+
+def _two_snapshots() -> list[dict]:
+    snaps = snapshots32("ddp")[:2]
+    return [{**s, "world_size": 2} for s in snaps]
 
 
 def test_the_publication_thread_and_a_caller_write_the_record_one_at_a_time(dirs):

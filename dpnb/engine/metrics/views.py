@@ -24,7 +24,7 @@ from dpnb.engine.metrics.watch import gradsync_records, unwatch, watch
 __all__ = [
     "ViewError", "BENCH_KINDS",
     "bench_collective", "bench_allreduce", "ring_demo", "set_straggle", "straggle_state",
-    "watch", "unwatch", "gradsync_records", "memory_snapshot", "live_summary",
+    "watch", "unwatch", "gradsync_records", "memory_snapshot", "live_summary", "step_views",
 ]
 
 
@@ -128,3 +128,21 @@ def live_summary(ns: dict, history: int = 200) -> dict:
         "history": [[r["step"], r["loss"], r.get("samples_per_s")] for r in recs[-int(history):]],
     })
     return out
+
+
+# --------------------------------------------------------------------------
+# JupyterLab's panels
+
+
+def step_views(ns: dict) -> dict:
+    """The last recorded step's timing record and this rank's model-state bytes, in
+    one answer: what the notebook publishes for JupyterLab's gradient-sync and
+    memory panels after a train call (``dpnb.core.labviews``).  Local, no
+    communication; empty when no model is wrapped or no step was recorded."""
+    if get_state(ns).train is None:
+        return {"gradsync": [], "memory": None}
+    try:
+        sync = gradsync_records(ns, 1)
+    except ViewError:  # no step recorded (train --no-record): memory alone
+        sync = []
+    return {"gradsync": sync, "memory": memory_snapshot(ns)}
