@@ -64,6 +64,12 @@ export class ViewPanel extends Widget {
    * buttons, for the dashboard.  A section is built again only when its data changed,
    * not at every poll (a chart redrawn each second would flicker and lose its tooltip). */
   render(c: ICluster | undefined, card: HTMLElement | null): void {
+    // unchanged since the last poll: the DOM stays as it is (no churn each second)
+    const key = JSON.stringify(c ?? null);
+    if (key === this.lastKey) {
+      return;
+    }
+    this.lastKey = key;
     this.node.textContent = '';
     if (!c) {
       this.node.appendChild(el('div', '', `cluster ${this.clusterId} is gone`));
@@ -86,4 +92,5 @@ export class ViewPanel extends Widget {
   }
 
   private drawn = new Map<string, [string, HTMLElement]>();
+  private lastKey = '';
 }
