@@ -550,12 +550,18 @@ def test_in_chromium_a_user_logs_in_spawns_runs_the_quick_start_and_the_hub_stop
                 pytest.fail("Run All never started the quick start's cells")
             sidebar = page.locator("#dpnb-sidebar")
             shown: list = []
+            ran: list = []  # when the quick start's last cell had run
 
             def listed() -> bool:
                 labpage._select_kernel_if_asked(page)  # asked again when run-all starts it
                 if not shown and not page.locator(".jp-Dialog").count():
                     page.locator('.jp-SideBar .lm-TabBar-tab[data-id="dpnb-sidebar"]').click()
                     shown.append(True)
+                if not ran and re.fullmatch(r"\[\d+\]:", prompts.last.inner_text().strip()):
+                    ran.append(time.monotonic())
+                # the sidebar polls every second: 15 s after the notebook ran is "never"
+                assert not ran or time.monotonic() - ran[0] < 15, \
+                    f"the quick start ran, and the sidebar says: {sidebar.inner_text()!r}"
                 return bool(shown) and "2 ranks" in sidebar.inner_text() \
                     and "step 19 · loss" in sidebar.inner_text()
 
