@@ -19,10 +19,10 @@ Pure (no torch): the same comparison serves the notebook's memory view.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .exact_memory import ParamSpec, exact_rank_bytes
-from .synctimeline import RankTimeline, rank_timeline
+from .synctimeline import RankTimeline, Segment, rank_timeline
 
 #: more ranks than this: the panel shows the first ones and says how many more
 PANEL_RANKS = 8
@@ -33,34 +33,15 @@ MEMORY_PARTS = ("params", "grads", "optimizer")
 
 
 @dataclass(frozen=True)
-class SyncBar:
-    """One bar of a rank's step: lane, milliseconds from that rank's step start."""
-
-    lane: str
-    start_ms: float
-    end_ms: float
-    label: str = ""
-    queued: bool = False  # a bucket waiting for the previous all-reduce to finish
-
-
-@dataclass(frozen=True)
-class SyncRank:
-    rank: int
-    step_ms: float
-    comm_ms: float
-    exposed_ms: float
-    hidden_ms: float
-    bars: tuple[SyncBar, ...]
-
-
-@dataclass(frozen=True)
 class SyncPanel:
-    """One step's gradient sync on each shown rank (the latest step every rank recorded)."""
+    """One step's gradient sync on each shown rank (the latest step every rank recorded):
+    each rank's :class:`~dpnb.core.synctimeline.RankTimeline` (seconds from that rank's
+    step start), a lane of more than :data:`LANE_BARS` bars merged where it was busy."""
 
     step: int
     strategy: str
     world_size: int
-    ranks: tuple[SyncRank, ...]
+    ranks: tuple[RankTimeline, ...]
 
     @property
     def more_ranks(self) -> int:
@@ -70,27 +51,23 @@ class SyncPanel:
         return {**asdict(self), "more_ranks": self.more_ranks}
 
 
-def _ms(s: float) -> float:
-    return round(s * 1e3, 4)
-
-
-def _bars(rt: RankTimeline) -> tuple[SyncBar, ...]:
-    by_lane: dict[str, list] = {}
+def _merged(rt: RankTimeline) -> RankTimeline:
+    by_lane: dict[str, list[Segment]] = {}
     for s in rt.segments:
         by_lane.setdefault(s.lane, []).append(s)
-    out: list[SyncBar] = []
+    out: list[Segment] = []
     for lane, segs in by_lane.items():
-        if len(segs) > LANE_BARS:  # where the lane was busy, touching bars merged
-            spans: list[list[float]] = []
-            for s in sorted(segs, key=lambda x: x.start):
-                if spans and s.start <= spans[-1][1]:
-                    spans[-1][1] = max(spans[-1][1], s.end)
-                else:
-                    spans.append([s.start, s.end])
-            out += [SyncBar(lane, _ms(a), _ms(b), f"{lane} ({len(segs)} intervals)") for a, b in spans]
-        else:
-            out += [SyncBar(lane, _ms(s.start), _ms(s.end), s.label, s.queued) for s in segs]
-    return tuple(out)
+        if len(segs) <= LANE_BARS:
+            out += segs
+            continue
+        spans: list[list[float]] = []  # where the lane was busy, touching bars merged
+        for s in sorted(segs, key=lambda x: x.start):
+            if spans and s.start <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], s.end)
+            else:
+                spans.append([s.start, s.end])
+        out += [Segment(lane, a, b, f"{lane} ({len(segs)} intervals)") for a, b in spans]
+    return replace(rt, segments=tuple(out))
 
 
 def sync_panel(records: list[dict], world_size: int) -> SyncPanel | None:
@@ -103,12 +80,8 @@ def sync_panel(records: list[dict], world_size: int) -> SyncPanel | None:
         return None
     step = max(whole)
     recs = [by_step[step][k] for k in sorted(by_step[step])][:PANEL_RANKS]
-    ranks = []
-    for rec in recs:
-        rt = rank_timeline(rec)
-        ranks.append(SyncRank(rt.rank, _ms(rt.step_s), _ms(rt.comm_s), _ms(rt.exposed_s),
-                              _ms(rt.hidden_s), _bars(rt)))
-    return SyncPanel(step, str(recs[0].get("strategy", "ddp")), world_size, tuple(ranks))
+    return SyncPanel(step, str(recs[0].get("strategy", "ddp")), world_size,
+                     tuple(_merged(rank_timeline(rec)) for rec in recs))
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ export interface IProfileSummary {
   more_ranks: number;
 }
 
-/** One step's gradient sync on each shown rank (dpnb/core/labviews.py SyncPanel):
- * bars in milliseconds from that rank's step start. */
+/** One step's gradient sync on each shown rank (dpnb/core/labviews.py SyncPanel): each
+ * rank's timeline (dpnb/core/synctimeline.py RankTimeline), seconds from its step start. */
 export interface ISyncPanel {
   step: number;
   strategy: string;
@@ -44,11 +44,11 @@ export interface ISyncPanel {
   more_ranks: number;
   ranks: {
     rank: number;
-    step_ms: number;
-    comm_ms: number;
-    exposed_ms: number;
-    hidden_ms: number;
-    bars: { lane: string; start_ms: number; end_ms: number; label: string; queued: boolean }[];
+    step_s: number;
+    comm_s: number;
+    exposed_s: number;
+    hidden_s: number;
+    segments: { lane: string; start: number; end: number; label: string; queued: boolean }[];
   }[];
 }
 

@@ -84,9 +84,9 @@ export function syncSection(s: ISyncPanel | null, rendermime: Rm): HTMLElement {
   box.appendChild(el('h3', '', `Gradient sync, step ${s.step} (${s.strategy}, ${s.world_size} ranks)`));
   const values: any[] = [];
   for (const r of s.ranks) {
-    for (const b of r.bars) {
+    for (const b of r.segments) {
       values.push({ row: `rank ${r.rank} · ${LANES[b.lane] || b.lane}`, lane: LANES[b.lane] || b.lane,
-        start: b.start_ms, end: b.end_ms, label: b.label, queued: b.queued });
+        start: b.start * 1e3, end: b.end * 1e3, label: b.label, queued: b.queued });
     }
   }
   const drawn = chart(timeline(values, { x: 'time from step start (ms)', y: 'rank · lane' }), rendermime,
@@ -96,8 +96,8 @@ export function syncSection(s: ISyncPanel | null, rendermime: Rm): HTMLElement {
   }
   for (const r of s.ranks) {
     box.appendChild(el('div', 'dpnb-gradsync-rank',
-      `rank ${r.rank}: step ${r.step_ms.toFixed(2)} ms · communication ${r.comm_ms.toFixed(2)} ms, ` +
-      `exposed ${r.exposed_ms.toFixed(2)} ms, hidden under backward ${r.hidden_ms.toFixed(2)} ms`));
+      `rank ${r.rank}: step ${ms(r.step_s)} · communication ${ms(r.comm_s)}, ` +
+      `exposed ${ms(r.exposed_s)}, hidden under backward ${ms(r.hidden_s)}`));
   }
   if (s.more_ranks) {
     box.appendChild(el('div', '', `and ${s.more_ranks} more ranks (%dp gradsync shows them)`));

@@ -116,7 +116,7 @@ def _check(srv) -> None:
         # model (Linear(8, 2): 18 float32 parameters)
         sync, mem = c["gradsync"], c["memory"]
         assert (sync["step"], sync["strategy"], [r["rank"] for r in sync["ranks"]]) == (2, "ddp", [0, 1])
-        assert {"forward", "backward", "all_reduce"} <= {b["lane"] for b in sync["ranks"][1]["bars"]}
+        assert {"forward", "backward", "all_reduce"} <= {b["lane"] for b in sync["ranks"][1]["segments"]}
         assert (mem["strategy"], mem["phase"], mem["step"]) == ("ddp", "after_step", 2)
         assert all(r["measured"] == r["predicted"] and r["measured"][0] == 18 * 4 for r in mem["ranks"])
         # ipyparallel's own sidebar lists plain ipyparallel clusters from IPython's profile

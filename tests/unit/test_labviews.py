@@ -16,18 +16,11 @@ def test_a_steps_lanes_and_overlap_numbers_are_the_gradsync_views():
     p = LV.sync_panel(recs, 2)
     view = gradsync.data(recs)
     assert (p.step, p.strategy, p.world_size, p.more_ranks) == (5, "ddp", 2, 0)
-    for got, rt in zip(p.ranks, view.ranks):
-        assert got.rank == rt.rank
-        assert got.exposed_ms == pytest.approx(rt.exposed_s * 1e3)
-        assert got.hidden_ms == pytest.approx(rt.hidden_s * 1e3)
-        assert got.step_ms == pytest.approx(rt.step_s * 1e3)
-        assert [(b.lane, b.start_ms, b.end_ms, b.queued) for b in got.bars] == [
-            (s.lane, pytest.approx(s.start * 1e3), pytest.approx(s.end * 1e3), s.queued)
-            for s in rt.segments]
+    assert p.ranks == view.ranks  # the view's own timelines (a short lane is kept as it is)
     r0 = p.ranks[0]
-    assert r0.exposed_ms == pytest.approx(2.1) and r0.hidden_ms == pytest.approx(0.5)
+    assert r0.exposed_s == pytest.approx(0.0021) and r0.hidden_s == pytest.approx(0.0005)
     # bucket 1 waited behind bucket 0: a queued bar, then its all-reduce
-    assert [(b.label, b.queued) for b in r0.bars if b.lane == "all_reduce"] == [
+    assert [(b.label, b.queued) for b in r0.segments if b.lane == "all_reduce"] == [
         ("b0", False), ("b1 queued", True), ("b1", False)]
     assert json.loads(json.dumps(p.as_dict()))["ranks"][1]["rank"] == 1
 
@@ -54,9 +47,9 @@ def test_a_lane_of_hundreds_of_modules_is_drawn_where_it_was_busy():
             "end": 0.001 + (i + 1) * 1e-5 + (i // 100) * 0.001, "params": []} for i in range(300)]
     rec["backward"] = dict(rec["backward"], intervals=ivs, compute_end=ivs[-1]["end"])
     p = LV.sync_panel([rec, dict(rec, rank=1)], 2)
-    bw = [b for b in p.ranks[0].bars if b.lane == "backward"]
+    bw = [b for b in p.ranks[0].segments if b.lane == "backward"]
     assert len(bw) == 3 and all("300 intervals" in b.label for b in bw)
-    assert bw[0].start_ms == pytest.approx(1.0) and bw[0].end_ms == pytest.approx(2.0)
+    assert bw[0].start == pytest.approx(0.001) and bw[0].end == pytest.approx(0.002)
     assert len(json.dumps(p.as_dict())) < 20_000
 
 
