@@ -81,6 +81,7 @@ FROM_PEERS: Final = "dpnb.engine.train.rebuild.from_peers"
 PEER_SET_EVERY: Final = "dpnb.engine.train.peercopy.set_every"
 #: each rank's peer copies: interval, bytes held (``%dp memory``)
 PEER_INFO: Final = "dpnb.engine.train.peercopy.info"
+PEER_ROLL_BACK: Final = "dpnb.engine.train.peercopy.roll_back_pair"
 
 # ------------------------------------------------------------------- grading
 #: one exercise case on every rank (``%dp grade``; dpnb.session.grading)

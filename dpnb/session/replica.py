@@ -72,6 +72,7 @@ def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
         return None, "a survivor holds no wrapped model", {}
     steps = {i["rank"]: i["step"] for i in infos}
     if not all(i["replicated"] for i in infos):
+        infos = agree_on_a_pair(c, alive, infos)
         holders, why, at = peer_holders(c, infos)
         disk = _disk_step(c)
         if holders is not None and disk is not None and disk > at:
@@ -94,6 +95,28 @@ def _disk_step(c: "Cluster") -> int | None:
     except (TypeError, OSError, ValueError) as e:
         log.debug("no automatic checkpoint to compare with the peer copies: %s", e)
         return None
+
+
+def agree_on_a_pair(c: "Cluster", alive: list[int], infos: list) -> list:
+    """A rank killed while the copies' agreement (one ``all_reduce``) completed can leave
+    the survivors one copy apart: the ones that committed the new pair still keep the
+    old one (``spare_step``), and go back to it; their answers are then read again.
+    Anything else is left as it is (:func:`peer_holders` says why it cannot serve)."""
+    owns = {i["peer"]["own_step"] for i in infos}
+    if len(owns) < 2 or None in owns:
+        return infos
+    oldest = min(owns)
+    newer = [i["rank"] for i in infos if i["peer"]["own_step"] != oldest]
+    if any(i["peer"].get("spare_step") != oldest for i in infos if i["rank"] in newer):
+        return infos
+    log.info("survivors one peer copy apart (steps %s): ranks %s go back to step %d",
+             sorted(owns), newer, oldest)
+    res = c.call(ep.PEER_ROLL_BACK, oldest, ranks=newer, raise_errors=False)
+    if not res.ok:  # left apart: peer_holders says so, and the disk serves
+        log.warning("going back to the peer copies of step %d failed: %s", oldest, first_error(res))
+        return infos
+    back = {r: res.outcomes[r].value for r in res.ranks}
+    return [dict(i, peer=back[i["rank"]]) if i["rank"] in back else i for i in infos]
 
 
 def peer_holders(c: "Cluster", infos: list) -> tuple[dict | None, str, int | None]:

@@ -257,3 +257,40 @@ def test_zero1_on_three_ranks_then_two_neighbours_lost_fall_back_to_disk(tmp_pat
                 "held the only copy of its shard, both died): from the disk checkpoint. "
                 "Resumed from") in msg, msg
         assert c.train(steps=1, micro_batch=8, progress=False)["steps"] == 1
+
+
+# rank 1 as if it never committed the newest pair (a rank killed as the copies'
+# agreement completed on rank 0 but not on it): its previous pair is its pair again
+BEHIND = ("_p = _dpnb.peer\n"
+          "assert _p.spare is not None and _p.spare_step is not None, 'fewer than two copies'\n"
+          "(_p.own, _p.copy), _p.own_step = _p.spare, _p.spare_step\n"
+          "_p.spare = _p.spare_step = None\n")
+
+
+def test_survivors_one_copy_apart_go_back_to_the_pair_all_of_them_keep():
+    """ZeRO-2 on 3 ranks: rank 2 killed mid-training; rank 1 left on the pair before the
+    newest one, rank 0 on the newest (keeping the one before).  ``restart --resume``
+    puts rank 0 back on that earlier pair and rebuilds rank 2 from rank 0's earlier
+    copy of it, byte for byte (was: "the survivors' snapshots are from different steps")."""
+    with dpnb.start(3) as c:
+        c.run(SETUP, display=False)
+        c.wrap("net", "zero2", optimizer="adamw", lr=0.01)
+        c.set_data("ds")
+        c.train(steps=2 * K + 1, micro_batch=8, progress=False, peer_copy_every=K)
+        _kill_mid_training(c, 2)
+        c.run(BEHIND, ranks=[1], display=False, history=False)
+        c.run("_p = _dpnb.peer\npeer = (_p.own, _p.own_step, _p.spare, _p.spare_step, _p.group[2])",
+              ranks=[0, 1], display=False)
+        (own0, new, spare0, old, holders), (own1, step1, *_rest) = (c.pull("peer", rank=r)
+                                                                    for r in (0, 1))
+        assert holders[2] == 0 and step1 == old == new - K, (new, old, step1)
+        msg = c.restart(resume=True)
+        assert (f"rank 2 replaced; rebuilt from rank 0's copy of rank 2's shard at step {old:,}"
+                in msg), msg
+        c.run(PACK, display=False)
+        expect = {0: spare0[0], 1: own1, 2: spare0[1]}
+        for r in range(3):
+            (meta, data), (meta0, data0) = _split(c.pull("packed", rank=r)), _split(expect[r])
+            assert meta == meta0 and meta["step"] == old and torch.equal(data, data0), r
+        assert c.train(steps=2, micro_batch=8, progress=False)["first_step"] == old
+        assert c.check()["ok"]

@@ -79,6 +79,11 @@ class PeerState:
     thread: Any = None  # the side thread of the copy in flight
     wait: bool = False  # the step waits for its copy (synchronous, to measure the thread's gain)
     spare: tuple | None = None  # the pair the last commit replaced: the next copy's buffers
+    # the step of the pair in ``spare`` while it is still that committed pair (None once
+    # the next copy packs or receives into it): a rank killed as the agreement completes
+    # leaves some survivors committed to the new pair and others on the old one, and the
+    # newer ones go back to this (:func:`roll_back_pair`)
+    spare_step: int | None = None
     cost: list | None = None  # [copies, seconds on the step's path, seconds in the side thread]
 
     def nbytes(self) -> int:
@@ -103,6 +108,7 @@ class PeerState:
         them would go back to another model, or behind a fresher checkpoint)."""
         self.settle()
         self.own = self.own_step = self.copy = self.copy_of = self.owner = self.spare = None
+        self.spare_step = None
 
 
 def host_name() -> str:
@@ -277,6 +283,7 @@ class Copier:
             dist.all_gather_into_tensor(m, n)
             ps.sizes = (key, cap, int(m[ps.group[2].index(self.es.rank)]))
         else:  # into the buffer the last commit freed, while no thread uses it
+            ps.spare_step = None  # the old pair's buffers are this copy's from here on
             own = pack(self.st, ps.sizes[1], out=ps.spare[0] if ps.spare else None)
         return own, pg, ps.sizes[2]
 
@@ -297,7 +304,7 @@ class Copier:
             return
         ps = self.ps
         if ps.own is not None and ps.copy is not None:
-            ps.spare = (ps.own, ps.copy)
+            ps.spare, ps.spare_step = (ps.own, ps.copy), ps.own_step
         ps.own, ps.own_step, ps.owner, ps.copy, ps.copy_of = own, step, id(self.st), recv, left
         if ps.cost is not None:
             ps.cost[2] += time.perf_counter() - t0
@@ -310,7 +317,24 @@ def info(ns: dict) -> dict:
     ps.settle(es.timeout_s)
     copy_step = meta_of(ps.copy)[0]["step"] if ps.copy is not None else None
     return {"own_step": ps.own_step, "copy_of": ps.copy_of, "copy_step": copy_step,
+            "spare_step": ps.spare_step,
             "holders": ps.group[2] if ps.group else None,
             "bytes": ps.nbytes(), "every": every_for(es, es.train) if es.train else None,
             "fsdp": bool(es.train and is_fsdp(es.train.strategy)),
             "cost": list(ps.cost) if ps.cost else None}
+
+
+def roll_back_pair(ns: dict, step: int) -> dict:
+    """Make the pair of ``step`` this rank's committed one again, if it is the one the
+    last commit kept (``spare``): the session's word after a death left the survivors
+    one copy apart.  Local; its answer is :func:`info`'s."""
+    es = get_state(ns)
+    ps = peer_state(es)
+    ps.settle(es.timeout_s)
+    if ps.own_step != step:
+        if ps.spare_step != step or ps.spare is None:
+            raise TrainError(f"rank {es.rank} keeps no peer-copy pair of step {step} "
+                             f"(its pair is of step {ps.own_step})")
+        (ps.own, ps.copy), ps.own_step = ps.spare, step
+        ps.spare = ps.spare_step = None  # the newer pair is dropped: the ranks agree on this one
+    return info(ns)
