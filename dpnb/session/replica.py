@@ -72,7 +72,7 @@ def source(c: "Cluster", hard: bool) -> tuple[int | dict | None, str, dict]:
         return None, "a survivor holds no wrapped model", {}
     steps = {i["rank"]: i["step"] for i in infos}
     if not all(i["replicated"] for i in infos):
-        infos = agree_on_a_pair(c, alive, infos)
+        infos = agree_on_a_pair(c, infos)
         holders, why, at = peer_holders(c, infos)
         disk = _disk_step(c)
         if holders is not None and disk is not None and disk > at:
@@ -97,10 +97,10 @@ def _disk_step(c: "Cluster") -> int | None:
         return None
 
 
-def agree_on_a_pair(c: "Cluster", alive: list[int], infos: list) -> list:
+def agree_on_a_pair(c: "Cluster", infos: list) -> list:
     """A rank killed while the copies' agreement (one ``all_reduce``) completed can leave
     the survivors one copy apart: the ones that committed the new pair still keep the
-    old one (``spare_step``), and go back to it; their answers are then read again.
+    old one (``spare_step``), and go back to it; their answers replace the old ones.
     Anything else is left as it is (:func:`peer_holders` says why it cannot serve)."""
     owns = {i["peer"]["own_step"] for i in infos}
     if len(owns) < 2 or None in owns:
@@ -115,7 +115,7 @@ def agree_on_a_pair(c: "Cluster", alive: list[int], infos: list) -> list:
     if not res.ok:  # left apart: peer_holders says so, and the disk serves
         log.warning("going back to the peer copies of step %d failed: %s", oldest, first_error(res))
         return infos
-    back = {r: res.outcomes[r].value for r in res.ranks}
+    back = dict(zip(res.ranks, res.values))
     return [dict(i, peer=back[i["rank"]]) if i["rank"] in back else i for i in infos]
 
 
