@@ -76,10 +76,30 @@ def _finish(kc, dap, mid, sink, timeout=60):
                   and m["parent_header"].get("msg_id") == mid for m in sink):
         assert time.monotonic() < deadline, "the kernel did not go idle after the cell"
         dap.pump(sink, 0.2)
-    text = "".join(m["content"].get("data", {}).get("text/plain", "") + m["content"].get("text", "")
-                   for m in sink if m["msg_type"] in ("display_data", "stream")
-                   and m["parent_header"].get("msg_id") == mid)
-    return rep, text
+    return rep, _shown(m for m in sink if m["parent_header"].get("msg_id") == mid)
+
+
+def _shown(msgs) -> str:
+    """The cell's output text as a front end shows it at the end: streams and
+    displays in order, a display with a ``display_id`` at its latest update (the
+    live area shows a rank's output as it comes, then both ranks' merged)."""
+    parts: list[str] = []
+    at: dict[str, int] = {}  # display_id -> its index in parts
+    for m in msgs:
+        c, kind = m["content"], m["msg_type"]
+        if kind == "stream":
+            parts.append(c["text"])
+        elif kind in ("display_data", "update_display_data"):
+            did = (c.get("transient") or {}).get("display_id")
+            text = c.get("data", {}).get("text/plain", "")
+            if kind == "update_display_data":
+                if did in at:
+                    parts[at[did]] = text
+            else:
+                if did:
+                    at[did] = len(parts)
+                parts.append(text)
+    return "".join(parts)
 
 
 def _continue_and_see(kc, dap, mid, sink, *outputs):

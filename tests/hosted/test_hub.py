@@ -40,6 +40,7 @@ the cull and a new kernel attaches to it with its engines' state.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -303,6 +304,24 @@ def _kernel(h: dict, role: str, spec: str = "python3") -> tuple[str, str]:
     return api, k["id"]
 
 
+@contextlib.contextmanager
+def _watched(h: dict, role: str, kernel_id: str):
+    """A browser tab's hold on the kernel: its websocket open, as Lab keeps it while
+    a notebook is open. The culler leaves a connected kernel alone (jupyter_server's
+    ``cull_connected`` is off), so a kernel is culled only once this is closed -- not
+    while a loaded machine is still starting it (its idle clock runs from its start)."""
+    import websocket  # (jupyter_server's own dependency: websocket-client)
+
+    url = (f"{h['base'].replace('http', 'ws', 1)}/user/{h['users'][role]}"
+           f"/api/kernels/{kernel_id}/channels")
+    ws = websocket.create_connection(url, timeout=60,
+                                     header=[f"Authorization: token {h['tokens'][role]}"])
+    try:
+        yield
+    finally:
+        ws.close()
+
+
 def _run(h: dict, role: str, kernel_id: str, code: str) -> str:
     """Run ``code`` in the user's kernel (as root, through its connection file); its stdout."""
     from jupyter_client import BlockingKernelClient
@@ -424,16 +443,17 @@ def test_each_user_sees_only_their_clusters_and_no_other_token_gets_in(hub):
 
 def test_kernel_culling_stops_its_cluster_and_a_kept_one_survives_to_attach(hub):
     h, tok = hub, hub["tokens"]
+    # each kernel held open (a tab's websocket) from its start until its cells are
+    # done: then idle, and culled CULL_S seconds later
     api, gone_k = _kernel(h, "bob", "dpnb-cull")
-    # each kernel's cells back to back: a culled kernel is idle for CULL_S seconds first
-    # (the second kernel made only now: made beside the first, it was culled, idle,
-    # while a loaded machine ran the first one's start)
-    _run(h, "bob", gone_k, "%load_ext dpnb\n%dp start -n 1 --timeout 10")
-    plain = _info(h, "bob", gone_k)
+    with _watched(h, "bob", gone_k):
+        _run(h, "bob", gone_k, "%load_ext dpnb\n%dp start -n 1 --timeout 10")
+        plain = _info(h, "bob", gone_k)
     _, kept_k = _kernel(h, "bob", "dpnb-cull")
-    _run(h, "bob", kept_k, "%load_ext dpnb\n%dp start -n 1 --keep 10m --timeout 10")
-    _run(h, "bob", kept_k, "%%dp\nmark = 42")
-    kept = _info(h, "bob", kept_k)
+    with _watched(h, "bob", kept_k):
+        _run(h, "bob", kept_k, "%load_ext dpnb\n%dp start -n 1 --keep 10m --timeout 10")
+        _run(h, "bob", kept_k, "%%dp\nmark = 42")
+        kept = _info(h, "bob", kept_k)
     assert plain["pids"] and kept["pids"]
     # both kernels idle: culled after CULL_S seconds (the culler looks every second)
     deadline = time.monotonic() + CULL_S + 60  # only "not hung"
