@@ -149,5 +149,9 @@ def pytest_runtest_logreport(report):
     elif report.failed:
         reason = (str(report.longrepr).strip().splitlines() or [""])[-1][:300]
     with open(path, "a") as fh:
+        # (seconds, end time and worker: where CI's time goes, tests/README.md)
         fh.write(json.dumps({"nodeid": report.nodeid, "when": report.when,
-                             "outcome": report.outcome, "reason": reason}) + "\n")
+                             "outcome": report.outcome, "reason": reason,
+                             "seconds": round(report.duration, 2), "stop": round(report.stop, 1),
+                             "worker": getattr(report, "node", None) and report.node.gateway.id
+                             }) + "\n")
