@@ -356,3 +356,7 @@ class KeptVenv:
 
     def done(self) -> None:
         (self.path / "dpnb-complete").write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+
+    def built_on(self) -> str:
+        """When :meth:`done` marked it complete."""
+        return (self.path / "dpnb-complete").read_text().strip()
