@@ -78,6 +78,7 @@ class Fault:
     resumed: int | None = None  # the step training went on from
     healthy_after_s: float | None = None
     how: str = ""
+    pids: tuple[int, ...] = ()  # the signalled processes, as this machine sees them
 
     @property
     def steps_lost(self) -> int | None:
@@ -181,11 +182,20 @@ class Injector:
         if kind == "freeze":
             self.frozen += [(pid, now + self.freeze_s) for pid in pids]
         with self._lock:
-            self.pending.append(Fault(now, kind, ranks))
+            self.pending.append(Fault(now, kind, ranks, pids=tuple(pids)))
 
     def take(self) -> list[Fault]:
         with self._lock:
             out, self.pending = self.pending, []
+        return out
+
+    def take_thawed(self) -> list[Fault]:
+        """Freezes over (SIGCONT sent) that no call failed on: a short freeze only
+        pauses the ranks waiting for it (it ended before being named frozen)."""
+        frozen = {pid for pid, _ in self.frozen}
+        with self._lock:
+            out = [f for f in self.pending if f.kind == "freeze" and not set(f.pids) & frozen]
+            self.pending = [f for f in self.pending if f not in out]
         return out
 
     def take_mistakes(self) -> list[Fault]:
@@ -248,6 +258,10 @@ def run_phase(c, hs, strategy: str, storm: bool, seconds: float, args, rng, log)
             now = time.monotonic()
             last = s.last_step + 1 if s.last_step is not None else last
             ph.calls.append((round(now - t0, 2), last, s.loss, round(s.steps / (now - t_call), 2)))
+            for f in inj.take_thawed() if inj else ():
+                f.reached = f.resumed = last
+                f.how = "paused, went on after SIGCONT"
+                open_faults.append(f)
             for f in open_faults:  # healthy: a training call completed after the fault
                 f.healthy_after_s = round(now - t0 - f.at_s, 2)
                 ph.faults.append(f)

@@ -316,6 +316,8 @@ class Transport:
         except Exception as e:  # output may be cut short; the result still counts
             log.info("rank %s: late output not awaited: %s: %s", r, type(e).__name__, e)
         self._copy_streams(ar, o)
+        carried = reply_content(ar).get(outcount.CARRY_KEY)
+        o.carry = carried if isinstance(carried, dict) else {}
         try:
             o.value = ar.get(0)
             if kind == WaitKind.EXECUTE:

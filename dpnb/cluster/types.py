@@ -209,6 +209,8 @@ class RankOutcome:
     collective: bool = False  # the error came from a collective / the group
     note: str = ""  # deadlocked: why no rank could ever complete its collective
     notes: list = field(default_factory=list)  # dpnb's notes on the cell (calls paired across lines)
+    # what the rank's hooks sent home in the cell's reply, by name (dpnb.engine.cell.outcount.CARRY_KEY)
+    carry: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

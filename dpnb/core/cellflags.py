@@ -23,6 +23,9 @@ MAX_FLAGS = 4
 _TAG = re.compile(r"[A-Za-z0-9_-]{1,80}")
 #: ``%%dp --unchecked``: this cell's collectives are counted, not checked
 UNCHECKED_FLAG = "--unchecked"
+#: the name a profiled cell's end travels under in its reply's carry
+#: (dpnb.engine.metrics.profile.end_into_reply, dpnb.session.profile)
+PROFILE_CARRY = "profile"
 
 
 def with_flags(code: str, flags: tuple[str, ...] | list[str]) -> str:

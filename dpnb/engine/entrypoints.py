@@ -52,6 +52,7 @@ FULL_STATE_DICT: Final = "dpnb.engine.train.checkpoint.full_state_dict"
 PROFILE_BEGIN: Final = "dpnb.engine.metrics.profile.begin"
 PROFILE_END: Final = "dpnb.engine.metrics.profile.end"
 PROFILE_DROP: Final = "dpnb.engine.metrics.profile.drop"
+PROFILE_TAKE: Final = "dpnb.engine.metrics.profile.take"
 PROFILE_ARM: Final = "dpnb.engine.metrics.profilemark.arm"
 
 # ------------------------------------------------- JupyterLab's debugger

@@ -71,6 +71,10 @@ class EngineState:
     # key holds the generation, so a re-formed group forms new subgroups
     subgroups: Any = None
     profiler: Any = None  # dpnb.engine.metrics.profile's running torch.profiler, between begin and end
+    profile_blob: Any = None  # a profiled cell's gzipped trace too big for its reply, until taken
+    # what this cell's execute_reply carries home (name -> text), emptied as it is sent
+    # (dpnb.engine.cell.outcount.CARRY_KEY): a profiled cell's record, its end inside the cell's request
+    carry: dict = field(default_factory=dict)
     # the default group this rank formed last, held here because c10d forgets
     # it: an NCCL release aborts the groups, which empties c10d's world map
     # (dist.group.WORLD is None), and the re-formation must still know which

@@ -25,10 +25,12 @@ for; ``Profiled.wait()`` (``wait=True``) for code that reads the files at once.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import logging
 import os
+import pickle
 import threading
 import time
 import uuid
@@ -38,7 +40,9 @@ from . import hooks
 from ..core.profile import Profiled, RankTrace, analyze, merged_trace
 from ..core.profilesummary import failure_note
 from dpnb.engine import entrypoints as ep
-from ..errors import DpnbError
+from ..cluster.types import RankOutcome, Status
+from ..core.cellflags import PROFILE_CARRY
+from ..errors import DpnbError, RemoteCellError
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +108,42 @@ class TraceWrite:
             self.done.set()
 
 
+def _carried(res) -> dict[int, tuple]:
+    """The profile each rank's reply carried home with the cell, by rank:
+    ``(record, trace or None, trace kept on the rank)``."""
+    out = {}
+    for r, o in res.outcomes.items():
+        text = o.carry.get(PROFILE_CARRY)
+        if text is None:
+            continue
+        try:
+            out[r] = pickle.loads(base64.b64decode(text))
+        except Exception as e:  # asked again with the end call
+            log.warning("rank %s: its profile in the reply was unreadable: %s: %s",
+                        r, type(e).__name__, e)
+    return out
+
+
+def _ended(cluster, cell, ranks) -> dict:
+    """Every profiled rank's end, by rank (outcomes whose value is ``(record, trace)``).
+    A profiled cell's (``cell``, its result): from its replies where they carried it, a
+    trace kept on its rank (too big for a reply) taken with one call, the end call
+    only for ranks whose reply did not carry one (a failed cell's).  A train's or a
+    script's (``cell`` None): the end call on every rank."""
+    if cell is None:
+        return dict(cluster.call(ep.PROFILE_END, ranks=ranks, raise_errors=False).outcomes)
+    carried = _carried(cell)
+    ended = {}
+    if missing := [r for r in cell.ranks if r not in carried]:
+        ended = dict(cluster.call(ep.PROFILE_END, ranks=missing, raise_errors=False).outcomes)
+    kept = [r for r, (_, _, k) in carried.items() if k]
+    taken = cluster.call(ep.PROFILE_TAKE, ranks=kept, raise_errors=False).outcomes if kept else {}
+    for r, (rec, blob, k) in carried.items():
+        ended[r] = (taken[r] if k and not taken[r].ok else
+                    RankOutcome(r, Status.OK, (rec, taken[r].value if k else blob)))
+    return ended
+
+
 def _arm(cluster) -> None:
     """Register the profiling hook on every live engine not armed yet (:mod:`.hooks`)."""
     live = [r.rank for r in cluster.ranks if r.rank not in cluster.dead]
@@ -147,16 +187,20 @@ def profiled(cluster, run, *, ranks=None, what: str = "cell", out_dir: str | Non
         result = run(tag) if in_request else run()
     except BaseException as e:  # Ctrl-C too: raised again below, once the profilers are stopped
         err = e
+    cell = None
+    if in_request:  # the cell's result, whose replies carry the ranks' ends
+        cell = result if err is None else (cluster.last_failure
+                                           if isinstance(err, RemoteCellError) else None)
     try:
-        ended = cluster.call(ep.PROFILE_END, ranks=ranks, raise_errors=False)
+        ended = _ended(cluster, cell, ranks)
     except Exception as e:  # the cluster itself went (a stop, a dead controller)
         log.warning("profiles not collected: %s: %s", type(e).__name__, e)
         if err is not None:
             raise err from e
         raise
     notes = [f"rank {r}: the profile did not come back ({o.ename}: {o.evalue})"
-             for r, o in ended.outcomes.items() if not o.ok]
-    ranks_got, blobs = _gather([o.value for o in ended.outcomes.values() if o.ok], notes)
+             for r, o in ended.items() if not o.ok]
+    ranks_got, blobs = _gather([o.value for o in ended.values() if o.ok], notes)
     failure = ((str(err).splitlines() or [type(err).__name__])[0]) if err is not None else ""
     if failure:
         notes.append(failure_note(what, failure))

@@ -154,7 +154,9 @@ def test_a_failing_cell_keeps_its_partial_profile_and_bad_input_is_one_line(tmp_
         assert "ValueError" in p.failure and len(p.report.ranks) == 2
         assert [c_.op for c_ in p.report.collectives] == ["all_reduce"]
         assert c.call("dpnb.engine.metrics.profile.drop").values == [False, False]  # nothing left running
-        # the cell's own request starts the profilers: one call after it, none before
+        # the cell's own request starts the profilers and its replies bring the ranks'
+        # ends home: no call before it, none after it (the failed cell above: one end
+        # call, its replies carry nothing)
         calls, call = [], c.call
 
         def spy(dotted, *a, **k):
@@ -163,7 +165,7 @@ def test_a_failing_cell_keeps_its_partial_profile_and_bad_input_is_one_line(tmp_
 
         c.call = spy
         c.profile("x = 1", display=False, out_dir=str(tmp_path / "r"))
-        assert calls == ["end"] and len(c.last_profile.report.ranks) == 2, calls
+        assert calls == [] and len(c.last_profile.report.ranks) == 2, calls
         # a profiler that does not start is no refusal: the cell ran, the rank is named
         c.run("import dpnb.engine.metrics.profile as _p\n_keep = _p.begin\n"
               "def _refuse(*a, **k):\n    raise RuntimeError('no profiler here')\n"

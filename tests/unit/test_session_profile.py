@@ -109,3 +109,49 @@ def test_engines_are_armed_once_and_a_replaced_one_again(caplog):
     c.refuse = set()
     SP._arm(c)  # tried again on the next profiled cell
     assert c.asked[-1] == [1] and 202 in c.profile_armed
+
+
+def test_a_profiled_cells_ends_come_home_in_its_replies_and_only_the_rest_are_asked(tmp_path):
+    """A profiled cell's ranks end their profilers as the cell ends and send the
+    records in the cell's own replies: no call after the cell for them.  A rank
+    whose reply carried nothing (its cell failed) is asked with the end call; a
+    trace too big for its reply is taken with one call."""
+    import base64
+    import pickle
+
+    from dpnb.cluster.types import CellResult, RankOutcome, Status
+    from dpnb.core.cellflags import PROFILE_CARRY
+
+    ev = [{"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": 5, "tid": 1}]
+    blob = gzip.compress(json.dumps({"traceEvents": ev}).encode())
+
+    def carry(r, kept):
+        rec = P.extract(ev, rank=r, host="h")
+        return {PROFILE_CARRY: base64.b64encode(pickle.dumps((rec, None if kept else blob, kept))).decode()}
+
+    class _Cell(_Fake):
+        world_size = 3
+
+        def __init__(self):
+            super().__init__()
+            self.asked = []
+            self.ranks = [types.SimpleNamespace(rank=r, pid=100 + r) for r in range(3)]
+            self.dead, self.profile_armed = {}, set()
+
+        def call(self, dotted, *args, ranks=None, raise_errors=True):
+            self.asked.append((dotted.rsplit(".", 1)[1], list(ranks)))
+            if dotted.endswith(".take"):
+                return types.SimpleNamespace(outcomes={r: RankOutcome(r, Status.OK, blob) for r in ranks})
+            outs = {r: RankOutcome(r, Status.OK, (P.extract(ev, rank=r, host="h"), blob)) for r in ranks}
+            return types.SimpleNamespace(outcomes=outs)
+
+    c = _Cell()
+    outs = {0: RankOutcome(0, Status.OK, carry=carry(0, False)),
+            1: RankOutcome(1, Status.OK, carry=carry(1, True)), 2: RankOutcome(2, Status.OK)}
+    cell = CellResult(ranks=[0, 1, 2], outcomes=outs, elapsed_s=0.0)
+    SP.profiled(c, lambda tag: cell, out_dir=str(tmp_path), in_request=True, wait=True)
+    assert c.asked == [("arm", [0, 1, 2]), ("end", [2]), ("take", [1])]
+    p = c.last_profile
+    assert [r.rank for r in p.report.ranks] == [0, 1, 2] and p.writing.error == ""
+    assert p.files == ("merged.json", "rank0.json", "rank1.json", "rank2.json")
+    assert json.loads((tmp_path / "rank1.json").read_text())["traceEvents"] == ev

@@ -21,6 +21,11 @@ counts are missing: an error, an ``apply`` call, a message it cannot count
 (a ``\\r`` in a stream, which ipyparallel's client rewrites; widgets' comm
 messages; anything else but status).
 
+A successful cell's reply also carries what this rank's hooks left for the
+notebook while the cell ran (``reply[CARRY_KEY]``, the engine state's ``carry``): a
+profiled cell's record (:mod:`dpnb.engine.metrics.profilemark`), so the
+profile comes home with the cell instead of in a call after it.
+
 The kernel's echo of each cell's source (``execute_input``), which dpnb's
 notebook never shows, is not published at all: at N ranks it was N copies
 of the cell through the controller per cell (dropping it took 7 % off a
@@ -34,12 +39,15 @@ import sys
 import threading
 from typing import Any
 
+from dpnb.engine.state import STATE_NAME
 from dpnb.ippcompat import drop_input_echo
 
 log = logging.getLogger(__name__)
 
 #: the reply content's key the notebook reads (dpnb.cluster.outputs)
 KEY = "dpnb_outputs"
+#: the reply's field for what the rank's hooks carry home with the cell
+CARRY_KEY = "dpnb_carry"
 MARK = "__dpnb_outcount__"
 #: published for every cell and never shown: not counted, never a reason to wait
 IGNORED = frozenset({"status", "execute_input"})
@@ -118,6 +126,12 @@ def install(kernel: Any) -> bool:
         got = counts.end(parent.get("header", {}).get("msg_id"))
         if got is not None and reply_content.get("status") == "ok":
             reply_content[KEY] = got
+        st = getattr(shell, "user_ns", {}).get(STATE_NAME)
+        # only a successful reply: ipyparallel's client keeps an error reply's
+        # content only as the exception it raises, so a failed cell's carry
+        # stays here for the notebook's call (profile.end finds it)
+        if st is not None and st.carry and reply_content.get("status") == "ok":
+            reply_content[CARRY_KEY], st.carry = st.carry, {}
         return md
 
     drop_input_echo(kernel)  # never shown: not published, nothing to count or carry

@@ -16,16 +16,19 @@ Profiling off costs nothing: no hook stays installed between profiles.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import logging
 import os
+import pickle
 import socket
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from dpnb.core.cellflags import PROFILE_CARRY
 from dpnb.core.traces import CLOCK_MARKER, END_MARKER, RankTrace, extract, wall_offset
 from dpnb.engine.proc.private import private_dir
 from dpnb.engine.state import get_state
@@ -52,6 +55,8 @@ def begin(ns: dict, tag: str, record_shapes: bool = True) -> str:
     st = get_state(ns)
     if st.profiler is not None:
         _drop(st, "a new profile started before the last one ended")
+    st.carry.pop(PROFILE_CARRY, None)  # a failed cell's end nobody collected: stale now
+    st.profile_blob = None
     acts = [ProfilerActivity.CPU]
     if st.backend == "nccl" and torch.cuda.is_available():
         acts.append(ProfilerActivity.CUDA)
@@ -92,6 +97,9 @@ def end(ns: dict) -> tuple[RankTrace, bytes | None]:
     bounded record and the gzipped trace; a trace over :data:`MAX_TRACE_BYTES`
     stays where it is (``None`` instead of the trace)."""
     st = get_state(ns)
+    if PROFILE_CARRY in st.carry:  # ended with its cell, the reply not sent home (the cell failed)
+        rec, blob, kept = pickle.loads(base64.b64decode(st.carry.pop(PROFILE_CARRY)))
+        return rec, (take(ns) if kept else blob)
     host = socket.gethostname()
     run = st.profiler
     if not isinstance(run, _Running):
@@ -118,6 +126,30 @@ def end(ns: dict) -> tuple[RankTrace, bytes | None]:
     blob = gzip.compress(raw, 3)
     os.remove(path)  # the notebook writes the copy people use
     return rec, blob
+
+
+#: a profiled cell's gzipped trace rides in the cell's reply (base64 text) up to
+#: this size; a bigger one waits on the rank for :func:`take` (its own call,
+#: with ipyparallel's binary buffers)
+INLINE_TRACE_BYTES = 256 << 10
+
+
+def end_into_reply(ns: dict) -> None:
+    """:func:`end`, its result left for the cell's own reply (``carry``): the
+    profiled cell's rank records come home with the cell, with no call after it."""
+    st = get_state(ns)
+    rec, blob = end(ns)
+    kept = blob is not None and len(blob) > INLINE_TRACE_BYTES
+    if kept:
+        st.profile_blob, blob = blob, None
+    st.carry[PROFILE_CARRY] = base64.b64encode(pickle.dumps((rec, blob, kept))).decode("ascii")
+
+
+def take(ns: dict) -> bytes | None:
+    """The gzipped trace :func:`end_into_reply` kept here (once)."""
+    st = get_state(ns)
+    blob, st.profile_blob = st.profile_blob, None
+    return blob
 
 
 def drop(ns: dict) -> bool:

@@ -4,9 +4,12 @@ A profiled cell travels with a ``# dpnb: --profile TAG`` line after it
 (:mod:`dpnb.core.cellflags`); this rank's ``pre_run_cell`` hook (IPython hands
 it the raw cell) sees it and starts ``torch.profiler``
 (:func:`dpnb.engine.metrics.profile.begin`) just before the cell runs.  No
-request goes to the ranks before the cell: a profiled cell costs what torch's
-profiler by hand costs plus the one call that ends it
-(:func:`~dpnb.engine.metrics.profile.end`) and brings the records home.
+request goes to the ranks before the cell, and none after it: the
+``post_run_cell`` hook stops the profiler as the cell ends and leaves the
+rank's record (and its trace, when small) for the cell's own reply
+(:func:`~dpnb.engine.metrics.profile.end_into_reply`,
+:mod:`dpnb.engine.cell.outcount`).  A profiled cell costs what torch's
+profiler by hand costs plus reading the trace's record on each rank.
 
 The session arms the hook (:func:`arm`, an entry point) on an engine's first
 profiled cell -- profiling is the session's, not the runtime's -- and
@@ -32,8 +35,9 @@ def arm(ns: dict) -> bool:
     shell = get_ipython()
     if shell is None:
         return False
-    if pre_run_cell not in shell.events.callbacks.get("pre_run_cell", []):
-        shell.events.register("pre_run_cell", pre_run_cell)
+    for event, hook in (("pre_run_cell", pre_run_cell), ("post_run_cell", post_run_cell)):
+        if hook not in shell.events.callbacks.get(event, []):
+            shell.events.register(event, hook)
     return True
 
 
@@ -52,3 +56,20 @@ def pre_run_cell(info=None, *_rest) -> None:
         log.warning("torch.profiler did not start for profile %s: %s: %s", tag,
                     type(e).__name__, e, exc_info=True)
         profile.failed_to_start(ns, f"{type(e).__name__}: {e}")
+
+
+def post_run_cell(result=None, *_rest) -> None:
+    """The profiled cell has run (raised or not): stop this rank's profiler and
+    leave its record for the cell's reply (:func:`dpnb.engine.metrics.profile.end_into_reply`)."""
+    tag = profile_tag(getattr(getattr(result, "info", None), "raw_cell", None))
+    if tag is None:
+        return
+    # lazy: torch.profiler, on profiled cells only
+    from dpnb.engine.metrics import profile
+    from dpnb.engine.proc.shell import user_ns
+
+    try:
+        profile.end_into_reply(user_ns())
+    except Exception as e:  # the notebook's end call asks again, and says what it got
+        log.warning("profile %s not ended with its cell: %s: %s", tag, type(e).__name__, e,
+                    exc_info=True)
