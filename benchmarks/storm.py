@@ -37,6 +37,7 @@ throughput.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -79,6 +80,7 @@ class Fault:
     healthy_after_s: float | None = None
     how: str = ""
     pids: tuple[int, ...] = ()  # the signalled processes, as this machine sees them
+    said: str = ""  # the first line of the error the training call raised, if any
 
     @property
     def steps_lost(self) -> int | None:
@@ -121,9 +123,10 @@ class Injector:
     training call runs: the signals are sent from this thread; a mistake waits for
     the main loop's next call boundary (a cell cannot run beside ``train``)."""
 
-    def __init__(self, c, hs, kinds, every, freeze_s, rng):
+    def __init__(self, c, hs, kinds, every, freeze_s, rng, cycle=False):
         self.c, self.hs, self.kinds, self.every, self.freeze_s, self.rng = \
             c, hs, kinds, every, freeze_s, rng
+        self.cycle, self.fired = cycle, 0  # cycle: the kinds in turn, not at random
         self.pending: list[Fault] = []  # sent, not yet recovered
         self.mistakes: list[Fault] = []
         self.frozen: list[tuple[int, float]] = []  # (outer PID, SIGCONT when)
@@ -157,7 +160,9 @@ class Injector:
                     self.frozen.remove((pid, when))
             if now >= nxt:
                 nxt = now + self.every * (0.75 + 0.5 * self.rng.random())
-                self._fire(self.kinds[self.rng.randrange(len(self.kinds))], now)
+                self.fired += 1
+                self._fire(self.kinds[(self.fired - 1) % len(self.kinds) if self.cycle
+                                      else self.rng.randrange(len(self.kinds))], now)
 
     def _fire(self, kind: str, now: float):
         c, hs = self.c, self.hs
@@ -220,7 +225,7 @@ def _recover(c, inj: Injector | None) -> str:
 
 def run_phase(c, hs, strategy: str, storm: bool, seconds: float, args, rng, log) -> Phase:
     ph = Phase(strategy, storm)
-    inj = Injector(c, hs, args.kinds, args.every, args.freeze_s, rng) if storm else None
+    inj = Injector(c, hs, args.kinds, args.every, args.freeze_s, rng, args.cycle) if storm else None
     first = last = max(_steps(c))
     t0 = time.monotonic()
     if inj:
@@ -249,6 +254,7 @@ def run_phase(c, hs, strategy: str, storm: bool, seconds: float, args, rng, log)
                 last = max(_steps(c))
                 for f in faults:
                     f.reached, f.resumed, f.how = reached, last, how
+                    f.said = (str(e).splitlines() or [""])[0][:300]
                 open_faults += faults
                 log(f"  {strategy} t={time.monotonic() - t0:6.1f}s "
                     f"{'+'.join(f.kind for f in faults) or 'a fault in recovery'} "
@@ -296,12 +302,14 @@ def _alive_steps(c) -> list[int]:
     return out
 
 
-def storm(args, log=print) -> dict:
+def storm(args, log=print, hs=None) -> dict:
+    """The phases ``args`` asks for on two namespace hosts (``hs``, else built here
+    and torn down after), and what they measured (see the module's docstring)."""
     rng = random.Random(args.seed)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     fds0 = len(os.listdir("/proc/self/fd"))
     phases: list[Phase] = []
-    with _hosts.Hosts(2) as hs:
+    with contextlib.nullcontext(hs) if hs is not None else _hosts.Hosts(2) as hs:
         a, b = hs.hosts
         for strategy in args.strategies:
             c = dpnb.start(4, engines="ssh", ssh_config=hs.ssh_config, timeout=args.group_timeout,
@@ -313,7 +321,7 @@ def storm(args, log=print) -> dict:
                 c.set_data("ds")
                 c.train(steps=args.copy_every + 1, micro_batch=8, progress=False,
                         peer_copy_every=args.copy_every)
-                for storm_on in (False, True):
+                for storm_on in (False, True) if args.calm else (True,):
                     log(f"{strategy}: {'storm' if storm_on else 'calm'} for {args.minutes} min")
                     ph = run_phase(c, hs, strategy, storm_on, args.minutes * 60, args, rng, log)
                     log(f"{strategy}: {ph.steps} steps in {ph.seconds} s, {len(ph.faults)} faults")
@@ -374,8 +382,9 @@ def figure(data: dict, path: str) -> None:
         calls = p["calls"]
         t = [x[0] for x in calls]
         axes[0][j].plot(t, [x[2] for x in calls], lw=0.8)
-        axes[0][j].set_title(f"{p['strategy']}: {len(p['faults'])} faults, "
-                             f"kept {data['summary'][p['strategy']]['throughput_kept']:.0%}")
+        kept = data["summary"].get(p["strategy"], {}).get("throughput_kept")
+        axes[0][j].set_title(f"{p['strategy']}: {len(p['faults'])} faults"
+                             + (f", throughput kept {kept:.0%}" if kept is not None else ""))
         axes[0][j].set_ylabel("loss")
         axes[1][j].plot(t, [x[3] for x in calls], lw=0.8)
         axes[1][j].set_ylabel("steps/s (per call)")
@@ -388,7 +397,7 @@ def figure(data: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=30.0, help="each phase's length")
     p.add_argument("--every", type=float, default=30.0, help="seconds between faults")
@@ -399,13 +408,21 @@ def main(argv=None) -> int:
     p.add_argument("--freeze-s", type=float, default=8.0)
     p.add_argument("--group-timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cycle", action="store_true", help="the fault kinds in turn, not at random")
+    p.add_argument("--no-calm", dest="calm", action="store_false",
+                   help="the storm phases only (no throughput kept is computed)")
     p.add_argument("--json", default=None)
     p.add_argument("--figure", default=None)
     a = p.parse_args(argv)
     if bad := [k for k in a.kinds if k not in KINDS]:
         p.error(f"unknown fault kinds {bad}: choose from {','.join(KINDS)}")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
     if why := _hosts.missing():
-        p.error(f"two namespace hosts cannot be built here: {why}")
+        sys.exit(f"two namespace hosts cannot be built here: {why}")
     out = storm(a)
     print(json.dumps(out["summary"], indent=2))
     print("processes left:", out["processes_left"], "fds before/after:", out["fds_before_after"])

@@ -15,6 +15,8 @@ in each step on that rank, so the others wait for it in the gradient sync),
 
 from __future__ import annotations
 
+import itertools
+
 from dpnb.engine.metrics.bench import BENCH_KINDS, bench_allreduce, bench_collective, ring_demo
 from dpnb.engine.train.measure import state_bytes
 from dpnb.engine.state import get_state
@@ -117,7 +119,9 @@ def live_summary(ns: dict, history: int = 200) -> dict:
                  "straggle_delay_s": float(es.straggle_delay_s or 0.0)}
     if st is None:
         return out
-    recs = [r.as_dict() for r in st.records]
+    # the last ``history`` made dicts, not every step run (that grew with the steps)
+    keep = int(history) if history else len(st.records)
+    recs = [r.as_dict() for r in list(itertools.islice(reversed(st.records), keep))[::-1]]
     out.update({
         "n_params": int(sum(p.numel() for p in st.module.parameters())),
         "grad_bytes": int(sum(p.numel() * p.element_size() for p in st.module.parameters() if p.requires_grad)),
@@ -125,7 +129,7 @@ def live_summary(ns: dict, history: int = 200) -> dict:
         "config": dict(st.config),
         "step": st.step,
         "last": dict(recs[-1]) if recs else None,
-        "history": [[r["step"], r["loss"], r.get("samples_per_s")] for r in recs[-int(history):]],
+        "history": [[r["step"], r["loss"], r.get("samples_per_s")] for r in recs],
     })
     return out
 

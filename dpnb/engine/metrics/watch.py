@@ -238,7 +238,10 @@ def gradsync_records(ns: dict, last: int = 1) -> list:
     """
     es = get_state(ns)
     st = viewed_state(ns)
-    recs = {r.step: r.as_dict() for r in st.records}
+    # by step, as records (each made a dict only once picked: after every train call the
+    # notebook asks for the last one, and converting all of them grew with the steps run --
+    # 115 ms a call after 2,400 steps, measured)
+    recs = {r.step: r for r in st.records}
     rec = st.recorder
     bsteps = {b["step"]: b for b in (rec.steps if rec is not None else [])}
     w = es.watch
@@ -253,7 +256,7 @@ def gradsync_records(ns: dict, last: int = 1) -> list:
     order = list(pbytes)
     out = []
     for s in picked:
-        r = recs[s]
+        r = recs[s].as_dict()
         b = bsteps.get(s)
         wv = w.step_view(s, r.get("t_start")) if (w is not None and s in wsteps) else None
         out.append({

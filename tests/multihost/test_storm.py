@@ -1,0 +1,51 @@
+"""A short storm across two namespace hosts (``benchmarks/storm.py``; its long
+runs are in benchmarks/RESULTS.md): DDP on 2 + 2 ranks trains in calls of 20
+steps while a fault lands every 8 seconds, the kinds in turn -- one rank
+SIGKILLed from outside (the OOM killer's way), both ranks of the second host
+at once (a lost machine), a rank frozen with SIGSTOP and continued 4 s later,
+a cell that raises on one rank while the others wait in an ``all_reduce`` --
+each recovered the way a user would (``restart --resume`` from the survivors'
+memory; nothing, for a freeze or a mistake).
+
+Every fault is healed (a training call completed after it) within a bound
+that only says "not a timeout", a death is named by its rank, DDP loses no
+step but the one in flight, the replicas agree at the end, and no process of
+either host's is left.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(420)
+
+
+def _storm_module():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "storm.py"
+    spec = importlib.util.spec_from_file_location("dpnb_storm", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_short_storm_heals_every_fault_loses_no_step_and_leaves_nothing(two_hosts):
+    storm = _storm_module()
+    args = storm.parse(["--minutes", "1", "--every", "8", "--strategies", "ddp", "--no-calm",
+                        "--cycle", "--freeze-s", "4", "--seed", "3"])
+    out = storm.storm(args, hs=two_hosts, log=print)
+    [phase] = out["phases"]
+    faults = phase["faults"]
+    assert {f["kind"] for f in faults} == set(storm.KINDS), faults  # every kind landed
+    for f in faults:
+        assert f["healthy_after_s"] is not None and f["healthy_after_s"] < 60, f
+        assert f["steps_lost"] is not None and f["steps_lost"] <= 1, f  # DDP: the step in flight
+        if f["kind"] in ("kill", "host"):
+            named = [f"rank {r}" for r in f["ranks"]] if f["kind"] == "kill" else ["ranks 2-3"]
+            assert any(n in f["said"] for n in named) or "died" in f["said"], f
+            assert f["how"].startswith("restart --resume"), f
+    assert phase["steps"] > 0 and len(phase["calls"]) >= 3
+    assert out["processes_left"]["here"] == [], out["processes_left"]
+    assert all(n == 0 for h, n in out["processes_left"].items() if h != "here"), out
