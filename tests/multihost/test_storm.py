@@ -16,6 +16,7 @@ either host's is left.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ def _storm_module():
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "storm.py"
     spec = importlib.util.spec_from_file_location("dpnb_storm", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (its dataclasses look their module up by name)
     spec.loader.exec_module(mod)
     return mod
 
