@@ -375,23 +375,26 @@ def figure(data: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     storms = [p for p in data["phases"] if p["storm"]]
-    colors = {"kill": "tab:red", "host": "black", "freeze": "tab:blue", "mistake": "tab:orange"}
+    colors = {"kill": "tab:red", "host": "black", "freeze": "tab:purple", "mistake": "tab:orange"}
     fig, axes = plt.subplots(2, len(storms), figsize=(6 * len(storms), 5), squeeze=False,
                              sharex="col", constrained_layout=True)
     for j, p in enumerate(storms):
         calls = p["calls"]
         t = [x[0] for x in calls]
-        axes[0][j].plot(t, [x[2] for x in calls], lw=0.8)
+        axes[0][j].plot(t, [x[2] for x in calls], lw=0.8, color="0.35")
         kept = data["summary"].get(p["strategy"], {}).get("throughput_kept")
         axes[0][j].set_title(f"{p['strategy']}: {len(p['faults'])} faults"
                              + (f", throughput kept {kept:.0%}" if kept is not None else ""))
         axes[0][j].set_ylabel("loss")
-        axes[1][j].plot(t, [x[3] for x in calls], lw=0.8)
+        axes[1][j].plot(t, [x[3] for x in calls], lw=0.8, color="0.35")
         axes[1][j].set_ylabel("steps/s (per call)")
         axes[1][j].set_xlabel("seconds into the storm")
-        for f in p["faults"]:
+        for f in p["faults"]:  # the fault, and its time until a training call completed
+            col = colors.get(f["kind"], "grey")
             for ax in axes[:, j]:
-                ax.axvline(f["at_s"], color=colors.get(f["kind"], "grey"), lw=0.7, alpha=0.7)
+                ax.axvline(f["at_s"], color=col, lw=0.8)
+                if f["healthy_after_s"]:
+                    ax.axvspan(f["at_s"], f["at_s"] + f["healthy_after_s"], color=col, alpha=0.15, lw=0)
     handles = [plt.Line2D([], [], color=v, label=k) for k, v in colors.items()]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(colors))
     fig.savefig(path, dpi=110)
