@@ -278,12 +278,19 @@ def run_phase(c, hs, strategy: str, storm: bool, seconds: float, args, rng, log)
     finally:
         if inj:
             inj.stop()
+    ph.seconds = round(time.monotonic() - t0, 1)
     if inj and (late := inj.take()):  # sent as the phase ended: recovered outside its time
         _recover(c, inj)
+        for f in late:
+            f.reached = f.resumed = max(_steps(c))
+            f.how = "after the phase"
         open_faults += late
-    ph.faults += open_faults
-    ph.seconds = round(time.monotonic() - t0, 1)
     ph.steps = max(_steps(c)) - first
+    if open_faults:  # healed only once a training call completes: one, outside the phase
+        c.train(steps=1, micro_batch=8, progress=False)
+        for f in open_faults:
+            f.healthy_after_s = round(time.monotonic() - t0 - f.at_s, 2)
+    ph.faults += open_faults
     return ph
 
 

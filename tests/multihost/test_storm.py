@@ -35,7 +35,7 @@ def _storm_module():
 
 def test_a_short_storm_heals_every_fault_loses_no_step_and_leaves_nothing(two_hosts):
     storm = _storm_module()
-    args = storm.parse(["--minutes", "1", "--every", "8", "--strategies", "ddp", "--no-calm",
+    args = storm.parse(["--minutes", "0.75", "--every", "8", "--strategies", "ddp", "--no-calm",
                         "--cycle", "--freeze-s", "4", "--seed", "3"])
     out = storm.storm(args, hs=two_hosts, log=print)
     [phase] = out["phases"]
