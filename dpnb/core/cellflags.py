@@ -14,6 +14,8 @@ only carries them; what a flag means is the hook's (the cell guard's
 from __future__ import annotations
 
 import json
+import base64
+import pickle
 import re
 from dataclasses import dataclass
 
@@ -26,6 +28,16 @@ UNCHECKED_FLAG = "--unchecked"
 #: the name a profiled cell's end travels under in its reply's carry
 #: (dpnb.engine.metrics.profile.end_into_reply, dpnb.session.profile)
 PROFILE_CARRY = "profile"
+
+
+def carry_text(value) -> str:
+    """A value as the text a reply's carry holds (a reply's content is JSON)."""
+    return base64.b64encode(pickle.dumps(value)).decode("ascii")
+
+
+def carried_value(text: str):
+    """The value :func:`carry_text` wrote (the rank's own, sent in its reply)."""
+    return pickle.loads(base64.b64decode(text))
 
 
 def with_flags(code: str, flags: tuple[str, ...] | list[str]) -> str:

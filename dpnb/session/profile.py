@@ -1,10 +1,12 @@
 """``%%dp --profile``: profile one cell on every rank and bring the traces home.
 
 The sequence: every selected rank starts ``torch.profiler``
-(:func:`dpnb.engine.metrics.profile.begin`, one call, no collective); the cell runs
-exactly as an unprofiled one would; every rank stops and sends back its
-bounded record and, below a size cap, its Chrome trace
-(:func:`dpnb.engine.metrics.profile.end`).  The notebook puts the ranks on one
+(:func:`dpnb.engine.metrics.profile.begin`, no collective); the code runs
+exactly as unprofiled; every rank stops and sends back its bounded record
+and, below a size cap, its Chrome trace (:func:`dpnb.engine.metrics.profile.end`).
+For a cell, both ends ride in the cell's own request and replies (started
+and ended by the rank's hooks, :mod:`dpnb.engine.metrics.profilemark`); a
+train or a script takes a call before and one after.  The notebook puts the ranks on one
 clock and splits their time (:func:`dpnb.core.profile.analyze`), writes
 each rank's trace and one merged trace into a folder, and keeps the result
 as ``cluster.last_profile`` for ``%dp profile`` and
@@ -25,12 +27,10 @@ for; ``Profiled.wait()`` (``wait=True``) for code that reads the files at once.
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import logging
 import os
-import pickle
 import threading
 import time
 import uuid
@@ -41,7 +41,7 @@ from ..core.profile import Profiled, RankTrace, analyze, merged_trace
 from ..core.profilesummary import failure_note
 from dpnb.engine import entrypoints as ep
 from ..cluster.types import RankOutcome, Status
-from ..core.cellflags import PROFILE_CARRY
+from ..core.cellflags import PROFILE_CARRY, carried_value
 from ..errors import DpnbError, RemoteCellError
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def _carried(res) -> dict[int, tuple]:
         if text is None:
             continue
         try:
-            out[r] = pickle.loads(base64.b64decode(text))
+            out[r] = carried_value(text)
         except Exception as e:  # asked again with the end call
             log.warning("rank %s: its profile in the reply was unreadable: %s: %s",
                         r, type(e).__name__, e)

@@ -116,18 +116,15 @@ def test_a_profiled_cells_ends_come_home_in_its_replies_and_only_the_rest_are_as
     records in the cell's own replies: no call after the cell for them.  A rank
     whose reply carried nothing (its cell failed) is asked with the end call; a
     trace too big for its reply is taken with one call."""
-    import base64
-    import pickle
-
     from dpnb.cluster.types import CellResult, RankOutcome, Status
-    from dpnb.core.cellflags import PROFILE_CARRY
+    from dpnb.core.cellflags import PROFILE_CARRY, carry_text
 
     ev = [{"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": 5, "tid": 1}]
     blob = gzip.compress(json.dumps({"traceEvents": ev}).encode())
 
     def carry(r, kept):
         rec = P.extract(ev, rank=r, host="h")
-        return {PROFILE_CARRY: base64.b64encode(pickle.dumps((rec, None if kept else blob, kept))).decode()}
+        return {PROFILE_CARRY: carry_text((rec, None if kept else blob, kept))}
 
     class _Cell(_Fake):
         world_size = 3

@@ -16,19 +16,17 @@ Profiling off costs nothing: no hook stays installed between profiles.
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import logging
 import os
-import pickle
 import socket
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from dpnb.core.cellflags import PROFILE_CARRY
+from dpnb.core.cellflags import PROFILE_CARRY, carried_value, carry_text
 from dpnb.core.traces import CLOCK_MARKER, END_MARKER, RankTrace, extract, wall_offset
 from dpnb.engine.proc.private import private_dir
 from dpnb.engine.state import get_state
@@ -98,7 +96,7 @@ def end(ns: dict) -> tuple[RankTrace, bytes | None]:
     stays where it is (``None`` instead of the trace)."""
     st = get_state(ns)
     if PROFILE_CARRY in st.carry:  # ended with its cell, the reply not sent home (the cell failed)
-        rec, blob, kept = pickle.loads(base64.b64decode(st.carry.pop(PROFILE_CARRY)))
+        rec, blob, kept = carried_value(st.carry.pop(PROFILE_CARRY))
         return rec, (take(ns) if kept else blob)
     host = socket.gethostname()
     run = st.profiler
@@ -142,7 +140,7 @@ def end_into_reply(ns: dict) -> None:
     kept = blob is not None and len(blob) > INLINE_TRACE_BYTES
     if kept:
         st.profile_blob, blob = blob, None
-    st.carry[PROFILE_CARRY] = base64.b64encode(pickle.dumps((rec, blob, kept))).decode("ascii")
+    st.carry[PROFILE_CARRY] = carry_text((rec, blob, kept))
 
 
 def take(ns: dict) -> bytes | None:
