@@ -11,8 +11,10 @@ one run:
 2. **storm**: the same for the same time, with one fault every ``--every``
    seconds (a random kind, a random rank), recovered the way a user would:
    ``restart --resume`` (from the survivors' memory, no checkpoint folder)
-   after a death, waiting for a frozen rank's ``SIGCONT`` after its release,
-   nothing after a mistake (the group re-forms itself).
+   after a death; after a rank is named frozen, the same (``--on-freeze
+   replace``: the restart kills and replaces it) or waiting for its
+   ``SIGCONT`` (``--on-freeze wait``); nothing after a mistake (the group
+   re-forms itself).
 
 The faults (``--kinds``):
 
@@ -157,7 +159,8 @@ class Injector:
                         os.kill(pid, signal.SIGCONT)
                     except ProcessLookupError:
                         pass
-                    self.frozen.remove((pid, when))
+                    if (pid, when) in self.frozen:  # not forgotten meanwhile (a replace)
+                        self.frozen.remove((pid, when))
             if now >= nxt:
                 nxt = now + self.every * (0.75 + 0.5 * self.rng.random())
                 self.fired += 1
@@ -189,6 +192,10 @@ class Injector:
         with self._lock:
             self.pending.append(Fault(now, kind, ranks, pids=tuple(pids)))
 
+    def forget_frozen(self) -> None:
+        """The frozen ranks are being replaced: send them no SIGCONT."""
+        self.frozen = []
+
     def take(self) -> list[Fault]:
         with self._lock:
             out, self.pending = self.pending, []
@@ -209,9 +216,15 @@ class Injector:
         return out
 
 
-def _recover(c, inj: Injector | None) -> str:
-    """After a failed training call: bring every rank back and the group up."""
+def _recover(c, inj: Injector | None, on_freeze: str = "wait") -> str:
+    """After a failed training call: bring every rank back and the group up.  A rank
+    named frozen is waited for (its SIGCONT) or, ``on_freeze="replace"``, replaced
+    at once by ``restart --resume`` as a user who wants the run to go on would."""
     deadline = time.monotonic() + 120
+    if inj and inj.frozen and on_freeze == "replace":
+        inj.forget_frozen()  # the restart kills them: no SIGCONT to a dead PID
+        msg = c.restart(resume=True)
+        return "frozen rank replaced, restart --resume: " + msg.splitlines()[0][:120]
     while inj and inj.frozen and time.monotonic() < deadline:  # a frozen rank: wait for its SIGCONT
         time.sleep(0.2)
     while c.busy and not c.dead and time.monotonic() < deadline:
@@ -250,7 +263,7 @@ def run_phase(c, hs, strategy: str, storm: bool, seconds: float, args, rng, log)
                 if not faults and not (c.dead or c.busy):
                     raise
                 reached = max([last, *_alive_steps(c)])
-                how = _recover(c, inj)
+                how = _recover(c, inj, args.on_freeze)
                 last = max(_steps(c))
                 for f in faults:
                     f.reached, f.resumed, f.how = reached, last, how
@@ -416,6 +429,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--chunk", type=int, default=20, help="steps per train call")
     p.add_argument("--copy-every", type=int, default=5, help="peer copies every K steps")
     p.add_argument("--freeze-s", type=float, default=8.0)
+    p.add_argument("--on-freeze", choices=("wait", "replace"), default="replace",
+                   help="a rank named frozen: wait for its SIGCONT, or replace it at once")
     p.add_argument("--group-timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cycle", action="store_true", help="the fault kinds in turn, not at random")

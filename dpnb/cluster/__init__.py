@@ -48,7 +48,7 @@ from .processes import Processes
 from .render import show_result
 from .scripts import run_script as _run_script
 from .status import status_rows
-from .restart import Restarted, restart as _restart
+from .restart import Restarted, end_frozen as _end_frozen, restart as _restart
 from .worldref import World, WorldRef
 from .transport import Transport, _runner_fn, unpack_value, unsendable
 from .turn import Turn, notebook_turn
@@ -133,7 +133,10 @@ class Engines(keeping.Kept):
                           controller_ip=o.controller_ip, env=launch.parse_env(o.env),
                           remote_python=o.remote_python, ssh_config=o.ssh_config,
                           master_addr=o.master_addr, kept=ttl is not None,
-                          zygote=launch.zygote_for(o.engines, kept=ttl is not None, asked=o.zygote))
+                          zygote=launch.zygote_for(o.engines, kept=ttl is not None, asked=o.zygote),
+                          host_zygote=launch.host_zygote_for(o.engines, kept=ttl is not None,
+                                                             asked=o.zygote,
+                                                             env=dict(launch.parse_env(o.env))))
         gpu_list = launch.check_start_args(o.n, o.backend, o.engines, o.timeout, o.threads, o.gpus,
                                            o.seed)
         starter = launcher_for(spec)
@@ -445,6 +448,12 @@ class Engines(keeping.Kept):
         """Wait up to ``timeout_s`` for live ranks still running an old cell to finish
         it (nothing is interrupted); the ranks still busy then."""
         return self.transport.wait_settled(timeout_s)
+
+    def end_frozen(self) -> dict[int, str]:
+        """Kill the ranks whose engine is frozen, for a restart to replace them
+        (:func:`.restart.end_frozen`); ``{rank: how it was frozen}``."""
+        self.require_running()
+        return _end_frozen(self.transport, self.health, self.kill_rank)
 
     def kill_rank(self, r: int) -> None:
         """Stop rank ``r``'s engine for good, the launcher's way (by PID on this

@@ -46,6 +46,8 @@ REPLY_TIMEOUT_S = 30.0
 #: while the first ones already boot on the same cores: 30 s did not cover 128
 #: on a 2-core host, so the wait grows with n
 START_S_PER_ENGINE = 0.5
+#: an agent answers a states request at once; a wait asks about once a second
+STATES_TIMEOUT_S = 2.0
 
 
 def parse_hosts(n: int, launcher_args: Sequence[str] | None) -> dict[str, int]:
@@ -209,8 +211,9 @@ class Agents:
     the one on this host)."""
 
     def __init__(self, hosts: dict[str, int], *, remote_python: str,
-                 ssh_config: str | None, env: dict[str, str]):
+                 ssh_config: str | None, env: dict[str, str], zygote: str = "off"):
         self.counts = dict(hosts)
+        self.zygote = zygote  # launch.host_zygote_for: "on", "auto" or "off"
         self.remote_python = remote_python
         self.ssh_config = ssh_config
         self.env = dict(env)
@@ -220,8 +223,9 @@ class Agents:
     EXIT_ON, ENDED = " on {host}", "the ssh connection to {host} ended"
 
     def _agent(self, h: str, warm: WarmZygote | None) -> HostAgent:
+        flag = {"on": ["--zygote"], "auto": ["--zygote-auto"]}.get(self.zygote, [])
         return HostAgent(h, [*ssh_command(self.ssh_config), h, self.remote_python, "-m",
-                             ep.HOSTAGENT_MODULE])
+                             ep.HOSTAGENT_MODULE, *flag])
 
     def _environ(self) -> dict[str, str] | None:
         return None  # an ssh host's engines keep their own environment (and get ``env``)
@@ -290,6 +294,19 @@ class Agents:
             return self.ENDED.format(host=host)
         return None
 
+    def states(self, host: str, pids: list[int]) -> dict[int, str]:
+        """Which of ``pids`` on ``host`` are frozen, as its agent reads them (psutil's
+        words: "stopped", "tracing-stop"); {} when the agent cannot say."""
+        a = self.agents.get(host)
+        if a is None or a.proc.poll() is not None:
+            return {}
+        try:
+            got = a.request("states", pids=list(pids), timeout=STATES_TIMEOUT_S).get("states", {})
+        except (DpnbError, StartError) as e:
+            log.info("frozen states on %s not read: %s", host, e)
+            return {}
+        return {int(k): str(v) for k, v in got.items()}
+
     def signal(self, host: str, pid: int, sig: int) -> bool:
         a = self.agents.get(host)
         if a is None or a.proc.poll() is not None:
@@ -355,7 +372,7 @@ def start_over_ssh(icluster, n: int, spec, timeout: float):
     with that host's stderr, before any engine is launched.
     """
     agents = Agents(parse_hosts(n, spec.launcher_args), remote_python=spec.remote_python or "python3",
-                    ssh_config=spec.ssh_config, env=spec.env_dict)
+                    ssh_config=spec.ssh_config, env=spec.env_dict, zygote=spec.host_zygote)
     return start_with(agents, icluster, n, timeout)
 
 
@@ -440,6 +457,11 @@ _IMPORT_TIME = ("TORCH", "PYTORCH", "CUDA", "NCCL", "GLOO", "OMP_", "MKL", "KMP_
 #: and reads only when it compiles; the engines get the kernel's environment
 #: of the moment anyway (``hello``)
 _NOT_IMPORT_TIME = ("TORCHINDUCTOR_CACHE_DIR",)
+
+
+def import_time_keys(env: dict[str, str]) -> list[str]:
+    """The keys of ``env`` that torch (or a library it loads) reads while it imports."""
+    return sorted(k for k in env if k.startswith(_IMPORT_TIME) and k not in _NOT_IMPORT_TIME)
 
 
 def _import_time_env() -> dict[str, str]:

@@ -300,10 +300,13 @@ _EXITS = {
 }
 
 
-def _pid_of(note: str) -> str:
-    """The PID a frozen rank's note names ("its engine (PID 123) is stopped ...")."""
-    m = re.search(r"PID (\d+)", note or "")
-    return m.group(1) if m else "PID"
+def _cont_of(note: str) -> str:
+    """The command that continues a frozen rank, from its note ("its engine (PID 123)
+    is stopped ...", or "(PID 123 on node2)" for another host's: run there)."""
+    m = re.search(r"PID (\d+)(?: on ([^)\s]+))?\)", note or "")
+    if not m:
+        return "kill -CONT PID"
+    return f"kill -CONT {m.group(1)}" + (f" on {m.group(2)}" if m.group(2) else "")
 
 
 def _timed_out(evalue: str) -> bool:
@@ -381,7 +384,7 @@ def error_report(res: CellResult, *, culprits: list[int], waiting: list[int],
         bits.append(f"{rank_label(stuck)} blocked in a collective no rank could join")
     for r in (r for r in res.ranks if oc[r].status == Status.FROZEN):
         lines.append(f"rank {r} is frozen: {oc[r].note}.  It runs no code: its peers were "
-                     f"released.  Continue it (kill -CONT {_pid_of(oc[r].note)}): its call then "
+                     f"released.  Continue it ({_cont_of(oc[r].note)}): its call then "
                      f"fails and the next cell re-forms the group, state kept; or %dp restart "
                      f"replaces it.")
         bits.append(f"rank {r} frozen")

@@ -27,9 +27,10 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from ..engine.hostagent import NVIDIA_CTL
 from ..env import in_kernel
 from ..errors import DpnbError, StartError
-from .agents import engine_connection_file
+from .agents import engine_connection_file, import_time_keys
 from .gpuplan import device_index
 from .launchers import EngineLauncher
 from .launchers.local import local_gpu_count
@@ -173,7 +174,22 @@ def zygote_default(asked: bool | None) -> bool:
     engine unless ``zygote=True``."""
     if asked is not None:
         return bool(asked)
-    return not os.path.exists("/dev/nvidiactl")
+    return not os.path.exists(NVIDIA_CTL)
+
+
+def host_zygote_for(engines: str, *, kept: bool, asked: bool | None, env: dict[str, str]) -> str:
+    """How ssh hosts' agents start their engines: forked from the agent once it has
+    imported torch ("on", asked), by the :func:`zygote_default` rule read on each
+    host itself ("auto": no NVIDIA driver there), or one Python each ("off").
+
+    Forked, a replacement engine is ready in well under a second instead of a
+    fresh interpreter's import of torch (4.1-4.5 s to a usable engine on the
+    storm's namespace hosts, ``benchmarks/storm.py``).  Off when asked, for
+    other launchers, for a kept cluster, and when ``--env`` sets a variable
+    torch reads while it loads: the agent imported torch before it was told."""
+    if engines != "ssh" or kept or asked is False or import_time_keys(env):
+        return "off"
+    return "on" if asked else "auto"
 
 
 def zygote_for(engines: str, *, kept: bool, asked: bool | None) -> bool:

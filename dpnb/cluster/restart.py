@@ -36,6 +36,19 @@ Adopt = Callable[..., None]
 log = logging.getLogger(__name__)
 
 
+def end_frozen(t: Transport, h: Health, kill: Callable[[int], None]) -> dict[int, str]:
+    """Kill the live ranks whose engine is frozen (stopped, held by a tracer), so that
+    the restart replaces them: a frozen rank runs no code, would hold the group's
+    re-formation until its timeout, and cannot finish the cell it was in.  The
+    user asked for a restart instead of continuing it; each is marked dead with
+    how it was found.  Returns ``{rank: how}``."""
+    frozen = t.frozen([r for r in range(len(t.ranks)) if r not in h.dead])
+    for r, how in sorted(frozen.items()):
+        kill(r)
+        h.died(r, f"frozen ({how}): killed by the restart to be replaced")
+    return frozen
+
+
 def _settle_busy(t: Transport, h: Health, kill: Callable[[int], None], timeout_s: float,
                  hard: bool) -> None:
     """Interrupt survivors still running an old cell; kill those that do not stop."""
@@ -77,6 +90,8 @@ def restart(t: Transport, group: Group, launcher: EngineLauncher, worlds: WorldR
         launcher.kill(worlds.now.ranks[r])
 
     t.refresh_busy()
+    if not hard:
+        end_frozen(t, health, kill)
     _settle_busy(t, health, kill, group.timeout_s, hard)
     h, size = health, worlds.now.size
     for r, how in t.find_dead([r for r in range(size) if r not in h.dead]).items():

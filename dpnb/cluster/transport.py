@@ -26,7 +26,7 @@ from ..core.cellflags import UNCHECKED_FLAG, with_flags
 from .debugging import Desk, ask_user
 from .diagnose import is_collective_error
 from .launchers import EngineLauncher
-from .processes import frozen_state, oom_counter, oom_kills
+from .processes import FROZEN_STATES, frozen_state, oom_counter, oom_kills
 from .render import Streamer, split_notes, without_native_logs
 from .sidedoor import knock_all
 from .worldref import WorldRef
@@ -449,13 +449,22 @@ class Transport:
         held by a tracer), with how: such a rank runs no code, answers no side door,
         and holds every peer in its next collective until the group timeout."""
         here = socket.gethostname()
-        out = {}
+        out, away = {}, []
         for r in ranks:
             ri = self.ranks[r]
             if self.launcher.engines_here or ri.host == here:
                 how = frozen_state(ri.pid)
                 if how is not None:
                     out[r] = f"its engine (PID {ri.pid}) is {how}"
+            else:  # another host's: its agent reads the state there (if the launcher has one)
+                away.append(r)
+        if away:
+            states = self.launcher.frozen_states([self.ranks[r] for r in away])
+            for r in away:
+                ri = self.ranks[r]
+                how = FROZEN_STATES.get(states.get((ri.location, ri.pid), ""))
+                if how is not None:
+                    out[r] = f"its engine (PID {ri.pid} on {ri.host}) is {how}"
         return out
 
     def interrupt(self, ranks: Iterable[int]) -> None:

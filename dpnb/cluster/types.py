@@ -139,6 +139,9 @@ class LaunchSpec:
     # local: fork the engines from one process that imported torch once
     # (dpnb.engine.hostagent --zygote) instead of starting N interpreters
     zygote: bool = False
+    # ssh: each host's agent forks that host's engines from itself ("on"), decides
+    # by its own host's NVIDIA driver ("auto"), or starts one Python each ("off")
+    host_zygote: str = "off"
     # --keep: the cluster outlives this kernel (dpnb.cluster.keep); its engines
     # do not watch the kernel and ipyparallel does not stop them at exit
     kept: bool = False

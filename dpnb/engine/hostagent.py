@@ -46,6 +46,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL
+NVIDIA_CTL = "/dev/nvidiactl"  # present where an NVIDIA driver is loaded
 
 
 class _Forked:
@@ -116,7 +117,7 @@ class Agent:
         for mod in ("dpnb", "ipyparallel", "torch"):
             versions[mod] = _version(mod)
         return {"host": socket.gethostname(), "python": sys.executable, "pid": os.getpid(),
-                "versions": versions, "cpu_count": os.cpu_count() or 1}
+                "versions": versions, "cpu_count": os.cpu_count() or 1, "zygote": self.zygote}
 
     def start(self, msg: dict) -> dict:
         pids = []
@@ -203,6 +204,21 @@ class Agent:
         p.send_signal(sig)
         return {"sent": True}
 
+    def states(self, msg: dict) -> dict:
+        """Which of the notebook's ``pids`` (engines of this agent) are frozen: stopped
+        (SIGSTOP, a job-control stop) or held by a tracer, in psutil's words.  The
+        notebook asks while a cell waits on a rank of this host (about once a
+        second), to name a frozen rank and release its peers."""
+        out = {}
+        for pid in (int(p) for p in msg.get("pids", ())):
+            p = self.procs.get(pid)
+            if p is None or p.poll() is not None:
+                continue
+            how = _stop_state(pid)
+            if how is not None:
+                out[str(pid)] = how
+        return {"states": out}
+
     def stop(self, _msg: dict | None = None) -> dict:
         live = [p for p in self.procs.values() if p.poll() is None]
         for p in live:
@@ -229,7 +245,8 @@ class Agent:
                 msg = json.loads(line)
                 cmd = msg.get("cmd")
                 handler = {"hello": self.hello, "start": self.start, "signal": self.signal,
-                           "stop": self.stop, "ping": lambda m: {"pong": True}}.get(cmd)
+                           "stop": self.stop, "states": self.states,
+                           "ping": lambda m: {"pong": True}}.get(cmd)
                 try:
                     if handler is None:
                         raise ValueError(f"unknown command {cmd!r}")
@@ -242,6 +259,18 @@ class Agent:
         finally:
             self.stop()  # end of input: the notebook is gone
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+#: /proc/PID/stat's state letters of a process that runs no code until continued
+STOP_STATES = {"T": "stopped", "t": "tracing-stop"}
+
+
+def _stop_state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return STOP_STATES.get(f.read().rpartition(")")[2].split()[0])
+    except (OSError, IndexError):  # gone meanwhile: its exit is reported by _watch
+        return None
 
 
 def _quiet_signal(p: subprocess.Popen, sig: int) -> None:
@@ -266,11 +295,20 @@ def _version(mod: str) -> str | None:
         return None
 
 
+def zygote_wanted(argv: list[str], nvidia_ctl: str = NVIDIA_CTL) -> bool:
+    """``--zygote``: fork every engine from this agent; ``--zygote-auto`` (ssh hosts):
+    the local launcher's default rule, read on this host -- fork only where no
+    NVIDIA driver is (a CUDA context made before a fork is unusable in the
+    children, and forking on GPU hosts is untested)."""
+    return "--zygote" in argv or ("--zygote-auto" in argv
+                                  and not os.path.exists(nvidia_ctl))
+
+
 def main() -> None:
     # stdout carries the protocol; anything else a library prints goes to stderr
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    zygote = "--zygote" in sys.argv[1:]
+    zygote = zygote_wanted(sys.argv[1:])
     if zygote:
         _zygote_imports()
     Agent(out, zygote=zygote).serve()

@@ -179,6 +179,8 @@ def restart_and_resume(c: "Cluster", *, hard: bool, resume: str | bool) -> str:
     any engine is replaced; then the runtime restarts, and the replaced ranks
     (or every rank, under FSDP) rebuild and load the checkpoint."""
     latest, why_not = resume == "" or resume is True, ""
+    if not hard:  # a frozen rank cannot finish its call nor answer: it is replaced
+        c.end_frozen()
     if latest:  # from a survivor's replica when there is one: fresher than any checkpoint
         src, why_not, steps = replica.source(c, hard)
         if src is not None:

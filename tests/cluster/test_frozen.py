@@ -100,3 +100,35 @@ def test_a_rank_frozen_during_train_is_named_released_and_training_continues(c):
     assert res.steps == 5 and after[0] == after[1], after
     assert after[0] - max(mid) <= 5 and after[0] - min(mid) >= 5 - 1, (mid, after)
     assert c.check()["ok"]  # the replicas agree: no step half-applied on one rank
+
+
+def test_restart_replaces_a_frozen_rank_at_once(c):
+    """The user's other word: ``%dp restart`` instead of ``kill -CONT``.  A frozen
+    rank can neither finish its call nor answer an interrupt, so the restart
+    kills and replaces it straight away (not after waiting out interrupts and
+    the group's formation time); the other rank keeps its state."""
+    c.run("kept = 41", display=False)
+    pid = c.ranks[1].pid
+    with pytest.raises(RemoteCellError) as e:
+        def freeze():
+            time.sleep(1.0)
+            os.kill(pid, signal.SIGSTOP)
+
+        threading.Thread(target=freeze).start()
+        c.run("t = torch.ones(1)\nfor _ in range(600):\n    dist.all_reduce(t)\n    _t.sleep(0.02)",
+              display=False)
+    assert "rank 1 is frozen" in str(e.value) + getattr(e.value, "report", "")
+    t0 = time.monotonic()
+    try:
+        msg = c.restart()
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # killed by the restart, as it should be
+    took = time.monotonic() - t0
+    assert "rank 1 replaced" in msg and "rank 0 keeps" in msg, msg
+    assert took < 20.0, f"restart took {took:.1f} s"  # the form timeout + 10 s is 130 s here
+    assert c.pull("kept", rank=0) == 41
+    c.run("t = torch.ones(1)\ndist.all_reduce(t)\nsum_ = t.item()", display=False)
+    assert list(c.pull("sum_")) == [2.0, 2.0]

@@ -5,7 +5,8 @@ SIGKILLed from outside (the OOM killer's way), both ranks of the second host
 at once (a lost machine), a rank frozen with SIGSTOP and continued 4 s later,
 a cell that raises on one rank while the others wait in an ``all_reduce`` --
 each recovered the way a user would (``restart --resume`` from the survivors'
-memory; nothing, for a freeze or a mistake).
+memory after a death, and after a rank named frozen -- the restart replaces
+it; nothing after a mistake or a freeze that ended before it was named).
 
 Every fault is healed (a training call completed after it) within a bound
 that only says "not a timeout", a death is named by its rank, DDP loses no

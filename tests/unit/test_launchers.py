@@ -110,3 +110,39 @@ def test_only_unheld_unkept_engines_watch_the_kernel():
     z = launcher_for(LaunchSpec(engines="local", zygote=True))
     z.agents = object()  # the zygote agent ends its engines itself
     assert not z.watch_kernel
+
+
+@pytest.mark.parametrize("engines, kept, asked, env, want", [
+    ("ssh", False, None, {}, "auto"),  # each host decides by its own NVIDIA driver
+    ("ssh", False, True, {}, "on"),
+    ("ssh", False, False, {}, "off"),  # --no-zygote
+    ("ssh", True, None, {}, "off"),  # a kept cluster's engines must outlive the agent's pipe
+    ("ssh", False, None, {"OMP_NUM_THREADS": "1"}, "off"),  # read by torch as it loads
+    ("ssh", False, None, {"MY_FLAG": "1"}, "auto"),  # given to the engines at hello: fine
+    ("slurm", False, True, {}, "off"),
+    ("local", False, True, {}, "off"),  # the local zygote is LaunchSpec.zygote's
+])
+def test_ssh_hosts_fork_their_engines_unless_torch_would_load_differently(engines, kept, asked,
+                                                                           env, want):
+    from dpnb.cluster.launch import host_zygote_for
+
+    assert host_zygote_for(engines, kept=kept, asked=asked, env=env) == want
+
+
+def test_a_frozen_engine_is_told_apart_by_host_and_pid():
+    """Two hosts' PID spaces are their own: rank 1 on host a and rank 2 on host b
+    can both be PID 100; only the stopped one is frozen."""
+    ranks = [RankInfo(rank=i, engine_id=i, host=h, ip="10.0.0.1", pid=100, local_rank=0,
+                      local_world_size=1, node_rank=i, device="cpu", location=h)
+             for i, h in enumerate(["a", "b"])]
+    launcher = SshLauncher(LaunchSpec(engines="ssh", launcher_args=("a=1", "b=1")))
+    asked = []
+
+    class Agents:
+        def states(self, host, pids):
+            asked.append((host, sorted(pids)))
+            return {100: "stopped"} if host == "b" else {}
+
+    launcher.agents = Agents()
+    assert launcher.frozen_states(ranks) == {("b", 100): "stopped"}
+    assert sorted(asked) == [("a", [100]), ("b", [100])]

@@ -145,6 +145,12 @@ class EngineLauncher:
                 return how
             time.sleep(EXIT_POLL_S)
 
+    def frozen_states(self, ris: Sequence[RankInfo]) -> dict[tuple[str, int], str]:
+        """``{(location, pid): psutil status}`` of the engines of ``ris`` (on other
+        hosts) that are stopped or held by a tracer -- keyed by host too, since two
+        hosts' PID spaces are their own; here nobody on those hosts can say, so {}."""
+        return {}
+
     def kill(self, ri: RankInfo) -> None:
         """Stop rank ``ri``'s engine for good: the controller tells its nanny."""
         self.client.shutdown(targets=[ri.engine_id], block=False)
@@ -238,6 +244,14 @@ class AgentLauncher(EngineLauncher):
         if sent and wait_s:
             self.wait_exit(ri, None, wait_s)
         return sent
+
+    def frozen_states(self, ris: Sequence[RankInfo]) -> dict[tuple[str, int], str]:
+        """Asked of each host's agent, which reads its engines' states there."""
+        by_host: dict[str, list[int]] = collections.defaultdict(list)
+        for ri in ris:
+            by_host[ri.location].append(ri.pid)
+        return {(host, pid): how for host, pids in by_host.items()
+                for pid, how in self.agents.states(host, pids).items()}
 
     def kill(self, ri: RankInfo) -> None:
         self.signal(ri, signal.SIGKILL, wait_s=10.0)
