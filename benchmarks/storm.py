@@ -102,19 +102,6 @@ class Phase:
     rss_mb: list = field(default_factory=list)  # (t_s, [MB per rank])
 
 
-def _outer_pid(hs, host, inner: int) -> int:
-    """What runs as ``inner`` in ``host``'s PID namespace, as this machine sees it."""
-    for pid in hs.remote_pids(host):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                ns = next(ln.split()[1:] for ln in f if ln.startswith("NSpid:"))
-        except OSError:
-            continue
-        if int(ns[-1]) == inner:
-            return pid
-    raise LookupError(f"no process {inner} in {host.name}")
-
-
 def _steps(c) -> list[int]:
     c.run(STEP, display=False)
     return [int(s) for s in c.pull("_step")]
@@ -180,7 +167,7 @@ class Injector:
         else:
             ranks = (self.rng.randrange(world),)
         try:
-            pids = [_outer_pid(hs, hs.hosts[0] if c.ranks[r].host != b.name else b, c.ranks[r].pid)
+            pids = [hs.outer_pid(hs.hosts[0] if c.ranks[r].host != b.name else b, c.ranks[r].pid)
                     for r in ranks]
         except LookupError as e:  # a rank being replaced: no fault this time
             print(f"  (skipped a {kind}: {e})", flush=True)

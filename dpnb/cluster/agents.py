@@ -46,6 +46,8 @@ REPLY_TIMEOUT_S = 30.0
 #: while the first ones already boot on the same cores: 30 s did not cover 128
 #: on a 2-core host, so the wait grows with n
 START_S_PER_ENGINE = 0.5
+#: what an ssh agent that is a zygote may add to its first answer: its imports
+ZYGOTE_IMPORT_S = 60.0
 #: an agent answers a states request at once; a wait asks about once a second
 STATES_TIMEOUT_S = 2.0
 
@@ -254,11 +256,16 @@ class Agents:
         """Hand every agent the controller's connection info; check versions agree."""
         def one(h):
             env = {**self.env, "DPNB_LOCATION": h}
-            return self.agents[h].request("hello", connection=connection, env=env,
+            # a zygote answers once it has imported torch (seconds; more on a loaded host)
+            wait = REPLY_TIMEOUT_S + (ZYGOTE_IMPORT_S if self.zygote != "off" else 0.0)
+            return self.agents[h].request("hello", timeout=wait, connection=connection, env=env,
                                           environ=self._environ())
 
         info = self._parallel(one, self.agents)
         _check_versions(info)
+        for h, i in info.items():  # "auto" is decided there: say what each host chose
+            log.info("host %s: engines %s", h, "forked from its agent (zygote)"
+                     if i.get("zygote") else "started as one Python each")
         return info
 
     def start(self, counts: dict[str, int]) -> dict[str, list[int]]:

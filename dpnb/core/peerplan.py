@@ -69,3 +69,25 @@ def memory_line(every: int | None, nbytes: list[int], strategy: str) -> str:
     each = ", ".join(f"rank {r} {m:.1f} MB" for r, m in enumerate(mb))
     return (f"peer copies every {every} steps: {max(mb):.1f} MB of CPU memory per rank at most "
             f"({each}: own snapshot, the neighbour's copy, the next copy's buffers)")
+
+
+def placement_line(held_by: list[int] | None, hosts: list[str]) -> str | None:
+    """Where each rank's copy is kept (``held_by[r]``: the holder of rank ``r``'s
+    copy; ``hosts[r]``: rank ``r``'s host), and what losing a host would cost:
+    a copy on its owner's host is lost with that host.  None without holders."""
+    if not held_by or len(held_by) != len(hosts):
+        return None
+    where = ", ".join(f"{r}->{h}" for r, h in enumerate(held_by))
+    same = [r for r, h in enumerate(held_by) if hosts[h] == hosts[r]]
+    if len(set(hosts)) < 2:
+        why = "one host: a rank lost is rebuilt from its holder's copy; the host lost, from disk"
+    elif not same:
+        why = "every copy on another host than its owner's: a whole host lost is rebuilt"
+    else:
+        many = len(same) > 1
+        why = (f"rank{'s' if many else ''} {', '.join(map(str, same))} "
+               f"{'have their copies' if many else 'has its copy'} on the owner's own host (more "
+               f"than half the ranks are on one host): losing that host loses "
+               f"{'those shards' if many else 'that shard'}")
+    return f"copies held (rank->holder): {where}; {why}"
+

@@ -102,8 +102,8 @@ class ViewCommands:
         self._show("memory", a, self._live(a), kw)
         c = self.cluster
         line = peer_copy_line(c) if c is not None and c.running else None
-        if line:  # K and the CPU memory the neighbour's copy takes, per rank
-            print(f"dpnb: {line}")
+        for ln in (line or "").splitlines():  # K, each rank's CPU bytes, where copies are held
+            print(f"dpnb: {ln}")
 
     @subcommand("comm")
     @magic_arguments()

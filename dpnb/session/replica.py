@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..cluster.diagnose import first_error
 from ..core.cellgraph import ResumePlan, cell_summary
-from ..core.peerplan import memory_line
+from ..core.peerplan import memory_line, placement_line
 from ..core.strategies import is_fsdp
 from dpnb.engine import entrypoints as ep
 from ..errors import DpnbError
@@ -211,4 +211,7 @@ def peer_copy_line(c: "Cluster") -> str | None:
         log.info("no peer-copy line: %s", first_error(res))
         return None
     vals = res.values
-    return memory_line(vals[0]["every"], [v["bytes"] for v in vals], c.training.strategy)
+    line = memory_line(vals[0]["every"], [v["bytes"] for v in vals], c.training.strategy)
+    where = placement_line(vals[0].get("holders"), [ri.host for ri in c.ranks]) \
+        if vals[0]["every"] else None
+    return line + (f"\n{where}" if where else "")

@@ -232,6 +232,19 @@ class Hosts(TornDownOnFailure):
                     out.append(int(pid))
         return out
 
+    def outer_pid(self, host: Host, inner: int) -> int:
+        """The PID, as seen from this machine, of what runs as ``inner`` in ``host``'s
+        PID namespace (a rank table's PID): /proc's NSpid lists it outermost first."""
+        for pid in self.remote_pids(host):
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    ns = next(ln.split()[1:] for ln in f if ln.startswith("NSpid:"))
+            except OSError:  # ended meanwhile
+                continue
+            if int(ns[-1]) == inner:
+                return pid
+        raise LookupError(f"no process {inner} in {host.name}")
+
     # ------------------------------------------------------------- cleanup
     def close(self) -> None:
         for h in self.hosts:

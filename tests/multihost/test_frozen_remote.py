@@ -28,16 +28,6 @@ from helpers import hosts as _hosts
 pytestmark = pytest.mark.timeout(300)
 
 
-def _outer_pid(hs, host, inner: int) -> int:
-    """What runs as ``inner`` in ``host``'s PID namespace, as this machine sees it."""
-    for pid in hs.remote_pids(host):
-        with open(f"/proc/{pid}/status") as f:
-            ns = next(ln.split()[1:] for ln in f if ln.startswith("NSpid:"))
-        if int(ns[-1]) == inner:
-            return pid
-    raise AssertionError(f"no process {inner} in {host.name}")
-
-
 def _forked_from_the_agent(pid: int) -> bool:
     """A forked engine keeps the agent's command line; a fresh one runs engine.boot."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -54,7 +44,7 @@ def test_a_rank_frozen_on_another_host_is_named_released_and_replaced(two_hosts)
         assert [c.ranks[r].host for r in range(4)] == [a.name, a.name, b.name, b.name]
         for r in range(4):
             host = a if r < 2 else b
-            assert _forked_from_the_agent(_outer_pid(hs, host, c.ranks[r].pid)), r
+            assert _forked_from_the_agent(hs.outer_pid(host, c.ranks[r].pid)), r
         c.run("import time as _t, dpnb.data\ntorch.manual_seed(0)\n"
               "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), "
               "torch.nn.Linear(16, 1))\n"
@@ -78,7 +68,7 @@ def test_a_rank_frozen_on_another_host_is_named_released_and_replaced(two_hosts)
         t.start()
         time.sleep(1.5)
         assert t.is_alive(), out
-        frozen_pid, inner = _outer_pid(hs, b, c.ranks[3].pid), c.ranks[3].pid
+        frozen_pid, inner = hs.outer_pid(b, c.ranks[3].pid), c.ranks[3].pid
         frozen_at = time.monotonic()
         os.kill(frozen_pid, signal.SIGSTOP)
         try:
@@ -104,7 +94,7 @@ def test_a_rank_frozen_on_another_host_is_named_released_and_replaced(two_hosts)
         # not a wait for the frozen rank to settle (30 s) or to time out: replaced at once
         assert took < 20.0, f"restart --resume took {took:.1f} s"
         assert c.ranks[3].host == b.name
-        assert _forked_from_the_agent(_outer_pid(hs, b, c.ranks[3].pid))
+        assert _forked_from_the_agent(hs.outer_pid(b, c.ranks[3].pid))
         again = c.train(steps=3, micro_batch=8, progress=False)
         assert again.steps == 3 and c.check()["ok"]
     finally:

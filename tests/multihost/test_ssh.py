@@ -17,6 +17,7 @@ import dpnb
 from dpnb.cluster import transport
 from dpnb.engine.train import peercopy
 from dpnb.errors import RemoteCellError, StartError
+from dpnb.session import replica
 from helpers import hosts as _hosts
 from helpers.releases import raise_before_all_reduce
 
@@ -211,17 +212,6 @@ def test_a_profile_across_two_hosts_is_put_on_one_clock(two_hosts, tmp_path):
         c.stop()
 
 
-def _outer_pid(hs, host, inner: int) -> int:
-    """The PID, as seen from this machine, of what runs as ``inner`` in ``host``'s
-    PID namespace (the rank table's PID): /proc's NSpid lists it outermost first."""
-    for pid in hs.remote_pids(host):
-        with open(f"/proc/{pid}/status") as f:
-            ns = next(ln.split()[1:] for ln in f if ln.startswith("NSpid:"))
-        if int(ns[-1]) == inner:
-            return pid
-    raise AssertionError(f"no process {inner} in {host.name}")
-
-
 @pytest.mark.parametrize("lost", [(2,), (2, 3)], ids=["one rank", "the whole second host"])
 def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts, lost):
     """ZeRO-2 on 2 + 2 ranks with peer copies every K steps: each rank's copy is
@@ -242,6 +232,9 @@ def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts, lo
         c.wrap("net", "zero2", optimizer="adamw", lr=0.01)
         c.set_data("ds")
         c.train(steps=k + 1, micro_batch=8, progress=False, peer_copy_every=k)
+        said = replica.peer_copy_line(c)  # what %dp memory prints under its figure
+        assert "copies held (rank->holder): 0->2, 1->3, 2->0, 3->1; every copy on another " \
+            "host than its owner's" in said, said
         err: list = []
 
         def train():
@@ -254,7 +247,7 @@ def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts, lo
         t.start()
         time.sleep(1.5)
         for r in lost:
-            os.kill(_outer_pid(hs, b, c.ranks[r].pid), signal.SIGKILL)
+            os.kill(hs.outer_pid(b, c.ranks[r].pid), signal.SIGKILL)
         t.join(60)
         assert err and isinstance(err[0], RemoteCellError) and err[0].died, err
         alive = [r for r in range(4) if r not in lost]

@@ -75,3 +75,21 @@ def test_train_magic_refuses_a_bad_interval_in_one_line_before_needing_a_cluster
     with pytest.raises(UsageError) as ei:  # a good K gets as far as the missing cluster
         m.dp("train --steps 1 --peer-copy-every off")
     assert "no dpnb cluster is running" in str(ei.value)
+
+
+def test_the_placement_line_says_where_each_copy_is_and_what_a_lost_host_costs():
+    from dpnb.core.peerplan import placement_line
+
+    two = ["a", "a", "b", "b"]
+    line = placement_line(holders(two), two)
+    assert line.startswith("copies held (rank->holder): 0->2, 1->3, 2->0, 3->1;"), line
+    assert "every copy on another host" in line
+    lopsided = ["a", "a", "a", "b"]  # more than half on one host: 2a - n = 2 copies stay home
+    line = placement_line(holders(lopsided), lopsided)
+    same = [r for r, h in enumerate(holders(lopsided)) if lopsided[h] == lopsided[r]]
+    assert len(same) == 2 and f"ranks {same[0]}, {same[1]} have their copies on the owner's own " \
+        "host" in line and "losing that host loses those shards" in line, (line, same)
+    line = placement_line([1, 2, 0], ["a", "a", "b"])  # one copy home: rank 0's, on rank 1
+    assert "rank 0 has its copy on the owner's own host" in line, line
+    assert "one host" in placement_line(holders(["a", "a"]), ["a", "a"])
+    assert placement_line(None, two) is None

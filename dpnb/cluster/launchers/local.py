@@ -156,7 +156,7 @@ class ZygoteLauncher(LocalLauncher, AgentLauncher):
         """An agent on this host imports torch once, while the controller
         starts, then forks the ``n`` engines (``warm``: one started ahead)."""
         agents = ZygoteAgent({agents_mod.ZYGOTE_HOST: n}, remote_python=sys.executable,
-                             ssh_config=None, env=self.spec.env_dict)
+                             ssh_config=None, env=self.spec.env_dict, zygote="on")
         client, self.agents = agents_mod.start_with(agents, icluster, n, timeout, warm)
         return client
 
