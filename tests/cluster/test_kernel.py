@@ -262,15 +262,19 @@ def test_breakpoint_without_stdin_goes_on_with_a_note(kernel):
     assert took < 5, took
 
 
+OLD_TIMEOUT_S = 20  # the restarted kernel's cluster's group timeout
+
+
 def test_kernel_restart_leaves_no_process_and_start_works_at_once(manager, kernel):
     """Restart the kernel while its cluster runs: every PID it started goes,
     and a fresh kernel starts a new cluster straight away."""
     import psutil
 
-    msgs, reply = _run(kernel, "%dp start -n 2 --timeout 8", timeout=120)
+    # the old cluster's group timeout is the bound below: one this test starts itself
+    _run(kernel, "%dp stop", timeout=60)  # (an error when none runs: nothing to stop)
+    msgs, reply = _run(kernel, f"%dp start -n 2 --timeout {OLD_TIMEOUT_S}", timeout=120)
     text = _texts(msgs)
-    if "already running" not in text:
-        assert reply["content"]["status"] == "ok", text
+    assert reply["content"]["status"] == "ok", text
     msgs, reply = _run(kernel, "import json, dpnb\n"
                                "print('PIDS', json.dumps(dpnb.get_cluster()._owned_pids()))")
     line = [t for t in _texts(msgs).splitlines() if t.startswith("PIDS")][0]
@@ -290,7 +294,8 @@ def test_kernel_restart_leaves_no_process_and_start_works_at_once(manager, kerne
     took = time.monotonic() - t0
     assert reply["content"]["status"] == "ok", _texts(msgs)
     assert "2 ranks up" in _texts(msgs)
-    # at once: no old cluster, port or profile in the way.  A start takes 2-5 s here;
-    # one that waited for the old engines' 8 s group timeout (or a stop of them)
-    # would take 8 s before it even began, so the bound is that timeout itself
-    assert took < 8, took
+    # at once: no old cluster, port or profile in the way.  A start takes 2-5 s here
+    # (8.x s once in a CI rehearsal, beside test_keep's starts); one that waited for
+    # the old engines' group timeout (or a stop of them) would take that long before
+    # it even began, so the bound is that timeout itself
+    assert took < OLD_TIMEOUT_S, took
