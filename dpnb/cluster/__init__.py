@@ -129,14 +129,15 @@ class Engines(keeping.Kept):
     def start_with(cls, o: StartOptions, warm=None) -> Engines:
         """Start the cluster ``o`` describes (checked here, once, before anything starts)."""
         ttl = keeping.checked_ttl(o.keep) if o.keep is not None else None
+        env = launch.parse_env(o.env)
         spec = LaunchSpec(engines=o.engines, launcher_args=o.launcher_args,
-                          controller_ip=o.controller_ip, env=launch.parse_env(o.env),
+                          controller_ip=o.controller_ip, env=env,
                           remote_python=o.remote_python, ssh_config=o.ssh_config,
                           master_addr=o.master_addr, kept=ttl is not None,
                           zygote=launch.zygote_for(o.engines, kept=ttl is not None, asked=o.zygote),
                           host_zygote=launch.host_zygote_for(o.engines, kept=ttl is not None,
                                                              asked=o.zygote,
-                                                             env=dict(launch.parse_env(o.env))))
+                                                             env=dict(env)))
         gpu_list = launch.check_start_args(o.n, o.backend, o.engines, o.timeout, o.threads, o.gpus,
                                            o.seed)
         starter = launcher_for(spec)

@@ -12,6 +12,7 @@ import tempfile
 import time
 
 import pytest
+from helpers.kernelreply import reply_to
 
 
 
@@ -58,20 +59,7 @@ def _run(kc, code, timeout=120, allow_stdin=True):
         msgs.append((time.monotonic(), m))
         if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
             break
-    return msgs, _reply_to(kc, msg_id)
-
-
-def _reply_to(kc, msg_id, timeout=10):
-    """The shell reply to ``msg_id``.  Others are skipped: jupyter_client's
-    ``wait_for_ready`` sends ``kernel_info`` again every second until the kernel
-    answers and leaves the extra replies queued, so on a loaded machine the next
-    reply read is not always this request's (seen: a cell's error read as the
-    next cell's)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply
+    return msgs, reply_to(kc, msg_id)
 
 
 def _texts(msgs):
@@ -235,7 +223,7 @@ def _run_answering(kc, code, answers, timeout=120):
                     break
         except Exception:  # queue.Empty
             pass
-    return _texts(msgs), prompts, _reply_to(kc, msg_id)
+    return _texts(msgs), prompts, reply_to(kc, msg_id)
 
 
 def test_breakpoint_on_a_rank_prompts_in_jupyters_input_box(kernel):

@@ -15,6 +15,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from helpers.dapclient import Dap
+from helpers.kernelreply import reply_to
 
 THREAD_BASE = 1_000_000_000  # dpnb.session.dap.THREAD_BASE (not imported: the kernel's value)
 
@@ -33,20 +34,7 @@ def kc():
 
 
 def _run(kc, code, timeout=120):
-    return _reply(kc, kc.execute(code), timeout)
-
-
-def _reply(kc, mid, timeout):
-    """The shell reply to request ``mid``: not merely the next one.  jupyter_client's
-    ``wait_for_ready`` sends ``kernel_info`` again each second until answered and
-    leaves the extra replies queued; read as "the next reply", every cell's reply
-    was then the previous cell's (a CI rehearsal, 2026-11-29: the interrupted
-    cell's reply read "ok", execution count 6 -- the cell before it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") == mid:
-            return msg["content"]
+    return reply_to(kc, kc.execute(code), timeout)["content"]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +84,7 @@ def _stopped_ranks(dap, n, sink):
 
 def _finish(kc, dap, mid, sink, timeout=60):
     """The cell's reply, and its outputs (iopub, read until the kernel is idle after it)."""
-    rep = _reply(kc, mid, timeout)
+    rep = reply_to(kc, mid, timeout)["content"]
     deadline = time.monotonic() + timeout
     while not any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
                   and m["parent_header"].get("msg_id") == mid for m in sink):

@@ -22,6 +22,7 @@ import urllib.request
 import psutil
 import pytest
 from helpers import labserver
+from helpers.kernelreply import reply_to
 
 pytestmark = pytest.mark.cluster
 
@@ -55,10 +56,7 @@ def _execute(kc, code: str, timeout: float = 180) -> str:
             out.append("\n".join(m["content"]["traceback"]))
         elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
             break
-    # the reply to this request: wait_for_ready may have left extra kernel_info replies
-    reply = kc.get_shell_msg(timeout=30)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=30)
+    reply = reply_to(kc, msg_id, timeout=30)
     assert reply["content"]["status"] == "ok", "".join(out)
     return "".join(out)
 
