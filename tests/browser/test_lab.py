@@ -173,8 +173,14 @@ def _answer_a_question(box, qid: str) -> None:
     for pick, head in ((wrong, "Not quite"), (q.answer, "Correct.")):
         labels.nth(pick).click()
         check.click()
-        box.page.wait_for_timeout(500)
+        # The verdict comes back from the kernel, which may still be busy with
+        # the Run All that brought the widget up: wait for it, bounded.
         text = box.inner_text()
+        for _ in range(60):
+            if head in text and q.explanations[pick][:40] in text:
+                break
+            box.page.wait_for_timeout(250)
+            text = box.inner_text()
         assert head in text and q.explanations[pick][:40] in text, (pick, text[-600:])
 
 

@@ -1,6 +1,7 @@
 """A real multi-process gloo group for engine tests, without ipyparallel.
 
-``run_ranks(fn, *args)`` spawns ``world_size`` fresh Python processes, forms
+``run_ranks(fn, *args)`` starts ``world_size`` Python processes (forks of a
+forkserver that imported torch once: :func:`_context`), forms
 a default gloo process group among them over ``tcp://127.0.0.1:<free port>``,
 builds in each one the engine namespace that dpnb's cluster start builds on an
 engine (``_dpnb`` EngineState, ``rank``, ``world_size``, ``device``, ``torch``,
@@ -179,13 +180,33 @@ def _child(rank, world_size, port, path, name, args, kwargs, q):
     os._exit(0)
 
 
+#: imported once by the forkserver the ranks are forked from: never dpnb nor a
+#: test module (a break changes their files; each child loads them afresh)
+PRELOAD = ("torch", "torch.distributed", "numpy")
+
+
+def _context():
+    """A forkserver that imported torch once: each rank is a fork of it, not a
+    fresh interpreter importing torch again (3.4 CPU-s a rank here, most of an
+    engine test's time on 2 cores).  The server is a clean single-threaded
+    process started at the first call, so a fork of it holds none of pytest's
+    state, threads or open groups; it takes the environment of that moment,
+    which is why no test that runs ranks sets one (``DPNB_TEST_MP=spawn``: a
+    fresh interpreter per rank, as before)."""
+    if os.environ.get("DPNB_TEST_MP") == "spawn":
+        return _mp.get_context("spawn")
+    ctx = _mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
 def run_ranks(fn, *args, world_size: int = 2, timeout: float = 120, standin: bool = False,
               **kwargs):
     """Run ``fn(ns, *args, **kwargs)`` on ``world_size`` gloo ranks (``standin``:
     on NCCL's CPU stand-in, inside its :class:`helpers.standin.CudaMode`)."""
     kwargs = {**kwargs, "_hang_dump_s": max(10.0, timeout - 15.0), "_standin": standin}
     path = os.path.abspath(sys.modules[fn.__module__].__file__)
-    ctx = _mp.get_context("spawn")
+    ctx = _context()
     q = ctx.Queue()
     port = free_port()
     procs = [
