@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import dpnb  # noqa: E402
 from dpnb.errors import DpnbError, RemoteCellError  # noqa: E402
+from dpnb.widgets import incidents as incidents_view  # noqa: E402
 from helpers import hosts as _hosts  # noqa: E402
 
 KINDS = ("kill", "host", "freeze", "mistake")
@@ -96,6 +97,7 @@ class Phase:
     strategy: str
     storm: bool
     seconds: float = 0.0
+    began: float = 0.0  # time.time() at the phase's start: its faults' at_s count from here
     steps: int = 0  # training progress made: the last step minus the first
     calls: list = field(default_factory=list)  # (t_s, last_step, loss, steps/s) per call
     faults: list = field(default_factory=list)
@@ -228,6 +230,7 @@ def run_phase(c, hs, strategy: str, storm: bool, seconds: float, args, rng, log)
     inj = Injector(c, hs, args.kinds, args.every, args.freeze_s, rng, args.cycle) if storm else None
     first = last = max(_steps(c))
     t0 = time.monotonic()
+    ph.began = time.time()
     if inj:
         inj.t0 = t0
         inj.start()
@@ -316,6 +319,7 @@ def storm(args, log=print, hs=None) -> dict:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     fds0 = len(os.listdir("/proc/self/fd"))
     phases: list[Phase] = []
+    seen_by: dict[str, dict] = {}  # strategy -> what %dp incidents showed after its phases
     with contextlib.nullcontext(hs) if hs is not None else _hosts.Hosts(2) as hs:
         a, b = hs.hosts
         for strategy in args.strategies:
@@ -334,6 +338,14 @@ def storm(args, log=print, hs=None) -> dict:
                     log(f"{strategy}: {ph.steps} steps in {ph.seconds} s, {len(ph.faults)} faults")
                     phases.append(ph)
                 assert c.check()["ok"], "replicas out of sync after the storm"
+                # what the user's own %dp incidents shows of the same run
+                seen = incidents_view.of(c)
+                seen_by[strategy] = {"created": c.created, "rows": [asdict(r) for r in seen.rows],
+                                     "steps_drawn": len(seen.steps),
+                                     "drawn_s": [seen.steps[0].at_s, seen.steps[-1].at_s]
+                                     if seen.steps else None}
+                if args.incidents_figure:
+                    incidents_view.save(args.incidents_figure.replace("STRATEGY", strategy), c)
             finally:
                 c.stop()
         time.sleep(1.0)
@@ -344,6 +356,7 @@ def storm(args, log=print, hs=None) -> dict:
            "phases": [asdict(p) | {"faults": [asdict(f) | {"steps_lost": f.steps_lost}
                                               for f in p.faults]} for p in phases],
            "processes_left": {"here": leaked, **left_remote},
+           "incidents_seen": seen_by,
            "fds_before_after": (fds0, len(os.listdir("/proc/self/fd")))}
     out["summary"] = summary(phases)
     return out
@@ -425,6 +438,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="the storm phases only (no throughput kept is computed)")
     p.add_argument("--json", default=None)
     p.add_argument("--figure", default=None)
+    p.add_argument("--incidents-figure", default=None, metavar="PATH",
+                   help="also save %%dp incidents' figure of each strategy's run "
+                        "(STRATEGY in PATH is replaced by its name)")
     a = p.parse_args(argv)
     if bad := [k for k in a.kinds if k not in KINDS]:
         p.error(f"unknown fault kinds {bad}: choose from {','.join(KINDS)}")

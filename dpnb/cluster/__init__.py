@@ -42,6 +42,7 @@ from ..ranks import parse_ranks, rank_label
 from . import diagnose, engines, launch, publish
 from . import keep as keeping
 from .debugging import post_mortem
+from .leftbehind import SETTLE_S as LEFT_BEHIND_SETTLE_S, release_left_behind
 from .group import Group
 from .launchers import EngineLauncher, launcher_for
 from .processes import Processes
@@ -209,6 +210,8 @@ class Engines(keeping.Kept):
         self.require_running()
         sel = parse_ranks(ranks, self.world_size)
         self.transport.refresh_busy()
+        if release_left_behind(self.transport, self.health):  # their calls fail now
+            self.transport.wait_settled(LEFT_BEHIND_SETTLE_S)
         dead = [r for r in sel if r in self.dead]
         if dead:
             raise DpnbError(f"{rank_label(dead)} died ({self.dead[dead[0]]}): run %dp restart "

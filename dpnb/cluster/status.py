@@ -23,6 +23,8 @@ import psutil
 
 from dpnb.engine.proc import status as rank_status
 
+from .leftbehind import release_left_behind
+
 if TYPE_CHECKING:  # pragma: no cover
     from . import Engines as Cluster
 
@@ -37,6 +39,7 @@ def status_rows(c: "Cluster", running: str | None = None) -> list[dict]:
     t, h = c.transport, c.health
     if running is None:
         t.refresh_busy()
+        release_left_behind(t, h)  # a busy rank its group's break left behind is freed
         live = [r for r in range(c.world_size) if r not in h.dead and r not in h.busy]
         newly_dead = t.find_dead(live)
         for r, how in newly_dead.items():

@@ -132,6 +132,7 @@ class Transport:
         self.token = secrets.token_hex(16)  # opens the engines' side doors
         self.status_seen: tuple | None = None  # the last %dp status answers (cluster/status.py)
         self.oom_base: dict[int, tuple] = {}  # rank -> (its cgroup's OOM counter, the count)
+        self.released_again: set[int] = set()  # this break's ranks left behind (leftbehind.py)
         shell_ignores_engine_comms()  # an engine's widget must not break a terminal shell
 
     def to_record(self) -> dict:

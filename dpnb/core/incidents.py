@@ -27,6 +27,56 @@ class Incident:
     detail: str = ""
 
 
+#: one step two ranks recorded within this many seconds is one step; further
+#: apart, it was trained again (a roll-back to a snapshot), and both are kept
+SAME_STEP_S = 0.5
+
+
+def merge_steps(series) -> list[tuple]:
+    """Step rows ``(step, t_end, loss, samples_per_s)`` from several sources (ranks,
+    the notebook's kept copy) as one series in time order: a step seen twice
+    within SAME_STEP_S is kept once."""
+    rows = sorted(((int(s), float(t), float(lo), None if sps is None else float(sps))
+                   for one in series for s, t, lo, sps in one), key=lambda r: r[1])
+    last_at: dict[int, float] = {}
+    out = []
+    for row in rows:
+        s, t = row[0], row[1]
+        if s in last_at and t - last_at[s] <= SAME_STEP_S:
+            continue
+        last_at[s] = t
+        out.append(row)
+    return out
+
+
+#: the most step rows the notebook keeps from replaced ranks (thinned evenly past it)
+KEPT_STEPS_MAX = 20_000
+
+
+def thin_steps(rows: list, most: int) -> tuple[tuple, ...]:
+    """``rows`` thinned evenly to at most ``most`` (the last always kept)."""
+    if len(rows) <= most or most < 2:
+        return tuple(rows)
+    stride = -(-len(rows) // (most - 1))
+    out = rows[::stride]
+    if (len(rows) - 1) % stride:
+        out.append(rows[-1])
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """What a view reads of what happened to a cluster (``ViewSource.run_log``): its
+    incidents, the moment it started (their clock), the ranks alive and idle now
+    (the ones a view may ask without waiting behind a call), and the steps the
+    notebook kept from ranks before a restart or resize replaced them."""
+
+    incidents: tuple[Incident, ...]
+    started: float
+    idle_ranks: tuple[int, ...]
+    kept_steps: tuple[tuple, ...] = ()
+
+
 @dataclass(frozen=True)
 class IncidentRow:
     """A fault and how long until every rank was alive and the group usable again."""

@@ -16,6 +16,17 @@ from __future__ import annotations
 from .errors import ConfigError
 
 OFF_WORDS = ("off", "none", "no")
+#: the copies' interval when the user gave none, under the strategies that shard
+DEFAULT_EVERY = 10
+#: the strategies whose state lives on one rank only: copies on by default
+SHARDED = ("zero1", "zero2", "zero3")
+
+
+def every_in_force(asked: int | None, strategy: str) -> int:
+    """The interval the ranks use (0: off): what the user asked, else the default."""
+    if asked is not None:
+        return asked
+    return DEFAULT_EVERY if strategy in SHARDED else 0
 
 
 def parse_every(value) -> int:

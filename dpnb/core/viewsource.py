@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from .incidents import RunLog
 from .profile import Profiled
 
 
@@ -73,6 +74,10 @@ class ViewSource(Protocol):
 
     def last_run(self) -> LastRun | None:
         """The last ``%dp train`` of this session, if any."""
+
+    def run_log(self) -> RunLog:
+        """What happened to the cluster (its incidents, since it started) and the ranks
+        alive and idle now (:class:`dpnb.core.incidents.RunLog`)."""
 
     def keep_residency(self, model_bytes: int, strategy: str, found: Any) -> dict[str, Any]:
         """Keep ``found`` as ``strategy``'s latest residency measurement (one

@@ -64,6 +64,8 @@ LIVE_SUMMARY: Final = "dpnb.engine.metrics.views.live_summary"
 MEMORY_SNAPSHOT: Final = "dpnb.engine.metrics.views.memory_snapshot"
 GRADSYNC_RECORDS: Final = "dpnb.engine.metrics.views.gradsync_records"
 STEP_VIEWS: Final = "dpnb.engine.metrics.views.step_views"
+#: each rank's thinned steps for ``%dp incidents`` (dpnb.widgets.incidents)
+STEP_SERIES: Final = "dpnb.engine.metrics.views.step_series"
 BENCH_COLLECTIVE: Final = "dpnb.engine.metrics.views.bench_collective"
 RING_DEMO: Final = "dpnb.engine.metrics.views.ring_demo"
 SET_STRAGGLE: Final = "dpnb.engine.metrics.views.set_straggle"

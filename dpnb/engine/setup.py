@@ -373,6 +373,19 @@ def retire_group(pg) -> None:
     threading.Thread(target=hold, args=([pg],), daemon=True, name="dpnb-retire-group").start()
 
 
+def _ranks_agree_on_the_wrap(st: EngineState) -> bool:
+    """Whether every rank holds a wrapped model, or none does, agreed on the new
+    group (one all_reduce that every rank runs alike, whatever it holds)."""
+    # lazy: torch-free at import (boot loads torch in a background thread)
+    import torch
+    import torch.distributed as dist
+
+    has = 0.0 if st.train is None else 1.0
+    t = torch.tensor([has, -has], device=st.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)  # the least, and minus the most
+    return bool(t[0].item() == -t[1].item())
+
+
 def reform_group(master_port: int, callbacks: bool = True) -> dict:
     """Replace a broken process group with a fresh one on ``master_port``.
 
@@ -397,6 +410,17 @@ def reform_group(master_port: int, callbacks: bool = True) -> dict:
     destroy_group()
     out = form_group(master_port)
     problems, moved, left = [], [], []
+    if callbacks and not _ranks_agree_on_the_wrap(st):
+        # a rank that replaced a dead one (restart without --resume) holds no wrap:
+        # a survivor's re-binding alone would broadcast into the new group while
+        # that rank runs the next collective -- gloo aborts a size mismatch (SIGABRT,
+        # seen: a mistake after such a restart killed the fresh rank).  Nobody
+        # re-binds; the survivors' wraps stay on the old group, and their next
+        # train says to wrap again or restart --resume.
+        callbacks = False
+        problems.append("not every rank holds the wrapped model (a rank was replaced without "
+                        "--resume): nothing was re-bound; wrap the model again, or %dp restart "
+                        "--resume")
     for cb in list(st.on_reform) if callbacks else []:
         try:
             cb(ns, st)

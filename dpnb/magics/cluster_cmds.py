@@ -14,8 +14,8 @@ from .. import session
 from ..agent import door
 from ..cluster import keep
 from ..cluster.types import BACKENDS, LAUNCHERS, TORCH_DEFAULT_TIMEOUT_S, StartOptions, Status
-from ..core.incidents import rows as incident_rows, text as incident_text
 from ..display import show_status
+from ..session.replica import planned_placement
 from dpnb.engine import entrypoints as ep
 from .options import subcommand
 
@@ -133,16 +133,13 @@ class ClusterCommands:
     @subcommand("status")
     @magic_arguments()
     def status(self, a):
-        """Table of ranks: host, pid, device, backend, alive, memory in use."""
-        show_status(self._need().status())
-
-    @subcommand("incidents")
-    @magic_arguments()
-    def incidents(self, a):
-        """What happened to this cluster: each death, call given up on or broken group,
-        and how long until every rank was alive and the group usable again."""
+        """Table of ranks: host, pid, device, backend, alive, memory in use; where the
+        peer copies are kept, when they are on."""
         c = self._need()
-        print(incident_text(incident_rows(c.incidents, c.created)))
+        show_status(c.status())
+        where = planned_placement(c)
+        if where:
+            print(f"dpnb: {where}")
 
     @subcommand("restart")
     @magic_arguments()

@@ -183,6 +183,15 @@ class ViewCommands:
                       overlap="overlap", max_dp="max_dp", samples_per_rank="samples_per_rank")
         self._show("scaling", a, self._live(a), kw)
 
+    @subcommand("incidents")
+    @magic_arguments()
+    @argument("--save", default=None, metavar="PATH", help="write the figure (.png or .svg)")
+    def incidents(self, a):
+        """What happened to this cluster: each death, call given up on or broken group,
+        how long until every rank was alive and the group usable again, and (in Jupyter)
+        each on the run's timeline beside the loss and samples/s of every step."""
+        self._show("incidents", a, self._need(), {})
+
     @subcommand("straggle")
     @magic_arguments()
     @argument("--rank", type=int, default=None, help="rank to slow down")

@@ -16,17 +16,21 @@ runtime's record when the cluster outlives its kernel.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..cluster import Engines
+from ..cluster.diagnose import first_error
 from ..cluster.turn import notebook_turn
 from ..core.agentgrant import AgentGrant
 from ..core.cellflags import profile_flag
 from ..core.profile import Profiled
 from ..core.profilesummary import summarize
 from ..core.trainargs import TrainArgs
+from ..core.incidents import KEPT_STEPS_MAX, RunLog, merge_steps, thin_steps
 from ..core.viewsource import LastRun
 from ..errors import DpnbError
+from dpnb.engine import entrypoints as ep
 from ..progress import progress_from_client
 from . import export as _export
 from . import grading as _grading
@@ -38,6 +42,8 @@ from .feed import ProgressFeed
 from .record import SetupCell, SetupRecord
 from .results import ExportResult, ResizeResult, TrainResult
 from .training_state import TrainingState
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["Cluster", "start", "TrainingState"]
 
@@ -72,6 +78,9 @@ class Cluster(Engines):
         self.grade_tries: dict[tuple[str, str], int] = {}
         # what an agent (dpnb mcp) may do here besides reading: the notebook's yes
         self.agent_grant = AgentGrant()
+        #: step rows read from the ranks before a restart or resize replaced some
+        #: (a replaced rank's records end with it): %dp incidents draws them too
+        self.kept_steps: tuple[tuple, ...] = ()
 
     def allow_agent(self, actions: bool = False, code: bool = False) -> AgentGrant:
         """Let an agent (``dpnb mcp`` started with the same flags) change this cluster
@@ -170,6 +179,7 @@ class Cluster(Engines):
     @notebook_turn
     def resize(self, n: int, **opts) -> ResizeResult:
         """Go on training on ``n`` ranks; see :func:`dpnb.session.resize.resize`."""
+        self.keep_steps()
         return _resize.resize(self, n, **opts)
 
     @notebook_turn
@@ -185,6 +195,7 @@ class Cluster(Engines):
         then rebuild what the checkpoint needs from the cells that built it,
         wrap, and load DIR (model, optimizer, step); see :mod:`.resume`.
         """
+        self.keep_steps()
         if resume is None or resume is False:
             return super().restart(hard=hard)
         return _resume.restart_and_resume(self, hard=hard, resume=resume)
@@ -210,6 +221,36 @@ class Cluster(Engines):
         """The last ``%dp train``: its arguments and each rank's final progress."""
         t = self.training.last_train
         return LastRun(t.args.to_record(), t.progress) if t else None
+
+    def run_log(self) -> RunLog:
+        """``%dp incidents``' view reads this: the health changes since the start, the
+        ranks alive and idle now (asked for their steps; the others are not), and the
+        steps kept before ranks were replaced."""
+        return RunLog(self.incidents, self.created,
+                      tuple(r for r in range(self.world_size)
+                            if r not in self.dead and r not in self.busy), self.kept_steps)
+
+    def keep_steps(self) -> None:
+        """Before ranks are replaced or stopped: read the idle survivors' step series
+        (one call each, no collective, thinned) into :attr:`kept_steps` -- in a storm
+        every rank is replaced in turn, and with it its records.  A failure here is
+        logged and never stops the restart."""
+        ranks = self.run_log().idle_ranks
+        if not ranks or self.training.last_wrap is None:
+            return
+        got = []
+        for r in ranks:  # one by one: a rank killed but not yet known dead fails alone
+            try:
+                res = self.call(ep.STEP_SERIES, ranks=[r], raise_errors=False)
+            except Exception as e:  # its engine is gone from the controller
+                _log.info("rank %s's steps not kept before the restart: %s: %s", r,
+                          type(e).__name__, e)
+                continue
+            if res.ok:
+                got.append(res.values[0])
+            else:
+                _log.info("rank %s's steps not kept before the restart: %s", r, first_error(res))
+        self.kept_steps = thin_steps(merge_steps([self.kept_steps, *got]), KEPT_STEPS_MAX)
 
     def keep_residency(self, model_bytes: int, strategy: str, found: Any) -> dict[str, Any]:
         """The residency view's measurements, kept for this session (not in a kept

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..cluster.diagnose import first_error
 from ..core.cellgraph import ResumePlan, cell_summary
-from ..core.peerplan import memory_line, placement_line
+from ..core.peerplan import every_in_force, holders, memory_line, placement_line
 from ..core.strategies import is_fsdp
 from dpnb.engine import entrypoints as ep
 from ..errors import DpnbError
@@ -215,3 +215,21 @@ def peer_copy_line(c: "Cluster") -> str | None:
     where = placement_line(vals[0].get("holders"), [ri.host for ri in c.ranks]) \
         if vals[0]["every"] else None
     return line + (f"\n{where}" if where else "")
+
+
+def planned_placement(c: "Cluster") -> str | None:
+    """``%dp status``'s line on the peer copies, from what the notebook knows
+    (no rank asked, so status stays cheap): the interval in force for the
+    last wrap and train call (the notebook sets it on every rank), and each
+    copy's holder as the ranks compute it from their hosts -- :func:`holders`
+    depends on how the ranks fall into hosts, not on the hosts' names, so the
+    launcher's names give the plan the ranks' own host names give them.
+    None without a wrapped model, on one rank, or with the copies off."""
+    st = c.training
+    if st.last_wrap is None or c.world_size < 2:
+        return None
+    every = every_in_force(st.peer_copy_every, st.strategy)
+    if not every:
+        return None
+    hosts = [ri.host for ri in c.ranks]
+    return f"peer copies every {every} steps; {placement_line(holders(hosts), hosts)}"

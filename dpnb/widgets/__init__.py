@@ -94,6 +94,11 @@ Magics to wire (``%dp <view>`` → function, arguments → keyword)
     communication, entries into collectives (the straggler), the collectives'
     bus bandwidth beside the α–β model.
 
+``%dp incidents [--save PATH]``
+    ``incidents.show(cluster)``: each fault the notebook saw (``cluster.incidents``)
+    with its time to healthy, on the run's timeline beside every step's loss and
+    samples/s (each live rank's :func:`dpnb.engine.metrics.views.step_series`).
+
 Engine-side helpers live in :mod:`dpnb.engine.metrics.views` (called by dotted name).
 """
 
@@ -104,7 +109,8 @@ from typing import Any
 
 from ._common import ViewError
 
-VIEWS = ("gradsync", "batch", "memory", "comm", "scaling", "stragglers", "ring", "dashboard", "profile")
+VIEWS = ("gradsync", "batch", "memory", "comm", "scaling", "stragglers", "ring", "dashboard", "profile",
+         "incidents")
 
 __all__ = ["ViewError", "VIEWS", *VIEWS]
 

@@ -132,3 +132,34 @@ def test_restart_replaces_a_frozen_rank_at_once(c):
     assert c.pull("kept", rank=0) == 41
     c.run("t = torch.ones(1)\ndist.all_reduce(t)\nsum_ = t.item()", display=False)
     assert list(c.pull("sum_")) == [2.0, 2.0]
+
+
+LEFT_BEHIND = """
+import signal, socket, time
+if rank == 0:
+    raise ValueError("boom")
+# as a C call that ignores SIGINT (gloo's): the interrupt after the release does nothing
+old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+try:
+    time.sleep(1.0)  # the release comes meanwhile: nothing of this rank's is shut yet
+    s = socket.create_connection(("127.0.0.1", port))  # opened after its release
+    s.recv(1)  # rank 0 never writes: held until something shuts the connection
+finally:
+    signal.signal(signal.SIGINT, old)
+"""
+
+
+def test_a_rank_left_behind_by_its_release_is_freed_at_the_next_cell(c):
+    """A rank that connected after its group's release (as a group formed in the
+    moment between would) stays in its call when the notebook stops waiting; the
+    next cell releases it once more instead of refusing, "still running"."""
+    c.run("import socket\n_l = socket.socket()\n_l.bind(('127.0.0.1', 0))\n_l.listen()\n"
+          "port = _l.getsockname()[1]", ranks=[0], display=False)
+    c.push({"port": c.pull("port", rank=0)}, ranks=[1])
+    with pytest.raises(RemoteCellError):
+        c.run(LEFT_BEHIND, display=False)
+    assert 1 in c.busy and not c.group_ok  # the notebook stopped waiting for it
+    t0 = time.monotonic()
+    c.run("t = torch.ones(1)\ndist.all_reduce(t)\nsum_ = t.item()", display=False)
+    assert time.monotonic() - t0 < 10.0  # released at once, not the group timeout (120 s)
+    assert list(c.pull("sum_")) == [2.0, 2.0] and not c.busy

@@ -54,4 +54,6 @@ def test_each_fault_is_listed_with_the_ranks_it_hit_and_its_time_to_healthy(caps
             capsys.readouterr()
             ip.run_line_magic("dp", "incidents")
             out = capsys.readouterr().out
-        assert out.count("healthy ") == 4 and "died         rank 1: killed" in out, out
+        assert out.count("(healthy ") == 4 and "died         rank 1: killed" in out, out
+        assert "4 faults; healthy again after each" in out, out
+        assert "no training steps recorded" in out, out  # no model was wrapped

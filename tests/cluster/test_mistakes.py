@@ -298,3 +298,24 @@ def test_every_rank_dying_says_nothing_was_kept(c):
     assert ei.value.died == {0: "exit code 5", 1: "exit code 5"}
     assert "no rank survived, so nothing on the engines was kept" in ei.value.report
     assert "ranks  " not in ei.value.report  # never an empty rank list
+
+
+def test_a_mistake_after_a_plain_restart_of_a_wrapped_model_costs_no_engine():
+    """DDP wrapped, a rank killed and replaced by ``restart`` without ``--resume``
+    (the fresh rank holds no model), then a cell that raises on one rank while the
+    other waits in an all_reduce: the next cell's re-formation must not re-bind the
+    survivor's DDP alone -- its broadcast against the fresh rank's next collective
+    is a size mismatch gloo aborts the process for (the fresh rank died with
+    SIGABRT before).  Every rank lives; training says to wrap again."""
+    with dpnb.start(2) as c:
+        c.run("net = torch.nn.Linear(4, 1)", display=False)
+        c.wrap("net", "ddp", lr=1e-2)
+        c.kill_rank(1)
+        assert "rank 1 replaced" in c.restart()
+        _raises(c, "import time\nif rank == 0:\n    raise ValueError('boom')\n"
+                   "time.sleep(0.3)\ndist.all_reduce(torch.ones(1))")
+        c.run("t = torch.ones(1)\ndist.all_reduce(t)\nsum_ = t.item()", display=False)
+        assert list(c.pull("sum_")) == [2.0, 2.0] and not c.dead
+        with pytest.raises(RemoteCellError) as ei:
+            c.train(steps=1, micro_batch=2, progress=False)
+        assert "%dp wrap" in ei.value.report, ei.value.report

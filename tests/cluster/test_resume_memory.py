@@ -216,7 +216,7 @@ def test_bf16_zero2_rebuilt_bit_exact(healthy):
 DIE_IN_COPY = ("import os, signal, dpnb.engine.train.peercopy as _pc\n"
                "_ring = _pc.ring\n"
                "def _dying_ring(es, send, *a, **k):\n"
-               "    if _pc.meta_of(send)[0]['step'] == 2 * _pc.DEFAULT_EVERY:\n"
+               "    if _pc.meta_of(send)[0]['step'] == 2 * _pc.every_in_force(None, 'zero2'):\n"
                "        os.kill(os.getpid(), signal.SIGKILL)\n"
                "    return _ring(es, send, *a, **k)\n"
                "_pc.ring = _dying_ring\n")

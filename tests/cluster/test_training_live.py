@@ -65,6 +65,20 @@ def test_wrap_data_train_check_via_magics(ip, capsys):
     assert "dpnb: OK, 4 tensors in sync across 2 ranks" in capsys.readouterr().out
     assert c.check()["mismatches"] == []
 
+    # %dp status says where the peer copies are kept once they are on (DDP: off by
+    # default); %dp incidents draws the steps the ranks recorded, no fault among them
+    ip.run_line_magic("dp", "status")
+    assert "peer copies" not in capsys.readouterr().out
+    ip.run_line_magic("dp", "train --steps 1 --micro-batch 8 --peer-copy-every 3")
+    capsys.readouterr()
+    ip.run_line_magic("dp", "status")
+    assert "dpnb: peer copies every 3 steps; copies held (rank->holder): 0->1, 1->0; one host" \
+        in capsys.readouterr().out
+    ip.run_line_magic("dp", "incidents")
+    out = capsys.readouterr().out
+    assert "no incidents" in out and "no faults" in out, out
+    assert "steps 0..6 recorded between" in out and "(ranks 0,1;" in out, out
+
     with pytest.raises(UsageError, match="micro_batch x grad_accum = 1000"):
         ip.run_line_magic("dp", "train --steps 1 --micro-batch 1000")
     with pytest.raises(UsageError, match="invalid choice: 'zero9'"):

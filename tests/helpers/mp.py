@@ -197,7 +197,25 @@ def _context():
         return _mp.get_context("spawn")
     ctx = _mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
+    _mp_folder_beside_the_workers()
     return ctx
+
+
+def _mp_folder_beside_the_workers() -> None:
+    """multiprocessing keeps the forkserver's socket in a folder of its own, removed
+    at exit -- after pytest removed an xdist worker's temporary folder
+    (tests/conftest.py), which printed a FileNotFoundError at every worker's exit.
+    Made beside that folder instead (the folder is made once per process)."""
+    import tempfile
+    from multiprocessing import util
+
+    saved = tempfile.gettempdir()
+    if os.path.basename(saved).startswith("dpnb-tests-"):
+        tempfile.tempdir = os.path.dirname(saved)
+        try:
+            util.get_temp_dir()
+        finally:
+            tempfile.tempdir = saved
 
 
 def run_ranks(fn, *args, world_size: int = 2, timeout: float = 120, standin: bool = False,

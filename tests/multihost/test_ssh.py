@@ -235,6 +235,10 @@ def test_a_rank_on_the_other_host_is_rebuilt_from_its_holders_copy(two_hosts, lo
         said = replica.peer_copy_line(c)  # what %dp memory prints under its figure
         assert "copies held (rank->holder): 0->2, 1->3, 2->0, 3->1; every copy on another " \
             "host than its owner's" in said, said
+        # %dp status says the same from the notebook's plan, asking no rank
+        planned = replica.planned_placement(c)
+        assert planned.startswith(f"peer copies every {k} steps; ") \
+            and planned.endswith(said.splitlines()[1]), (planned, said)
         err: list = []
 
         def train():

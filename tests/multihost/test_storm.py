@@ -11,7 +11,8 @@ it; nothing after a mistake or a freeze that ended before it was named).
 Every fault is healed (a training call completed after it) within a bound
 that only says "not a timeout", a death is named by its rank, DDP loses no
 step but the one in flight, the replicas agree at the end, and no process of
-either host's is left.
+either host's is left.  What the user's ``%dp incidents`` shows of the same run
+names each death the storm caused, and draws the steps across it.
 """
 
 from __future__ import annotations
@@ -50,5 +51,19 @@ def test_a_short_storm_heals_every_fault_loses_no_step_and_leaves_nothing(two_ho
             assert any(n in f["said"] for n in named) or "died" in f["said"], f
             assert f["how"].startswith("restart --resume"), f
     assert phase["steps"] > 0 and len(phase["calls"]) >= 3
+    # the user's own %dp incidents after the storm: every death the storm caused is
+    # on it, naming the rank, seen soon after it landed; the steps drawn span the storm
+    seen = out["incidents_seen"]["ddp"]
+    died = [(r["ranks"], seen["created"] + r["at_s"]) for r in seen["rows"] if r["kind"] == "died"]
+    for f in faults:
+        if f["kind"] in ("kill", "host"):
+            landed = phase["began"] + f["at_s"]
+            for rank in f["ranks"]:
+                assert any(rank in rs and -1 <= at - landed <= 15 for rs, at in died), (f, died)
+    assert all(r["healthy_after_s"] is not None for r in seen["rows"]), seen["rows"]
+    first_fault = phase["began"] - seen["created"] + min(f["at_s"] for f in faults)
+    last_fault = phase["began"] - seen["created"] + max(f["at_s"] for f in faults)
+    assert seen["drawn_s"][0] < first_fault and seen["drawn_s"][1] > last_fault, seen
+    assert seen["steps_drawn"] >= phase["steps"] // 2, seen  # thinned only past 4000
     assert out["processes_left"]["here"] == [], out["processes_left"]
     assert all(n == 0 for h, n in out["processes_left"].items() if h != "here"), out

@@ -93,3 +93,26 @@ def test_the_placement_line_says_where_each_copy_is_and_what_a_lost_host_costs()
     assert "rank 0 has its copy on the owner's own host" in line, line
     assert "one host" in placement_line(holders(["a", "a"]), ["a", "a"])
     assert placement_line(None, two) is None
+
+
+def _planned(strategy, hosts, asked=None, wrapped=True):
+    from types import SimpleNamespace
+
+    from dpnb.session.replica import planned_placement
+
+    training = SimpleNamespace(last_wrap=object() if wrapped else None, strategy=strategy,
+                               peer_copy_every=asked)
+    return planned_placement(SimpleNamespace(
+        training=training, world_size=len(hosts), ranks=[SimpleNamespace(host=h) for h in hosts]))
+
+
+def test_status_says_the_planned_placement_without_asking_a_rank():
+    """%dp status's line: the interval in force and the holders as the ranks plan them."""
+    line = _planned("zero2", ["a", "a", "b", "b"])
+    assert line.startswith("peer copies every 10 steps; copies held (rank->holder): "
+                           "0->2, 1->3, 2->0, 3->1; every copy on another host"), line
+    assert _planned("ddp", ["a", "b"]) is None  # DDP: no copies by default
+    assert _planned("ddp", ["a", "b"], asked=5).startswith("peer copies every 5 steps; ")
+    assert _planned("zero1", ["a", "a"], asked=0) is None  # switched off
+    assert _planned("zero3", ["a", "b"], wrapped=False) is None
+    assert _planned("zero3", ["a"]) is None  # one rank: nobody to hold a copy

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 
+from dpnb.core.incidents import thin_steps
 from dpnb.engine.metrics.bench import BENCH_KINDS, bench_allreduce, bench_collective, ring_demo
 from dpnb.engine.train.measure import state_bytes
 from dpnb.engine.state import get_state
@@ -132,6 +133,17 @@ def live_summary(ns: dict, history: int = 200) -> dict:
         "history": [[r["step"], r["loss"], r.get("samples_per_s")] for r in recs],
     })
     return out
+
+
+def step_series(ns: dict, max_points: int = 4000) -> list:
+    """This rank's recorded steps as ``[step, t_end, loss, samples_per_s]`` rows,
+    thinned evenly to at most ``max_points`` (the last step always kept): what
+    ``%dp incidents`` draws beside the faults.  Local, no communication; empty
+    when no model is wrapped."""
+    st = get_state(ns).train
+    if st is None:
+        return []
+    return [[r.step, r.t_end, r.loss, r.samples_per_s] for r in thin_steps(list(st.records), max_points)]
 
 
 # --------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Under ZeRO-1/2/3 no rank holds another's optimizer partition or parameter
 shard, so a replica cannot rebuild a replaced rank (:mod:`.rebuild`).  Gemini
 (SOSP '23) keeps checkpoints in peers' CPU memory instead; so does this
-module, every ``K`` steps of ``train`` (``K`` = :data:`DEFAULT_EVERY` under the
+module, every ``K`` steps of ``train`` (``K`` = :data:`dpnb.core.peerplan.DEFAULT_EVERY` under the
 sharded strategies, set with :func:`set_every`; off under DDP, whose replicas
 need no copy):
 
@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from dpnb import compat
-from dpnb.core.peerplan import holders
+from dpnb.core.peerplan import every_in_force, holders
 from dpnb.core.strategies import is_fsdp
 from dpnb.engine.state import get_state
 from dpnb.engine.train.snapshot import restore_scalars, scalars_of
@@ -58,17 +58,15 @@ from dpnb.engine.train.train_state import TrainError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_EVERY = 10
 #: where the copies' exchange keeps its tensors: their own group is gloo, under NCCL too
 COPY_DEVICE = torch.device("cpu")
-SHARDED = ("zero1", "zero2", "zero3")
 
 
 @dataclass
 class PeerState:
     """One rank's committed pair and the exchange in flight (``EngineState.peer``)."""
 
-    every: int | None = None  # None: DEFAULT_EVERY under the sharded strategies, else off
+    every: int | None = None  # None: the default (dpnb.core.peerplan.every_in_force)
     own: torch.Tensor | None = None  # this rank's snapshot (uint8, CPU)
     own_step: int | None = None
     copy: torch.Tensor | None = None  # the snapshot of the rank this one holds a copy of
@@ -124,10 +122,7 @@ def peer_state(es) -> PeerState:
 
 def every_for(es, st) -> int:
     """The copy interval in force for this wrap (0: off)."""
-    ps = peer_state(es)
-    if ps.every is not None:
-        return ps.every
-    return DEFAULT_EVERY if st.strategy in SHARDED else 0
+    return every_in_force(peer_state(es).every, st.strategy)
 
 
 def set_every(ns: dict, every: int, wait: bool = False) -> dict:
