@@ -238,8 +238,11 @@ class Cluster(Engines):
         ranks = self.run_log().idle_ranks
         if not ranks or self.training.last_wrap is None:
             return
+        # a rank killed but not yet known dead, or frozen, is not asked: a call
+        # reaching it would be a fault in the middle of a call, releasing its peers
+        gone = {**self.transport.find_dead(ranks), **self.transport.frozen(ranks)}
         got = []
-        for r in ranks:  # one by one: a rank killed but not yet known dead fails alone
+        for r in (r for r in ranks if r not in gone):  # one by one: one gone fails alone
             try:
                 res = self.call(ep.STEP_SERIES, ranks=[r], raise_errors=False)
             except Exception as e:  # its engine is gone from the controller

@@ -87,6 +87,7 @@ class _Cluster(Cluster):
     world_size, created, dead, busy = 3, STARTED, {1: "killed"}, set()
     incidents, kept_steps = INCIDENTS, ()
     training = SimpleNamespace(last_wrap=object())
+    transport = SimpleNamespace(find_dead=lambda ranks: {}, frozen=lambda ranks: {})
 
     def __init__(self):  # none of the runtime: only what run_log and call read
         self.asked = []
@@ -124,3 +125,25 @@ def test_steps_kept_before_a_restart_are_drawn_after_every_rank_was_replaced():
     d = view.of(c)
     assert [p.step for p in d.steps] == list(range(10)) + [8, 9] and d.kept
     assert "and those kept before ranks were replaced" in view.text(d)
+
+
+def test_a_rank_gone_or_frozen_before_the_restart_is_not_asked_and_one_failing_fails_alone():
+    c = _Cluster()
+    c.transport = SimpleNamespace(find_dead=lambda ranks: {0: "killed"},  # gone, not yet known
+                                  frozen=lambda ranks: {})
+    c.keep_steps()
+    assert [a[2] for a in c.asked] == [(2,)]  # rank 0 never asked
+    c = _Cluster()
+    c.transport = SimpleNamespace(find_dead=lambda ranks: {}, frozen=lambda ranks: {2: "stopped"})
+    c.keep_steps()
+    assert [a[2] for a in c.asked] == [(0,)]  # a frozen rank would hold the call: not asked
+    c, real = _Cluster(), _Cluster.call
+
+    def call(self, dotted, *args, ranks=None, raise_errors=True):
+        if ranks == [0]:
+            raise KeyError(0)  # its engine dropped by the controller meanwhile
+        return real(self, dotted, *args, ranks=ranks, raise_errors=raise_errors)
+
+    c.call = call.__get__(c)
+    c.keep_steps()  # rank 2 still read
+    assert [a[2] for a in c.asked] == [(2,)] and c.kept_steps == ()  # rank 2 has no steps
