@@ -49,6 +49,8 @@ def merge_steps(series) -> list[tuple]:
     return out
 
 
+#: the most step rows a rank sends for ``%dp incidents`` (its series thinned evenly past it)
+SERIES_MAX_POINTS = 4000
 #: the most step rows the notebook keeps from replaced ranks (thinned evenly past it)
 KEPT_STEPS_MAX = 20_000
 

@@ -28,13 +28,13 @@ from typing import Any
 import ipywidgets as w
 from matplotlib.lines import Line2D
 
-from dpnb.core.incidents import (IncidentRow, merge_steps, rows as incident_rows,
-                                 text as incident_text)
+from dpnb.core.incidents import (SERIES_MAX_POINTS, IncidentRow, merge_steps,
+                                 rows as incident_rows, text as incident_text)
 from dpnb.engine import entrypoints as ep
 from . import _common as C
 
 #: the most points each rank sends (a long run is thinned evenly, its last step kept)
-MAX_POINTS = 4000
+MAX_POINTS = SERIES_MAX_POINTS
 #: each fault kind's colour, in the figure and its legend
 COLOURS = {"died": "tab:red", "still busy": "tab:purple", "group broken": "tab:orange"}
 

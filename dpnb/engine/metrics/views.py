@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 
-from dpnb.core.incidents import thin_steps
+from dpnb.core.incidents import SERIES_MAX_POINTS, thin_steps
 from dpnb.engine.metrics.bench import BENCH_KINDS, bench_allreduce, bench_collective, ring_demo
 from dpnb.engine.train.measure import state_bytes
 from dpnb.engine.state import get_state
@@ -135,7 +135,7 @@ def live_summary(ns: dict, history: int = 200) -> dict:
     return out
 
 
-def step_series(ns: dict, max_points: int = 4000) -> list:
+def step_series(ns: dict, max_points: int = SERIES_MAX_POINTS) -> list:
     """This rank's recorded steps as ``[step, t_end, loss, samples_per_s]`` rows,
     thinned evenly to at most ``max_points`` (the last step always kept): what
     ``%dp incidents`` draws beside the faults.  Local, no communication; empty
