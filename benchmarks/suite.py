@@ -457,15 +457,19 @@ def _dpnb_start(ctx: Context, name: str, warm: bool = False) -> dict:
     wrote the next cell (as ``notebook_launcher`` forks a notebook process
     that imported torch in an earlier cell)."""
     import dpnb
-    from dpnb.cluster.agents import WarmZygote
+    from dpnb.cluster.zygote import WarmZygote
 
     zyg = None
     if warm:
         zyg = WarmZygote()
         zyg.wait_ready()
     t0 = time.perf_counter()
-    c = dpnb.start(ctx.n, backend=ctx.backend, warm=zyg)
-    t_ready = time.perf_counter() - t0
+    try:
+        c = dpnb.start(ctx.n, backend=ctx.backend, warm=zyg)
+        t_ready = time.perf_counter() - t0
+    finally:
+        if zyg is not None:  # the kernel's template outlives its clusters; this one is done
+            zyg.close()
     try:
         mb = _setup(c, name, "ddp", ctx.tiny)
         c.train(steps=1, micro_batch=mb, progress=False)

@@ -116,6 +116,53 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda it: _rank_of(it.nodeid))
 
 
+#: set to 1 to give every in-process start its own torch import, as a plain
+#: Python's ``dpnb.start`` has (the template below is then not started)
+COLD_START_ENV = "DPNB_TEST_COLD_START"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _zygote_template(request):
+    """One zygote template per test process, as each kernel has one.
+
+    ``%load_ext dpnb`` starts a template that imported torch and forks every
+    local start's agent (:mod:`dpnb.cluster.zygote`); the tests' in-process
+    ``dpnb.start`` calls get the same, so a start's torch import is paid once
+    per test process, not once per start.  Measured before it: 101 imports of
+    3.9 CPU-s each in the cluster, ecosystem and notebook tiers, of 1,062
+    CPU-s in all (`pytest -n 2`, 2 cores).  Started here, before any test,
+    so the tests that compare this process's children before and after a
+    start find it in both.  A start passing ``warm=`` itself keeps its own;
+    one the template cannot serve (an import-time variable changed) imports
+    afresh, as in a kernel."""
+    if os.environ.get(COLD_START_ENV) == "1" or not any(
+            _tier_of(_nodeid(it)) in ("cluster", "ecosystem") for it in request.session.items):
+        yield None
+        return
+    from dpnb.cluster import Engines, launch, zygote  # lazy: only where clusters start
+
+    if not launch.prewarm_wanted():
+        yield None
+        return
+    template = zygote.WarmZygote()
+    plain = Engines.start_with.__func__
+
+    def start_with(cls, o, warm=None):
+        return plain(cls, o, warm=template if warm is None else warm)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Engines, "start_with", classmethod(start_with))
+        yield template
+    template.close()
+
+
+def _nodeid(item) -> str:
+    try:
+        return "tests/" + pathlib.Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return ""
+
+
 #: tiers by how long a module of theirs runs, longest first (for -n only)
 _LONG_FIRST = ("slow", "multihost", "shared", "hosted", "browser", "notebook", "cluster",
                "ecosystem", "standin", "gpu", "unit")

@@ -123,7 +123,7 @@ class Engines(keeping.Kept):
         """Start ``n`` engines and join them in a torch.distributed group.  The
         keywords are one :class:`~dpnb.cluster.types.StartOptions` (what each
         means is said there), an unknown one refused in one line; ``warm``: a
-        :class:`agents.WarmZygote` started earlier, taken if usable."""
+        :class:`zygote.WarmZygote` (the kernel's template) to fork the agent from, if usable."""
         return cls.start_with(StartOptions.of(n, **options), warm=warm)
 
     @classmethod

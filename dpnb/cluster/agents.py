@@ -107,12 +107,14 @@ def resolve(host: str, ssh_config: str | None) -> str:
 class HostAgent:
     """One host's agent: its ssh process, replies by id, exits as they come."""
 
-    def __init__(self, host: str, cmd: list[str]):
+    def __init__(self, host: str, cmd: list[str], proc=None):
+        """``proc``: an agent already running (a fork of the kernel's zygote
+        template, :class:`dpnb.cluster.zygote.ForkedAgentProc`); else ``cmd`` starts one."""
         self.host = host
         self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1,
-                                     start_new_session=True)
+        self.proc = proc or subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True, bufsize=1,
+                                             start_new_session=True)
         self.replies: dict[int, queue.Queue] = {}
         self.exits: dict[int, dict] = {}  # engine pid -> {"code", "tail"}
         self.err = collections.deque(maxlen=40)
@@ -224,7 +226,7 @@ class Agents:
     #: how an engine's exit, and the agent's own end, are spoken of
     EXIT_ON, ENDED = " on {host}", "the ssh connection to {host} ended"
 
-    def _agent(self, h: str, warm: WarmZygote | None) -> HostAgent:
+    def _agent(self, h: str, warm) -> HostAgent:
         flag = {"on": ["--zygote"], "auto": ["--zygote-auto"]}.get(self.zygote, [])
         return HostAgent(h, [*ssh_command(self.ssh_config), h, self.remote_python, "-m",
                              ep.HOSTAGENT_MODULE, *flag])
@@ -247,7 +249,7 @@ class Agents:
             raise StartError("\n".join(errors))
         return out
 
-    def open(self, warm: WarmZygote | None = None) -> None:
+    def open(self, warm=None) -> None:
         """Start one agent per host over ssh, in parallel (or take the warm zygote)."""
         for h in self.counts:
             self.agents[h] = self._agent(h, warm)
@@ -403,56 +405,6 @@ def start_with(agents: Agents, icluster, n: int, timeout: float, warm=None):
 ZYGOTE_HOST = "localhost"
 
 
-class WarmZygote:
-    """A zygote agent started ahead of the cluster, so that ``%dp start``
-    finds torch already imported.
-
-    ``%load_ext dpnb`` starts one (on hosts where the zygote is the default):
-    a fresh Python spends about 2 s importing torch (3.7 s with DDP, FSDP and
-    dynamo) here, which is most of a two-rank start.  It imports while the
-    user writes the next cell, and the first local start takes it.  Until
-    then it is one idle process of this kernel: it ends with the kernel (its
-    stdin is the kernel's pipe) or at :meth:`close`.  Its engines get the
-    kernel's environment of start time (sent with ``hello``); it is not used
-    if a variable read while importing torch changed since it started."""
-
-    def __init__(self):
-        self.env = _import_time_env()
-        self.agent: HostAgent | None = HostAgent(
-            ZYGOTE_HOST, [sys.executable, "-m", ep.HOSTAGENT_MODULE, "--zygote"])
-
-    @property
-    def pid(self) -> int | None:
-        return self.agent.proc.pid if self.agent is not None else None
-
-    def wait_ready(self, timeout: float = 60.0) -> bool:
-        """Block until the zygote has imported everything (it answers only then)."""
-        if self.agent is None:
-            return False
-        try:
-            return bool(self.agent.request("ping", timeout=timeout).get("pong"))
-        except (DpnbError, StartError) as e:
-            log.info("warm zygote not ready: %s", e)
-            return False
-
-    def take(self) -> HostAgent | None:
-        """The agent, once, if still usable; else None (and it is closed)."""
-        a, self.agent = self.agent, None
-        if a is None:
-            return None
-        if a.proc.poll() is None and _import_time_env() == self.env:
-            return a
-        log.info("warm zygote not used (%s)", "it ended" if a.proc.poll() is not None
-                 else "the environment changed since it started")
-        _end(a)
-        return None
-
-    def close(self) -> None:
-        a, self.agent = self.agent, None
-        if a is not None:
-            _end(a)
-
-
 #: environment variables read while torch (and its libraries) load: a zygote
 #: started with other values imported a different torch set-up
 _IMPORT_TIME = ("TORCH", "PYTORCH", "CUDA", "NCCL", "GLOO", "OMP_", "MKL", "KMP_", "LD_",
@@ -471,27 +423,9 @@ def import_time_keys(env: dict[str, str]) -> list[str]:
     return sorted(k for k in env if k.startswith(_IMPORT_TIME) and k not in _NOT_IMPORT_TIME)
 
 
-def _import_time_env() -> dict[str, str]:
+def import_time_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items()
             if k.startswith(_IMPORT_TIME) and k not in _NOT_IMPORT_TIME}
-
-
-def _end(a: HostAgent) -> None:
-    """End an agent that forked nothing: EOF on its stdin, then SIGTERM (our
-    own child, by its Popen handle) if it is still importing."""
-    try:
-        a.proc.stdin.close()
-    except OSError as e:
-        log.debug("warm zygote stdin: %s", e)
-    try:
-        a.proc.wait(0.5)
-    except subprocess.TimeoutExpired:
-        a.proc.terminate()
-        try:
-            a.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            a.proc.kill()
-            a.proc.wait(5)
 
 
 def _unreachable(client) -> str:

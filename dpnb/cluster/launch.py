@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from ..engine.hostagent import NVIDIA_CTL
+from ..core.gpus import NVIDIA_CTL
 from ..env import in_kernel
 from ..errors import DpnbError, StartError
 from .agents import engine_connection_file, import_time_keys

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
+#: present where an NVIDIA driver is loaded (a host fact read without touching CUDA)
+NVIDIA_CTL = "/dev/nvidiactl"
+
 
 @dataclass(frozen=True)
 class EngineGpus:

@@ -45,8 +45,10 @@ import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 
+from dpnb.core.gpus import NVIDIA_CTL
+from dpnb.engine import template
+
 GRACE_S = 3.0  # SIGTERM -> SIGKILL
-NVIDIA_CTL = "/dev/nvidiactl"  # present where an NVIDIA driver is loaded
 
 
 class _Forked:
@@ -305,13 +307,22 @@ def zygote_wanted(argv: list[str], nvidia_ctl: str = NVIDIA_CTL) -> bool:
 
 
 def main() -> None:
-    # stdout carries the protocol; anything else a library prints goes to stderr
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
+    if template.FLAG in sys.argv[1:]:  # the kernel's template: an agent forked per start
+        _zygote_imports()
+        template.serve(socket.socket(fileno=0), lambda inp: run_agent(inp, zygote=True))
+        os._exit(0)
     zygote = zygote_wanted(sys.argv[1:])
     if zygote:
         _zygote_imports()
-    Agent(out, zygote=zygote).serve()
+    run_agent(sys.stdin, zygote)
+
+
+def run_agent(inp, zygote: bool) -> None:
+    """Serve the kernel on ``inp`` and stdout until the end of input; never returns."""
+    # stdout carries the protocol; anything else a library prints goes to stderr
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    Agent(out, zygote=zygote).serve(inp)
     out.flush()
     # a zygote holds torch: Python's teardown of it took 1-2 s, for nothing
     os._exit(0)

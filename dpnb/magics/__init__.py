@@ -22,7 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .. import session
-from ..cluster import agents, launch
+from ..cluster import launch, zygote
 from ..core.errors import UserError
 from ..errors import RemoteCellError
 from .agent_cmds import AgentCommands
@@ -74,16 +74,20 @@ class DPMagics(Magics, *AREAS):
         super().__init__(shell)
         self.cluster: session.Cluster | None = None
         self.live_dashboard = None  # the live dashboard widget, if one is shown
-        self.warm = None  # a zygote importing torch ahead of %dp start (agents.WarmZygote)
+        self.warm = None  # the zygote template that forks each local start's agent (zygote.WarmZygote)
         # JupyterLab's debugger across the ranks (None outside a kernel)
         self.dap = debugger.install(shell, lambda: self.cluster) if shell is not None else None
         self.subcommands = {name: getattr(self, f.__name__) for name, f in subcommands().items()}
 
     def prewarm(self) -> None:
-        """Start a zygote now, so the next local ``%dp start`` skips torch's import."""
+        """Start the zygote template now, so local ``%dp start`` skips torch's
+        import; one is kept for the kernel's life, replaced when it cannot serve
+        (it ended, or a variable torch reads at import changed)."""
+        if self.warm is not None and not self.warm.usable():
+            self.drop_warm()
         if self.warm is None and launch.prewarm_wanted():
             try:
-                self.warm = agents.WarmZygote()
+                self.warm = zygote.WarmZygote()
             except OSError as e:  # the start then imports torch itself, as without
                 log.warning("could not start a warm zygote: %s", e)
 

@@ -81,7 +81,6 @@ class ClusterCommands:
                          master_addr=a.master_addr, zygote=False if a.no_zygote else None,
                          keep=a.keep)
         c = session.Cluster.start_with(o, warm=None if a.no_zygote or a.keep else self.warm)
-        self.warm = None  # taken by the start, or closed by it if unusable
         self.cluster = c
         door.open_door(c)  # dpnb mcp reaches it through this kernel (dpnb.agent.door)
         devs = sorted({r.device for r in c.ranks})

@@ -22,9 +22,10 @@ def test_spine_kill_restart_stop(zygote):
     c = dpnb.start(2, timeout=8, zygote=zygote)
     try:
         parents = _parents(c)
-        if zygote:  # both forked by the one agent, which is this kernel's child
+        if zygote:  # both forked by the one agent, this kernel's descendant (a fork of
+            # its template, or its child where no template is: tests/conftest.py)
             assert parents[0] == parents[1] != os.getpid()
-            assert psutil.Process(parents[0]).ppid() == os.getpid()
+            assert os.getpid() in [p.pid for p in psutil.Process(parents[0]).parents()]
         else:  # ipyparallel's launcher started each one from here
             assert parents == [os.getpid()] * 2
         c.run("mine = rank", display=False)
@@ -43,47 +44,67 @@ def test_spine_kill_restart_stop(zygote):
     assert alive(owned, wait_s=5) == {}
 
 
-def test_a_warm_zygote_is_taken_by_the_start_and_stops_with_the_cluster():
-    """``%load_ext dpnb`` starts a zygote ahead (agents.WarmZygote): the
-    start forks the engines from that very process, and stop ends it."""
-    from dpnb.cluster.agents import WarmZygote
+def test_the_template_forks_each_starts_agent_and_outlives_its_clusters():
+    """``%load_ext dpnb`` starts a zygote template (zygote.WarmZygote): each
+    start forks its agent from it -- no torch import of its own -- that agent
+    forks the engines and ends with its cluster, and the template stays for
+    the next start until it is closed."""
+    from dpnb.cluster.zygote import WarmZygote
 
     w = WarmZygote()
-    agent = {w.pid: psutil.Process(w.pid).create_time()}
+    template = {w.pid: psutil.Process(w.pid).create_time()}
     assert w.wait_ready(120)
-    os.environ["DPNB_TEST_LATE"] = "set after the zygote started"
+    seen = []
+    for _ in range(2):
+        os.environ["DPNB_TEST_LATE"] = "set after the template started"
+        try:
+            c = dpnb.start(2, timeout=8, warm=w)
+        finally:
+            del os.environ["DPNB_TEST_LATE"]
+        try:
+            agent = _parents(c)[0]
+            assert _parents(c) == [agent] * 2 and psutil.Process(agent).ppid() == w.pid
+            seen.append(agent)
+            r = c.run("t = torch.ones(1)\ndist.all_reduce(t)\nimport os\n"
+                      "out = (t.item(), os.environ.get('DPNB_TEST_LATE'))", display=False)
+            assert r.ok and c.pull("out") == [(2.0, "set after the template started")] * 2
+            owned = {**c.procs.owned(c.ranks), agent: psutil.Process(agent).create_time()}
+        finally:
+            c.stop()
+        assert alive(owned, wait_s=5) == {}
+        assert w.usable() and set(alive(template, wait_s=0)) == set(template)
+    assert seen[0] != seen[1]
+    w.close()
+    assert alive(template, wait_s=5) == {}
+
+
+def test_a_killed_agent_of_the_template_is_named_by_its_ranks_death():
+    """The template reports its forks' exits (the kernel cannot wait for a
+    grandchild): an agent killed under its cluster is said to have ended, the
+    words its ranks' deaths are named with."""
+    from dpnb.cluster.zygote import WarmZygote
+
+    w = WarmZygote()
     try:
         c = dpnb.start(2, timeout=8, warm=w)
+        try:
+            agent = c.engine_launcher.agents.agents["localhost"].proc
+            os.kill(agent.pid, signal.SIGKILL)
+            assert agent.wait(10) == -signal.SIGKILL
+            said = c.engine_launcher.agents.exit_of("localhost", c.ranks[0].pid)
+            assert said == "the zygote agent on this host ended", said
+        finally:
+            c.stop()
     finally:
-        del os.environ["DPNB_TEST_LATE"]
-    try:
-        assert _parents(c) == [next(iter(agent))] * 2
-        assert w.take() is None  # taken once
-        r = c.run("t = torch.ones(1)\ndist.all_reduce(t)\nimport os\n"
-                  "out = (t.item(), os.environ.get('DPNB_TEST_LATE'))", display=False)
-        assert r.ok and c.pull("out") == [(2.0, "set after the zygote started")] * 2
-        owned = c.procs.owned(c.ranks)
-    finally:
-        c.stop()
-    assert alive({**owned, **agent}, wait_s=5) == {}
-
-
-def test_a_warm_zygote_from_another_environment_is_not_used_and_ends(monkeypatch):
-    from dpnb.cluster.agents import WarmZygote
-
-    w = WarmZygote()
-    agent = {w.pid: psutil.Process(w.pid).create_time()}
-    monkeypatch.setenv("TORCH_TEST_CHANGED", "1")  # read when torch loads: a different set-up
-    assert w.take() is None
-    assert alive(agent, wait_s=5) == {}
+        w.close()
 
 
 def test_an_unused_warm_zygote_ends_with_its_kernel():
-    """Its stdin is the kernel's pipe: the kernel's exit ends it, unasked."""
+    """Its stdin is the kernel's socket: the kernel's exit ends it, unasked."""
     import subprocess
     import sys
 
-    code = ("import psutil\nfrom dpnb.cluster.agents import WarmZygote\n"
+    code = ("import psutil\nfrom dpnb.cluster.zygote import WarmZygote\n"
             "w = WarmZygote()\nprint(w.pid, psutil.Process(w.pid).create_time(), flush=True)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.split()

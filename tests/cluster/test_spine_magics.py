@@ -55,8 +55,9 @@ def test_start_cells_push_pull_stop(ip, capsys):
     ip.run_line_magic("dp", "start -n 2 --timeout 6")
     c = dpnb.get_cluster(ip)
     assert c is not None and c.world_size == 2
-    # the engines were forked from the zygote started ahead
-    assert {psutil.Process(r.pid).ppid() for r in c.ranks} == {warm_pid} and m.warm is None
+    # the engines were forked by an agent forked from the template started ahead
+    agents = {psutil.Process(r.pid).ppid() for r in c.ranks}
+    assert {psutil.Process(a).ppid() for a in agents} == {warm_pid} and m.warm.pid == warm_pid
     assert "2 ranks up (gloo" in capsys.readouterr().out
 
     ip.run_cell_magic("dp", "", "print(rank, world_size)")
@@ -90,9 +91,8 @@ def test_start_cells_push_pull_stop(ip, capsys):
     ip.run_line_magic("dp", "stop")
     assert "cluster stopped" in capsys.readouterr().out
     assert not c.running
-    # a local cluster's stop warms the next start's zygote; unloading ends it
-    again = m.warm.pid
-    assert again != warm_pid and psutil.pid_exists(again)
+    # the template outlives the cluster, for the next start; unloading ends it
+    assert m.warm.pid == warm_pid and psutil.pid_exists(warm_pid)
     dpnb.unload_ipython_extension(ip)
-    assert m.warm is None and not _running(again)
+    assert m.warm is None and not _running(warm_pid)
     assert "start one with %dp start" in _usage(ip, "", "print(1)")
