@@ -302,7 +302,11 @@ def _alive_steps(c) -> list[int]:
     alive = [r for r in range(c.world_size) if r not in c.dead and r not in c.busy]
     if not alive:
         return []
-    c.run(STEP, ranks=alive, display=False, raise_errors=False)
+    try:
+        c.run(STEP, ranks=alive, display=False, raise_errors=False)
+    except DpnbError as e:  # one of them died meanwhile (a whole host): now known dead
+        print(f"  (steps not read: {e})", flush=True)
+        return _alive_steps(c) if any(r in c.dead for r in alive) else []
     out = []
     for r in alive:
         try:

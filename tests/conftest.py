@@ -132,11 +132,12 @@ def _zygote_template(request):
     3.9 CPU-s each in the cluster, ecosystem and notebook tiers, of 1,062
     CPU-s in all (`pytest -n 2`, 2 cores).  Started here, before any test,
     so the tests that compare this process's children before and after a
-    start find it in both.  A start passing ``warm=`` itself keeps its own;
+    start find it in both (not for a run of the unit tier alone: it starts no
+    cluster).  A start passing ``warm=`` itself keeps its own;
     one the template cannot serve (an import-time variable changed) imports
     afresh, as in a kernel."""
-    if os.environ.get(COLD_START_ENV) == "1" or not any(
-            _tier_of(_nodeid(it)) in ("cluster", "ecosystem") for it in request.session.items):
+    if os.environ.get(COLD_START_ENV) == "1" or all(
+            _tier_of(_nodeid(it)) in ("unit", "") for it in request.session.items):
         yield None
         return
     from dpnb.cluster import Engines, launch, zygote  # lazy: only where clusters start

@@ -79,9 +79,11 @@ def parse_hosts(n: int, launcher_args: Sequence[str] | None) -> dict[str, int]:
 
 
 def ssh_command(ssh_config: str | None) -> list[str]:
-    """ssh without prompts, noticing a dead link within ~15 s."""
+    """ssh without prompts, noticing a dead link within ~15 s, and saying so: its
+    "Timeout, server ... not responding." is logged at INFO, which a config's
+    ``LogLevel ERROR`` would hide -- the words that name a cut link."""
     cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
-           "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=15"]
+           "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=15", "-o", "LogLevel=INFO"]
     if ssh_config:
         cmd[1:1] = ["-F", ssh_config]
     return cmd
@@ -216,6 +218,7 @@ class Agents:
 
     def __init__(self, hosts: dict[str, int], *, remote_python: str,
                  ssh_config: str | None, env: dict[str, str], zygote: str = "off"):
+        self.connection, self.cluster = "", ""  # what hello handed the agents (revive's too)
         self.counts = dict(hosts)
         self.zygote = zygote  # launch.host_zygote_for: "on", "auto" or "off"
         self.remote_python = remote_python
@@ -254,28 +257,57 @@ class Agents:
         for h in self.counts:
             self.agents[h] = self._agent(h, warm)
 
-    def hello(self, connection: str) -> dict[str, dict]:
-        """Hand every agent the controller's connection info; check versions agree."""
-        def one(h):
-            env = {**self.env, "DPNB_LOCATION": h}
-            # a zygote answers once it has imported torch (seconds; more on a loaded host)
-            wait = REPLY_TIMEOUT_S + (ZYGOTE_IMPORT_S if self.zygote != "off" else 0.0)
-            return self.agents[h].request("hello", timeout=wait, connection=connection, env=env,
-                                          environ=self._environ())
-
-        info = self._parallel(one, self.agents)
+    def hello(self, connection: str, cluster: str = "") -> dict[str, dict]:
+        """Hand every agent the controller's connection info and the cluster's id
+        (kept for :meth:`revive`); check versions agree."""
+        self.connection, self.cluster = connection, cluster
+        info = self._parallel(self._hello, self.agents)
         _check_versions(info)
         for h, i in info.items():  # "auto" is decided there: say what each host chose
             log.info("host %s: engines %s", h, "forked from its agent (zygote)"
                      if i.get("zygote") else "started as one Python each")
         return info
 
+    def _hello(self, h: str) -> dict:
+        env = {**self.env, "DPNB_LOCATION": h}
+        # a zygote answers once it has imported torch (seconds; more on a loaded host)
+        wait = REPLY_TIMEOUT_S + (ZYGOTE_IMPORT_S if self.zygote != "off" else 0.0)
+        return self.agents[h].request("hello", timeout=wait, connection=self.connection, env=env,
+                                      environ=self._environ(), cluster=self.cluster)
+
+    def revive(self, h: str) -> None:
+        """A new agent for host ``h`` if the old one's connection ended (a cut
+        link, a rebooted host), so its ranks can be replaced there: the new agent
+        first ends what the old one left running there (agentrecords).  A host
+        that still does not answer is said in one line."""
+        old = self.agents.get(h)
+        if old is None or old.proc.poll() is None:
+            return
+        lost = self.ENDED.format(host=h) + _last_words(old)
+        new = self.agents[h] = self._agent(h, None)
+        try:
+            info = self._hello(h)
+        except (DpnbError, StartError) as e:
+            new.close(timeout=2)
+            self.agents[h] = old  # its exits stay readable; the next restart tries again
+            said = new.stderr_tail(1).strip() or (str(e).strip().splitlines() or [""])[0]
+            raise StartError(
+                f"host {h} does not answer ({lost}; a new connection failed too: {said}): "
+                f"its ranks can be replaced there once it answers -- %dp restart again then; "
+                f"the ranks on the other hosts keep their state") from None
+        log.info("host %s: a new agent after %s%s", h, lost,
+                 f"; it ended what the old one left running (pids {info['superseded']})"
+                 if info.get("superseded") else "")
+
     def start(self, counts: dict[str, int]) -> dict[str, list[int]]:
         def one(h):
             wait = REPLY_TIMEOUT_S + START_S_PER_ENGINE * counts[h]
             return self.agents[h].request("start", timeout=wait, n=counts[h])["pids"]
 
-        return self._parallel(one, [h for h in counts if counts[h] > 0])
+        hosts = [h for h in counts if counts[h] > 0]
+        for h in hosts:
+            self.revive(h)
+        return self._parallel(one, hosts)
 
     def failures(self, started: dict[str, list[int]] | None = None) -> list[str]:
         """Engines of ``started`` (default: all) that exited, with their last lines,
@@ -300,7 +332,7 @@ class Agents:
         if e is not None:
             return describe_exit(e.get("code")) + self.EXIT_ON.format(host=host)
         if a.proc.poll() is not None:
-            return self.ENDED.format(host=host)
+            return self.ENDED.format(host=host) + _last_words(a)
         return None
 
     def states(self, host: str, pids: list[int]) -> dict[int, str]:
@@ -341,6 +373,13 @@ class Agents:
             t.start()
         for t in threads:
             t.join()
+
+
+def _last_words(a: HostAgent) -> str:
+    """What the ended connection said last (ssh: "Timeout, server ... not
+    responding." for a cut link), as ": ..." -- or nothing."""
+    tail = a.stderr_tail(1).strip()
+    return f": {tail}" if tail else ""
 
 
 def _check_versions(info: dict[str, dict]) -> None:
@@ -390,7 +429,7 @@ def start_with(agents: Agents, icluster, n: int, timeout: float, warm=None):
     try:
         agents.open(warm)
         icluster.start_controller_sync()
-        agents.hello(wait_file(engine_connection_file(icluster), timeout))
+        agents.hello(wait_file(engine_connection_file(icluster), timeout), icluster.cluster_id)
         started = agents.start(agents.counts)
         client = icluster.connect_client_sync()
         client = wait_registered(icluster, client, n, timeout, lambda: agents.failures(started),

@@ -156,6 +156,22 @@ class Transport:
             v = self._views[eid] = self.client[eid]
         return v
 
+    def _known(self, make: Callable, sel: list[int]) -> Any:
+        """``make()``, a send to ``sel``; an engine the controller dropped since the
+        last check (a whole host lost: ipyparallel's KeyError, IndexError for one)
+        is named dead here, in one line."""
+        try:
+            return make()
+        except (KeyError, IndexError):
+            dead = self.find_dead(sel)
+            if not dead:
+                raise
+            for r, how in dead.items():
+                self.health.died(r, how)
+            raise DpnbError(f"{rank_label(sorted(dead))} died ({dead[min(dead)]}) before the call "
+                            f"reached it: run %dp restart to bring back {len(self.ranks)} ranks"
+                            ) from None
+
     # ---------------------------------------------------------------- sending
     def execute(self, code: str, sel: list[int], unchecked: bool = False,
                 flags: tuple[str, ...] = ()) -> dict:
@@ -165,7 +181,8 @@ class Transport:
         (:mod:`dpnb.core.cellflags`: no request before it)."""
         code = with_flags(code, (*flags, UNCHECKED_FLAG) if unchecked else flags)
         if len(sel) == 1:
-            return {sel[0]: self.view(sel[0]).execute(code, silent=False, block=False)}
+            return self._known(lambda: {sel[0]: self.view(sel[0]).execute(
+                code, silent=False, block=False)}, sel)
         # one view for all: its requests leave in one tight loop, and each
         # rank's own reply is read off its message future afterwards (not
         # AsyncResult.split(): see RankReply).  Sent rank by rank, each
@@ -178,8 +195,10 @@ class Transport:
     def _to_many(self, sel: list[int], send: Callable, tree: bool = False) -> dict:
         """``send(view)`` to the engines of ``sel`` through one view (``tree``: the
         broadcast one): one AsyncResult; each rank's :class:`RankReply` after."""
-        many = self.many_view(tuple(self.ranks[r].engine_id for r in sel), tree)
-        return dict(zip(sel, rank_replies(send(many))))
+        def go() -> dict:
+            many = self.many_view(tuple(self.ranks[r].engine_id for r in sel), tree)
+            return dict(zip(sel, rank_replies(send(many))))
+        return self._known(go, sel)
 
     def broadcast(self, fn, args: tuple, sel: list[int]) -> dict:
         """``fn(*args)`` on every rank of ``sel``, the arguments sent once through
@@ -208,8 +227,8 @@ class Transport:
         view (a pull or a push at N = 64: one AsyncResult, not 64)."""
         if per_rank is None and len(sel) > 1:
             return self._to_many(sel, lambda many: many.apply_async(fn, *args))
-        return {r: self.view(r).apply_async(fn, *(per_rank[r] if per_rank else args))
-                for r in sel}
+        return self._known(lambda: {r: self.view(r).apply_async(
+            fn, *(per_rank[r] if per_rank else args)) for r in sel}, sel)
 
     def call_async(self, dotted: str, args: tuple, kwargs: dict, sel: list[int]) -> dict:
         return self.apply(_runner_fn("call"), (dotted, tuple(args), dict(kwargs)), sel)

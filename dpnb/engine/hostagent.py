@@ -47,6 +47,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from dpnb.core.gpus import NVIDIA_CTL
 from dpnb.engine import template
+from dpnb.engine.agentrecords import Record
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL
 
@@ -100,6 +101,7 @@ class Agent:
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, str] = {}
         self.serial = 0
+        self.record: Record | None = None  # this cluster's agent on this host (agentrecords)
 
     def send(self, msg: dict) -> None:
         with self.lock:
@@ -118,8 +120,14 @@ class Agent:
         versions = {}
         for mod in ("dpnb", "ipyparallel", "torch"):
             versions[mod] = _version(mod)
+        superseded = []
+        if msg.get("cluster"):  # an earlier agent of this cluster here lost its notebook
+            self.record = Record(str(msg["cluster"]))
+            superseded = self.record.supersede()
+            self.record.write([])
         return {"host": socket.gethostname(), "python": sys.executable, "pid": os.getpid(),
-                "versions": versions, "cpu_count": os.cpu_count() or 1, "zygote": self.zygote}
+                "versions": versions, "cpu_count": os.cpu_count() or 1, "zygote": self.zygote,
+                "superseded": superseded}
 
     def start(self, msg: dict) -> dict:
         pids = []
@@ -141,6 +149,8 @@ class Agent:
             self.logs[p.pid] = log
             threading.Thread(target=self._watch, args=(p,), daemon=True).start()
             pids.append(p.pid)
+        if self.record is not None:
+            self.record.write([q.pid for q in self.procs.values() if q.poll() is None])
         return {"pids": pids}
 
     def _check_fork_safe(self) -> None:
@@ -180,6 +190,9 @@ class Agent:
                 signal.signal(sig, signal.SIG_DFL)
             os.environ.clear()
             os.environ.update(env)
+            # the zygote (or the kernel's template, long before) may have asked for
+            # the temporary folder already: the engine's comes from its own TMPDIR
+            tempfile.tempdir = None
             sys.argv = [sys.argv[0]]
             # lazy: the forked engine imports boot once its own environment is in place
             from dpnb.engine import boot
@@ -260,6 +273,8 @@ class Agent:
                     return
         finally:
             self.stop()  # end of input: the notebook is gone
+            if self.record is not None:
+                self.record.remove()
             shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -4,6 +4,7 @@ imported torch once; the default without an NVIDIA driver) and the plain one
 
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -109,3 +110,28 @@ def test_an_unused_warm_zygote_ends_with_its_kernel():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.split()
     assert alive({int(out[0]): float(out[1])}, wait_s=30) == {}
+
+
+def test_a_rank_whose_engine_left_before_the_call_is_named_dead_in_one_line():
+    """An engine the controller dropped before dpnb heard of its exit (a whole
+    host lost: the second rank's exit not yet reported) is named dead by the
+    call that would have reached it -- not a KeyError from inside ipyparallel --
+    and the restart brings it back."""
+    c = dpnb.start(2, timeout=8)
+    try:
+        c.run("mine = rank", display=False)
+        eid = c.ranks[1].engine_id
+        os.kill(c.ranks[1].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while eid in c.client.ids and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert eid not in c.client.ids
+        with pytest.raises(dpnb.DpnbError) as ei:
+            c.run("x = 1", ranks=[1], display=False)  # a selection never sent to before
+        said = str(ei.value)
+        assert said.startswith("rank 1 died (") and "%dp restart" in said, said
+        assert 1 in c.dead
+        assert "rank 1 replaced" in c.restart()
+        assert c.pull("mine", rank=0) == 0
+    finally:
+        c.stop()

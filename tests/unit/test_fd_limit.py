@@ -26,6 +26,9 @@ def test_the_wait_for_an_agent_s_start_grows_with_its_engines():
     asked = []
 
     class Agent:
+        class proc:  # connected: a start revives no agent
+            poll = staticmethod(lambda: None)
+
         def request(self, cmd, timeout=agents.REPLY_TIMEOUT_S, **fields):
             asked.append((cmd, fields["n"], timeout))
             return {"pids": list(range(fields["n"]))}
