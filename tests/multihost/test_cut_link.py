@@ -15,15 +15,15 @@ the two ranks there.
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 
 import psutil
 import pytest
 
 import dpnb
-from dpnb.errors import DpnbError, RemoteCellError
+from dpnb.errors import DpnbError
 from helpers import hosts as _hosts
+from helpers import slowtrain
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,31 +46,10 @@ def test_a_cut_link_is_named_and_the_host_is_rebuilt_once_it_answers(two_hosts):
                    remote_python=_hosts.remote_python(),
                    launcher_args=[f"{a.name}=2", f"{b.name}=2"])
     try:
-        c.run("import time as _t, dpnb.data\ntorch.manual_seed(0)\nmine = rank\n"
-              "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), "
-              "torch.nn.Linear(16, 1))\n"
-              "ds = dpnb.data.SyntheticRegression(n=4096, in_dim=8, out_dim=1, seed=0)\n"
-              "def slow_loss(out, y):\n    _t.sleep(0.02)\n"
-              "    return torch.nn.functional.mse_loss(out, y)\n",
-              display=False, setup=True)
-        c.wrap("net", "ddp", optimizer="adamw", lr=0.01)
-        c.set_data("ds")
-        c.train(steps=3, micro_batch=8, progress=False)
+        slowtrain.wrapped(c)
         left = {hs.outer_pid(b, c.ranks[r].pid): None for r in (2, 3)}
         left = {p: psutil.Process(p).create_time() for p in left}
-        out: dict = {}
-
-        def train():
-            try:
-                c.train(steps=5000, micro_batch=8, loss_fn="slow_loss", progress=False)
-            except RemoteCellError as e:
-                out["error"] = e
-            out["returned"] = time.monotonic()
-
-        t = threading.Thread(target=train)
-        t.start()
-        time.sleep(1.5)
-        assert t.is_alive(), out
+        t, out = slowtrain.training(c, steps=5000)
         cut = time.monotonic()
         _link(b, "down")
         try:

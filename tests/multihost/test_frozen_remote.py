@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
 
 import dpnb
-from dpnb.errors import RemoteCellError
 from helpers import hosts as _hosts
+from helpers import slowtrain
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,29 +44,8 @@ def test_a_rank_frozen_on_another_host_is_named_released_and_replaced(two_hosts)
         for r in range(4):
             host = a if r < 2 else b
             assert _forked_from_the_agent(hs.outer_pid(host, c.ranks[r].pid)), r
-        c.run("import time as _t, dpnb.data\ntorch.manual_seed(0)\n"
-              "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), "
-              "torch.nn.Linear(16, 1))\n"
-              "ds = dpnb.data.SyntheticRegression(n=4096, in_dim=8, out_dim=1, seed=0)\n"
-              "def slow_loss(out, y):\n    _t.sleep(0.02)\n"
-              "    return torch.nn.functional.mse_loss(out, y)\n",
-              display=False, setup=True)
-        c.wrap("net", "ddp", optimizer="adamw", lr=0.01)
-        c.set_data("ds")
-        c.train(steps=3, micro_batch=8, progress=False)
-        out: dict = {}
-
-        def train():
-            try:
-                c.train(steps=2000, micro_batch=8, loss_fn="slow_loss", progress=False)
-            except RemoteCellError as e:
-                out["error"] = e
-            out["returned"] = time.monotonic()
-
-        t = threading.Thread(target=train)
-        t.start()
-        time.sleep(1.5)
-        assert t.is_alive(), out
+        slowtrain.wrapped(c)
+        t, out = slowtrain.training(c, steps=2000)
         frozen_pid, inner = hs.outer_pid(b, c.ranks[3].pid), c.ranks[3].pid
         frozen_at = time.monotonic()
         os.kill(frozen_pid, signal.SIGSTOP)
