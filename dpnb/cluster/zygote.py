@@ -10,10 +10,11 @@ thread, and :class:`ForkedAgentProc`, the part of ``subprocess.Popen``
 :class:`~dpnb.cluster.agents.HostAgent` uses, for an agent that is this
 kernel's grandchild.
 
-Measured here (2 cores): the imports cost about 5.5 CPU-seconds; a fork
-costs milliseconds.  Before the template, ``%load_ext`` started a zygote
-that the first start *took*, and every ``%dp stop`` started (and paid for)
-the next one.
+Measured here (2 cores): the imports cost about 5.6 CPU-seconds
+(``/usr/bin/time``); three 2-rank starts from one template took 2.5, 2.1
+and 2.1 s to a ready group, a cold ``dpnb.start(2)`` 4.5 s.  Before the
+template, ``%load_ext`` started a zygote that the first start *took*, and
+every ``%dp stop`` started (and paid for) the next one.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .agents import REPLY_TIMEOUT_S, ZYGOTE_HOST, ZYGOTE_IMPORT_S, HostAgent, im
 from .processes import same_process, start_time
 
 log = logging.getLogger(__name__)
+
 
 class WarmZygote:
     """A template that imported torch ahead of the kernel's local starts.
