@@ -103,10 +103,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        try:
-            tier = pathlib.Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
-        except ValueError:
-            continue
+        tier = _item_tier(item)
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
     if _worker:
@@ -137,7 +134,7 @@ def _zygote_template(request):
     one the template cannot serve (an import-time variable changed) imports
     afresh, as in a kernel."""
     if os.environ.get(COLD_START_ENV) == "1" or all(
-            _tier_of(_nodeid(it)) in ("unit", "") for it in request.session.items):
+            _item_tier(it) in ("unit", "") for it in request.session.items):
         yield None
         return
     from dpnb.cluster import Engines, launch, zygote  # lazy: only where clusters start
@@ -157,9 +154,10 @@ def _zygote_template(request):
     template.close()
 
 
-def _nodeid(item) -> str:
+def _item_tier(item) -> str:
+    """A collected test's tier: its folder under tests/ ("" outside tests/)."""
     try:
-        return "tests/" + pathlib.Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix()
+        return pathlib.Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
     except ValueError:
         return ""
 

@@ -13,7 +13,9 @@ connection ended -- so the new agent ends that agent's engines and the
 agent itself, each by PID and start time, before it starts any engine.
 
 Records are files in a per-user folder (mode 0700, refused if another user
-owns it): ``<cluster>.<pid>``, a JSON ``{"agent": [pid, start], "engines":
+owns it): ``<cluster>.<host>.<pid>`` -- the host name too, for hosts that
+share one /tmp (network-namespace hosts, as in dpnb's tests: two hosts'
+agents can hold the same PID, each in its own PID namespace) -- a JSON ``{"agent": [pid, start], "engines":
 [[pid, start], ...]}``, rewritten when the agent starts engines and removed
 when it exits.  Standard library only: the agent imports no torch.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import sys
 import tempfile
@@ -59,8 +62,8 @@ class Record:
     def __init__(self, cluster: str):
         self.cluster = cluster
         self.dir = folder()
-        self.path = (os.path.join(self.dir, f"{_safe(cluster)}.{os.getpid()}")
-                     if self.dir else None)
+        self.prefix = f"{_safe(cluster)}.{_safe(socket.gethostname())}."
+        self.path = os.path.join(self.dir, f"{self.prefix}{os.getpid()}") if self.dir else None
         self.me = [os.getpid(), start_time(os.getpid())]
 
     def write(self, engines: list[int]) -> None:
@@ -85,10 +88,9 @@ class Record:
         if self.dir is None:
             return []
         ended = []
-        prefix = _safe(self.cluster) + "."
         for name in sorted(os.listdir(self.dir)):
             path = os.path.join(self.dir, name)
-            if not name.startswith(prefix) or name.endswith(".tmp") or path == self.path:
+            if not name.startswith(self.prefix) or name.endswith(".tmp") or path == self.path:
                 continue
             try:
                 with open(path) as f:

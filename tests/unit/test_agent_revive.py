@@ -5,6 +5,7 @@ line.  The whole flow across two namespace hosts: tests/multihost/test_cut_link.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -26,30 +27,35 @@ def _sleeper():
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
 
-def _record(cluster, agent, engines):
+def _record(cluster, agent, engines, host=None):
     folder = agentrecords.folder()
-    with open(os.path.join(folder, f"{cluster}.{agent.pid}"), "w") as f:
+    host = host or socket.gethostname()
+    with open(os.path.join(folder, f"{cluster}.{host}.{agent.pid}"), "w") as f:
         json.dump({"agent": [agent.pid, agentrecords.start_time(agent.pid)],
                    "engines": [[p.pid, agentrecords.start_time(p.pid)] for p in engines]}, f)
 
 
 def test_a_new_agent_ends_the_stale_agent_of_its_cluster_and_nothing_else(records):
-    stale, engine, other, recycled = _sleeper(), _sleeper(), _sleeper(), _sleeper()
+    stale, engine, other, recycled, elsewhere = (_sleeper() for _ in range(5))
+    here = socket.gethostname()
     try:
         _record("c1", stale, [engine])
         _record("c2", other, [])  # another cluster's agent on this host
-        with open(os.path.join(agentrecords.folder(), f"c1.{recycled.pid + 10**6}"), "w") as f:
+        _record("c1", elsewhere, [], host="other-host")  # a host sharing this /tmp
+        with open(os.path.join(agentrecords.folder(), f"c1.{here}.{recycled.pid + 10**6}"),
+                  "w") as f:
             json.dump({"agent": [recycled.pid, 1], "engines": []}, f)  # same PID, not that process
         me = agentrecords.Record("c1")
         assert sorted(me.supersede()) == sorted([stale.pid, engine.pid])
         assert stale.wait(5) == -9 and engine.wait(5) == -9
-        assert other.poll() is None and recycled.poll() is None
-        assert sorted(os.listdir(agentrecords.folder())) == [f"c2.{other.pid}"]
+        assert other.poll() is None and recycled.poll() is None and elsewhere.poll() is None
+        assert sorted(os.listdir(agentrecords.folder())) == sorted(
+            [f"c2.{here}.{other.pid}", f"c1.other-host.{elsewhere.pid}"])
         me.write([])
-        assert f"c1.{os.getpid()}" in os.listdir(agentrecords.folder())
+        assert f"c1.{here}.{os.getpid()}" in os.listdir(agentrecords.folder())
         me.remove()
     finally:
-        for p in (stale, engine, other, recycled):
+        for p in (stale, engine, other, recycled, elsewhere):
             p.kill()
             p.wait()
 
