@@ -15,9 +15,9 @@ agent itself, each by PID and start time, before it starts any engine.
 Records are files in a per-user folder (mode 0700, refused if another user
 owns it): ``<cluster>.<host>.<pid>`` -- the host name too, for hosts that
 share one /tmp (network-namespace hosts, as in dpnb's tests: two hosts'
-agents can hold the same PID, each in its own PID namespace) -- a JSON ``{"agent": [pid, start], "engines":
-[[pid, start], ...]}``, rewritten when the agent starts engines and removed
-when it exits.  Standard library only: the agent imports no torch.
+agents can hold the same PID, each in its own PID namespace) -- a JSON
+``{"agent": [pid, start], "engines": [[pid, start], ...]}``, rewritten when
+the agent starts engines and removed when it exits.  Standard library only: the agent imports no torch.
 """
 
 from __future__ import annotations
@@ -47,12 +47,22 @@ def folder() -> str | None:
     return path
 
 
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (the first is field 3, the
+    state); None once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rpartition(")")[2].split()[19])
-    except (OSError, IndexError, ValueError):
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+    fields = stat_fields(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
         return None
 
 

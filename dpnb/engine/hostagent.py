@@ -47,7 +47,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from dpnb.core.gpus import NVIDIA_CTL
 from dpnb.engine import template
-from dpnb.engine.agentrecords import Record
+from dpnb.engine.agentrecords import Record, stat_fields
 
 GRACE_S = 3.0  # SIGTERM -> SIGKILL
 
@@ -283,11 +283,8 @@ STOP_STATES = {"T": "stopped", "t": "tracing-stop"}
 
 
 def _stop_state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return STOP_STATES.get(f.read().rpartition(")")[2].split()[0])
-    except (OSError, IndexError):  # gone meanwhile: its exit is reported by _watch
-        return None
+    fields = stat_fields(pid)  # None: gone meanwhile, its exit is reported by _watch
+    return STOP_STATES.get(fields[0]) if fields else None
 
 
 def _quiet_signal(p: subprocess.Popen, sig: int) -> None:
