@@ -19,7 +19,8 @@ one run:
 The faults (``--kinds``):
 
 * ``kill``: one rank's engine SIGKILLed from outside, as the OOM killer does;
-* ``host``: both ranks of the second host SIGKILLed at once, a lost machine;
+* ``host``: both ranks of the second host SIGKILLed at once, and its spare
+  engines (``--spares``), as a lost machine takes them;
 * ``freeze``: one rank SIGSTOPped for ``--freeze-s`` seconds, then SIGCONTed
   (a stuck process, a debugger left attached);
 * ``mistake``: a cell that raises on one rank while the others wait in an
@@ -171,6 +172,8 @@ class Injector:
         try:
             pids = [hs.outer_pid(hs.hosts[0] if c.ranks[r].host != b.name else b, c.ranks[r].pid)
                     for r in ranks]
+            if kind == "host" and c.spares is not None:  # a lost machine takes its spares too
+                pids += [hs.outer_pid(b, pid) for pid in list(c.spares.pool.get(b.name, ()))]
         except LookupError as e:  # a rank being replaced: no fault this time
             print(f"  (skipped a {kind}: {e})", flush=True)
             return
@@ -213,7 +216,7 @@ def _recover(c, inj: Injector | None, on_freeze: str = "wait") -> str:
     if inj and inj.frozen and on_freeze == "replace":
         inj.forget_frozen()  # the restart kills them: no SIGCONT to a dead PID
         msg = c.restart(resume=True)
-        return "frozen rank replaced, restart --resume: " + msg.splitlines()[0][:120]
+        return "frozen rank replaced, restart --resume: " + msg.splitlines()[0][:240]
     while inj and inj.frozen and time.monotonic() < deadline:  # a frozen rank: wait for its SIGCONT
         time.sleep(0.2)
     while c.busy and not c.dead and time.monotonic() < deadline:
@@ -221,7 +224,7 @@ def _recover(c, inj: Injector | None, on_freeze: str = "wait") -> str:
         time.sleep(0.2)
     if c.dead or c.busy:
         msg = c.restart(resume=True)
-        return "restart --resume: " + msg.splitlines()[0][:120]
+        return "restart --resume: " + msg.splitlines()[0][:240]
     return "continued"
 
 
@@ -328,7 +331,7 @@ def storm(args, log=print, hs=None) -> dict:
         a, b = hs.hosts
         for strategy in args.strategies:
             c = dpnb.start(4, engines="ssh", ssh_config=hs.ssh_config, timeout=args.group_timeout,
-                           remote_python=_hosts.remote_python(),
+                           remote_python=_hosts.remote_python(), spares=args.spares,
                            launcher_args=[f"{a.name}=2", f"{b.name}=2"])
             try:
                 c.run(SETUP, display=False, setup=True)
@@ -435,6 +438,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--freeze-s", type=float, default=8.0)
     p.add_argument("--on-freeze", choices=("wait", "replace"), default="replace",
                    help="a rank named frozen: wait for its SIGCONT, or replace it at once")
+    p.add_argument("--spares", type=int, default=1,
+                   help="spare engines per host (%%dp start --spares): a dead rank's replacement "
+                        "is ready at once; 0 starts each replacement when needed")
     p.add_argument("--group-timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cycle", action="store_true", help="the fault kinds in turn, not at random")

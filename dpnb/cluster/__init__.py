@@ -134,7 +134,7 @@ class Engines(keeping.Kept):
         spec = LaunchSpec(engines=o.engines, launcher_args=o.launcher_args,
                           controller_ip=o.controller_ip, env=env,
                           remote_python=o.remote_python, ssh_config=o.ssh_config,
-                          master_addr=o.master_addr, kept=ttl is not None,
+                          master_addr=o.master_addr, kept=ttl is not None, spares=o.spares,
                           zygote=launch.zygote_for(o.engines, kept=ttl is not None, asked=o.zygote),
                           host_zygote=launch.host_zygote_for(o.engines, kept=ttl is not None,
                                                              asked=o.zygote,
@@ -170,6 +170,7 @@ class Engines(keeping.Kept):
         try:
             self.group.init_ranks()
             self.group.form()
+            starter.keep_spares(self.ranks)  # --spares: registering while the user's cells run
             # the start's reaper guards this process's children from now on by the cluster's list
             self.procs.adopt_reaper(watch, self.ranks)
         except BaseException:
@@ -185,6 +186,7 @@ class Engines(keeping.Kept):
     backend = property(lambda self: self.group.backend)
     launcher = property(lambda self: self.engine_launcher.name)
     agents = property(lambda self: self.engine_launcher.agents)  # host agents, if any
+    spares = property(lambda self: self.engine_launcher.spares)  # --spares, if any
     timeout_s = property(lambda self: self.group.timeout_s)
     threads = property(lambda self: self.group.threads)
     seed = property(lambda self: self.group.seed)  # --seed, or None: fresh entropy per rank

@@ -23,6 +23,7 @@ rank table, the backend and GPUs.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -34,6 +35,8 @@ from .placement import assign_ranks
 from .processes import engine_logs
 from .types import RankInfo, default_timeout
 
+log = logging.getLogger(__name__)
+
 
 def probe(client, icluster, eids: list[int]) -> dict[int, dict]:
     """``engine id -> probe`` (host, address, PID, GPUs) for ``eids``, asked at once."""
@@ -42,6 +45,31 @@ def probe(client, icluster, eids: list[int]) -> dict[int, dict]:
     if not eids:
         return {}
     return dict(zip(eids, client[eids].apply_sync(setup.probe, controller_address(icluster))))
+
+
+def probe_some(client, icluster, eids: list[int], within_s: float,
+               enough: Callable[[dict[int, dict]], bool]) -> tuple[dict[int, dict], bool]:
+    """:func:`probe` for engines that may be dead (a spare's engine, still listed
+    after its process died): the answers once ``enough(answers)`` holds, or all
+    came, or ``within_s`` passed; and whether it waited for all (``complete``)."""
+    from dpnb.engine import setup  # imports torch: only once engines are up
+
+    asked = {e: client[e].apply_async(setup.probe, controller_address(icluster)) for e in eids}
+    deadline = time.monotonic() + within_s
+    out: dict[int, dict] = {}
+    while True:
+        for e, ar in list(asked.items()):
+            if ar.ready():
+                del asked[e]
+                try:
+                    out[e] = ar.get(0)
+                except Exception as ex:  # the caller names the silent ones; this says why
+                    log.info("engine %s failed its probe: %s: %s", e, type(ex).__name__, ex)
+        if not asked or time.monotonic() > deadline:
+            return out, True
+        if enough(out):
+            return out, False
+        time.sleep(0.005)
 
 
 def start_registered(launcher: EngineLauncher, ranks: Sequence[RankInfo], k: int,
@@ -53,22 +81,31 @@ def start_registered(launcher: EngineLauncher, ranks: Sequence[RankInfo], k: int
 
 
 def replace(launcher: EngineLauncher, table: Sequence[RankInfo],
-            ranks: list[int]) -> list[RankInfo]:
-    """Start ``len(ranks)`` engines; the rank table with them holding the numbers of ``ranks``.
+            ranks: list[int]) -> tuple[list[RankInfo], tuple[int, ...]]:
+    """Engines for ``ranks``: the rank table with them holding those numbers, and
+    which of ``ranks`` got a spare (:mod:`.spares`, ``--spares``) rather than an
+    engine started now.
 
     A replacement takes the dead rank's host, local rank and device.  On ssh
     clusters it is started by that host's agent, so it lands there; other
     launchers place it themselves, and one that lands on another host is
     refused rather than given a local rank (a GPU) another rank holds.
     """
-    new = start_registered(launcher, table, len(ranks),
-                           lambda: launcher.start_replacements(table, ranks))
-    probes = probe(launcher.client, launcher.ipp, new)
+    spares = launcher.spares
+    taken = spares.take(launcher.client, table, ranks, lambda eids, s, enough: probe_some(
+        launcher.client, launcher.ipp, eids, s, enough)) if spares else None
+    cold = [r for r in ranks if not taken or r not in taken.ranks]
+    new = start_registered(launcher, table, len(cold),
+                           lambda: launcher.start_replacements(table, cold)) if cold else []
+    probes = {**(taken.probes if taken else {}), **probe(launcher.client, launcher.ipp, new)}
     try:
-        return place_replacements(list(table), ranks, probes)
+        out = place_replacements(list(table), ranks, probes)
     except StartError:
-        launcher.client.shutdown(targets=new, block=False)  # nothing may hold a rank twice
+        launcher.client.shutdown(targets=list(probes), block=False)  # nothing may hold a rank twice
         raise
+    if spares:  # the next spares come up while the group re-forms and training goes on
+        spares.fill({out[r].location for r in ranks})
+    return out, taken.ranks if taken else ()
 
 
 def wait_new(launcher: EngineLauncher, known: set, k: int, started: dict | None,

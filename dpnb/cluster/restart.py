@@ -101,14 +101,18 @@ def restart(t: Transport, group: Group, launcher: EngineLauncher, worlds: WorldR
         for r in replace:
             if r not in h.dead:
                 kill(r)
+    spared: tuple[int, ...] = ()
     if replace:
-        adopt(engines.replace(launcher, worlds.now.ranks, replace), fresh=replace)
+        table, spared = engines.replace(launcher, worlds.now.ranks, replace)
+        adopt(table, fresh=replace)
     info = group.reform_all(new=replace)
     h.group_formed(all_settled=True)  # every rank took part: none is running an old cell
     keep = [r for r in range(size) if r not in replace]
     msg = f"World back to {size} ranks, process group re-formed on port {worlds.now.master_port}."
     if replace:
-        msg += f" {rank_label(replace)} replaced: everything defined there was lost."
+        by = f" ({rank_label(list(spared))} by a spare engine, the next one starting)" \
+            if spared else ""
+        msg += f" {rank_label(replace)} replaced{by}: everything defined there was lost."
     if keep:
         msg += f" {kept(keep)}."
     msg += moved_sentences(info)

@@ -85,6 +85,9 @@ class StartOptions:
     by that long, for :meth:`dpnb.cluster.Engines.attach` (local engines; see :mod:`dpnb.cluster.keep`).
     ``seed``: rank r seeds its generators with ``seed + r`` (default: fresh
     entropy, as torchrun's processes; :mod:`dpnb.engine.proc.seeding`).
+    ``spares``: engines each host keeps registered beside its ranks, so that a
+    restart replaces a dead rank without waiting for a new engine
+    (:mod:`dpnb.cluster.spares`; local engines forked by the zygote, and ssh).
     """
 
     n: int = 2
@@ -103,6 +106,7 @@ class StartOptions:
     zygote: bool | None = None
     keep: Any = None  # a time to live ("2h", seconds)
     seed: int | None = None
+    spares: int = 0  # engines kept ready on each host to replace a dead rank at once
 
     @classmethod
     def of(cls, n: int = 2, **kw) -> StartOptions:
@@ -145,6 +149,9 @@ class LaunchSpec:
     # --keep: the cluster outlives this kernel (dpnb.cluster.keep); its engines
     # do not watch the kernel and ipyparallel does not stop them at exit
     kept: bool = False
+    # --spares: engines each host's agent keeps registered beside the ranks, so a
+    # restart gives a dead rank one at once (dpnb.cluster.spares)
+    spares: int = 0
 
     @property
     def env_dict(self) -> dict[str, str]:

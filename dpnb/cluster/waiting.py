@@ -64,11 +64,15 @@ DEADLOCK_SLOW_S = 2.0
 #: timeout, torch's 30 minutes by default)
 WAIT_NOTE_AFTER_S = 10.0
 #: how often a wait asks whether a pending rank's process is frozen (stopped by
-#: SIGSTOP, held by a debugger); a cell done sooner is never asked
-FROZEN_POLL_S = 1.0
-#: frozen this long (seen at two looks) before its peers are released: a
-#: stopped-and-continued process (job control) is not a frozen rank
-FROZEN_AFTER_S = 2.0
+#: SIGSTOP, held by a debugger): a read of /proc/PID/stat here, one line to the
+#: host's agent for a rank on another host; a cell done sooner is never asked
+FROZEN_POLL_S = 0.25
+#: frozen this long (stopped at every look meanwhile, five at least) before its
+#: peers are released: a process stopped and continued (job control, a
+#: profiler's sample) is not a frozen rank.  Each second here is a second of
+#: every peer's time when a rank is frozen for good (the storm benchmark's
+#: freezes cost 5.0 s at 2 s and one look a second, benchmarks/RESULTS.md)
+FROZEN_AFTER_S = 1.0
 
 
 class Waiting:

@@ -60,6 +60,10 @@ class ClusterCommands:
     @argument("--no-zygote", action="store_true",
               help="local engines: start each as its own Python (each imports torch) instead of "
                    "forking them from one process that imported torch once")
+    @argument("--spares", type=int, default=0, metavar="K",
+              help="keep K more engines registered on each host than it has ranks, so that "
+                   "%%dp restart replaces a dead rank at once instead of starting an engine "
+                   "(local engines forked by the zygote, and ssh)")
     @argument("--master-addr", default=None,
               help="address of rank 0 the other ranks reach the process group's store on "
                    "(default: rank 0's address on its route to the controller)")
@@ -79,7 +83,7 @@ class ClusterCommands:
                          controller_ip=a.controller_ip, env=a.env,
                          remote_python=a.remote_python, ssh_config=a.ssh_config,
                          master_addr=a.master_addr, zygote=False if a.no_zygote else None,
-                         keep=a.keep)
+                         keep=a.keep, spares=a.spares)
         c = session.Cluster.start_with(o, warm=None if a.no_zygote or a.keep else self.warm)
         self.cluster = c
         door.open_door(c)  # dpnb mcp reaches it through this kernel (dpnb.agent.door)
@@ -139,6 +143,8 @@ class ClusterCommands:
         where = planned_placement(c)
         if where:
             print(f"dpnb: {where}")
+        if c.spares is not None:
+            print(f"dpnb: {c.spares.describe()}")
 
     @subcommand("restart")
     @magic_arguments()

@@ -7,6 +7,8 @@ a cell that raises on one rank while the others wait in an ``all_reduce`` --
 each recovered the way a user would (``restart --resume`` from the survivors'
 memory after a death, and after a rank named frozen -- the restart replaces
 it; nothing after a mistake or a freeze that ended before it was named).
+The cluster keeps one spare engine per host (``--spares 1``): a rank killed
+alone is replaced by its host's spare.
 
 Every fault is healed (a training call completed after it) within a bound
 that only says "not a timeout", a death is named by its rank, DDP loses no
@@ -50,6 +52,8 @@ def test_a_short_storm_heals_every_fault_loses_no_step_and_leaves_nothing(two_ho
             named = [f"rank {r}" for r in f["ranks"]] if f["kind"] == "kill" else ["ranks 2-3"]
             assert any(n in f["said"] for n in named) or "died" in f["said"], f
             assert f["how"].startswith("restart --resume"), f
+        if f["kind"] == "kill":  # --spares 1 (the default): its host's spare took its place
+            assert "by a spare engine" in f["how"], f
     assert phase["steps"] > 0 and len(phase["calls"]) >= 3
     # the user's own %dp incidents after the storm: every death the storm caused is
     # on it, naming the rank, seen soon after it landed; the steps drawn span the storm

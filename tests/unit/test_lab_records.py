@@ -244,7 +244,7 @@ def test_interrupt_sends_sigint_to_the_live_local_ranks(dirs):
         c.ranks = [_rank(0, child.pid), _rank(1, _gone_pid())]  # rank 1's engine is gone
         pub = publish.Publication(c, period_s=60)
         assert lab.act(c.cluster_id, "interrupt") == {"interrupted": [0]}
-        assert child.wait(timeout=30) == 0 and child.stdout.read().strip() == "SIGINT"
+        assert child.wait(timeout=10) == 0 and child.stdout.read().strip() == "SIGINT"
         pub.remove()
     finally:
         child.kill()

@@ -13,6 +13,7 @@ from typing import ClassVar
 from ...errors import DpnbError
 from ..processes import Spawned, stop_ipp, terminate, wait_pids_gone
 from ..sidedoor import is_closed
+from ..spares import Spares
 from ..types import LaunchSpec, RankInfo
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ class EngineLauncher:
     by_launch_rank: ClassVar[bool] = False
     #: what ipyparallel's ``engines=`` is for this launcher
     ipp_engines: ClassVar[str] = ""
+    #: its agents fork engines on demand, so it can keep spares (``--spares``)
+    keeps_spares: ClassVar[bool] = False
 
     def __init__(self, spec: LaunchSpec):
         self.spec = spec
@@ -45,6 +48,7 @@ class EngineLauncher:
         self.ipp = None
         self.client = None
         self.spawned: Spawned | None = None
+        self.spares: Spares | None = None  # --spares: engines kept ready beside the ranks
 
     def begin(self) -> None:
         """Before its first process: what runs below this one already is not its,
@@ -63,6 +67,13 @@ class EngineLauncher:
         if self.spec.kept and not self.engines_here:
             raise DpnbError(f"--keep works with local engines; the {self.spec.engines} "
                             f"launcher's engines are held by this kernel's connections")
+        if self.spec.spares < 0:
+            raise DpnbError(f"--spares {self.spec.spares}: give a count of 0 or more spare "
+                            f"engines per host")
+        if self.spec.spares and not self.keeps_spares:
+            raise DpnbError(f"--spares needs engines that dpnb's host agents fork (local "
+                            f"engines without --no-zygote or --keep, or --engines ssh); this "
+                            f"{self.name} launcher starts its engines otherwise: leave --spares out")
         self.check(n)
 
     def master_addr(self, ranks: Sequence[RankInfo]) -> str:
@@ -112,6 +123,16 @@ class EngineLauncher:
         return len(ranks), (f"the {self.name} launcher placed its engines once; resize can "
                             f"shrink this cluster, and grow it only back to its start size")
 
+    def keep_spares(self, ranks: Sequence[RankInfo]) -> None:
+        """Start the spares ``--spares`` asks for beside ``ranks`` (:mod:`..spares`);
+        only launchers that :attr:`keeps_spares` have any (checked at the start)."""
+
+    def remember(self, ranks: Iterable[RankInfo]) -> None:
+        """Note a new rank table: what a later kill needs of its engines (local
+        ones: their start times), and that none of them is a spare."""
+        if self.spares is not None:
+            self.spares.saw(ranks)
+
     def start_more(self, ranks: Sequence[RankInfo], k: int) -> dict | None:
         """Start ``k`` more engines (a resize that grows); what the agents started, if any."""
         self.ipp.start_engines_sync(n=k)
@@ -121,9 +142,6 @@ class EngineLauncher:
         """Start one engine per dead rank of ``dead``, where the launcher can place it."""
         self.ipp.start_engines_sync(n=len(dead))
         return None
-
-    def remember(self, ranks: Iterable[RankInfo]) -> None:
-        """Note what a later kill needs of new engines (local ones: their start times)."""
 
     def exit_of(self, ri: RankInfo, door: tuple[str, int] | None) -> str | None:
         """How rank ``ri``'s engine ended, or None while it runs: here, engines this
@@ -219,6 +237,16 @@ class AgentLauncher(EngineLauncher):
     engine's exit is seen at once, and its agent signals it."""
 
     sees_exits = True
+    keeps_spares = True
+
+    def keep_spares(self, ranks: Sequence[RankInfo]) -> None:
+        if not self.spec.spares:
+            return
+        agents = self.agents
+        self.spares = Spares(self.spec.spares, agents.start,
+                             lambda loc, pid: agents.exit_of(loc, pid) is None)
+        self.spares.saw(ranks)
+        self.spares.fill(ri.location for ri in ranks)
 
     def start_more(self, ranks: Sequence[RankInfo], k: int) -> dict | None:
         return self.agents.start(self._free_slots(ranks, k))

@@ -90,6 +90,8 @@ class LocalLauncher(EngineLauncher):
 
     def remember(self, ranks: Iterable[RankInfo]) -> None:
         """Note each engine's start time, so a kill never hits a recycled PID."""
+        ranks = list(ranks)
+        super().remember(ranks)
         for ri in ranks:
             self._started.setdefault(ri.pid, start_time(ri.pid))
 
