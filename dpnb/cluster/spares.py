@@ -97,6 +97,9 @@ class Spares:
 
     def _live(self, loc: str) -> list[int]:
         self.pool[loc] = [pid for pid in self.pool.get(loc, []) if self._alive(loc, pid)]
+        # a spare that left the pool (taken, dead, lost) needs no fork time any more
+        self.forked_at = {k: t for k, t in self.forked_at.items()
+                          if k[0] != loc or k[1] in self.pool[loc]}
         return self.pool[loc]
 
     def fill(self, locations: Iterable[str]) -> dict[str, list[int]]:
@@ -136,8 +139,8 @@ class Spares:
         would otherwise start an engine while the spare registers, and take
         the one that registers first, wherever it lives."""
         self.saw(table)
-        needed = {table[r].location or table[r].host for r in dead}
-        if not any(self._live(loc) for loc in needed if loc in self.pool):
+        want = collections.Counter(table[r].location or table[r].host for r in dead)
+        if not any(self._live(loc) for loc in want if loc in self.pool):
             return Taken({}, ())
         live = [(loc, pid) for loc in list(self.pool) for pid in self._live(loc)]
         # a spare forked less than REGISTER_WAIT_S ago may still be registering
@@ -147,7 +150,6 @@ class Spares:
             if len(candidates) >= len(live) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        want = collections.Counter(table[r].location or table[r].host for r in dead)
 
         def enough(answered: dict[int, dict]) -> bool:
             # every dead rank's host has answered with as many spares as it has (live)
