@@ -33,6 +33,7 @@ from .launch import controller_address
 from .launchers import EngineLauncher
 from .placement import assign_ranks
 from .processes import engine_logs
+from .spares import same_host
 from .types import RankInfo, default_timeout
 
 log = logging.getLogger(__name__)
@@ -134,11 +135,7 @@ def place_replacements(old: list[RankInfo], ranks: list[int],
     out = list(old)
     todo = list(ranks)
     for eid, p in sorted(probes.items()):
-        def same_host(r: int) -> bool:
-            ri = old[r]
-            return (ri.location == p.get("location")) if ri.location else ri.host == p["host"]
-
-        match = next((r for r in todo if same_host(r)), None)
+        match = next((r for r in todo if same_host(old[r], p)), None)
         if match is None:
             where = ", ".join(f"rank {r} on {old[r].host}" for r in todo)
             raise StartError(

@@ -59,7 +59,8 @@ class Taken:
 
 def same_host(ri: RankInfo, p: dict) -> bool:
     """Whether the engine that answered ``p`` lives where rank ``ri`` lived: the
-    agent's location when there is one, else the host name."""
+    agent's location when there is one, else the host name (a replacement's
+    placement, :func:`dpnb.cluster.engines.place_replacements`, and a spare's)."""
     return (ri.location == p.get("location")) if ri.location else ri.host == p["host"]
 
 
