@@ -1777,6 +1777,13 @@ MUTATIONS = [
  ("spares: a launcher without agents refuses them in one line", "dpnb/cluster/launchers/base.py",
   "        if self.spec.spares and not self.keeps_spares:", "        if False:",
   ["tests/cluster/test_spares.py::test_spares_without_an_agent_are_refused_in_one_line_before_anything_starts"]),
+ # the tests' bounded job runner: a hung torchrun job says where it stood
+ ("bounded job: an overrun prints each process's stacks", "tests/helpers/bounded.py",
+  "    _signal_group(p.pid, signal.SIGABRT)  # faulthandler", "    _signal_group(p.pid, signal.SIGKILL)  # faulthandler",
+  ["tests/unit/test_bounded_helper.py::test_an_overrun_fails_with_each_processs_stacks_and_leaves_none"]),
+ ("bounded job: nothing of the group outlives an overrun", "tests/helpers/bounded.py",
+  "    _signal_group(p.pid, signal.SIGKILL)  # what outlived", "    pass  # what outlived",
+  ["tests/unit/test_bounded_helper.py::test_an_overrun_fails_with_each_processs_stacks_and_leaves_none"]),
 ]
 
 

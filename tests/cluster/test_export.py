@@ -14,11 +14,16 @@ import subprocess
 import sys
 
 import pytest
+from helpers.bounded import run_bounded
 from helpers.mp import free_port
 from helpers.shell import magics_on
 
 import dpnb
 from dpnb.errors import DpnbError
+
+#: the exported job's bound: it takes ~10 s; short of the test's own 300 s, so an
+#: overrun fails with the job's stacks (helpers.bounded), not pytest-timeout's
+JOB_S = 150
 
 SETUP = """
 import torch, dpnb.data
@@ -71,8 +76,8 @@ def test_export_runs_under_torchrun_to_the_notebooks_loss(c, tmp_path):
 
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     env.pop("RANK", None)
-    p = subprocess.run(["bash", "run.sh", "--steps", "2", "--out", "ck2"], cwd=job, env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = run_bounded(["bash", "run.sh", "--steps", "2", "--out", "ck2"], cwd=job, env=env,
+                    timeout_s=JOB_S)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert "resumed from checkpoint at step 3" in p.stdout, p.stdout
     m = re.search(r"steps 3-4: global batch 12, loss (\S+) (\S+)", p.stdout)
@@ -115,8 +120,8 @@ def test_from_scratch_starts_where_the_notebook_loaded_its_checkpoint(c, tmp_pat
     assert f"BASE = ({ck!r}, 3)" in script, script
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     env.pop("RANK", None)
-    p = subprocess.run(["bash", "run.sh", "--from-scratch", "--out", "ck-fs"], cwd=job, env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = run_bounded(["bash", "run.sh", "--from-scratch", "--out", "ck-fs"], cwd=job, env=env,
+                    timeout_s=JOB_S)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert f"loaded {ck} at step 3, as the notebook did" in p.stdout, p.stdout
     m = re.search(r"steps 3-4: global batch 12, loss (\S+) (\S+)\n", p.stdout)
