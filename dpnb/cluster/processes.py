@@ -175,6 +175,46 @@ def same_process(pid: int, started: float | None) -> bool:
     return now is not None and started is not None and abs(now - started) < 0.01
 
 
+#: the kernel's per-task flag of an exit under way (``/proc/PID/stat`` field 9)
+PF_EXITING = 0x4
+
+
+def ended(pid: int, started: float) -> bool:
+    """Whether the process that started at ``started`` as ``pid`` has ended or is
+    ending: gone, its PID taken by another, a zombie its parent has not reaped
+    yet, or killed and still tearing down (:func:`kill_under_way`)."""
+    if not same_process(pid, started):
+        return True
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
+        return True
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:  # gone meanwhile (the next look says so), or no /proc here
+        return False
+    return kill_under_way(status, stat)
+
+
+def kill_under_way(status: str, stat: str) -> bool:
+    """From a process's ``/proc/PID/status`` and ``/proc/PID/stat``: a SIGKILL is
+    pending, or its exit has begun.
+
+    Why: ``kill -9`` returns once the signal is queued; an engine holding
+    hundreds of MB of torch takes milliseconds more to unmap them and become a
+    zombie, and a restart asked in that moment would keep the dying rank."""
+    bit = 1 << (signal.SIGKILL - 1)
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & bit:
+            return True
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name: state, ppid, ...
+    return len(fields) > 6 and bool(int(fields[6]) & PF_EXITING)
+
+
 def engine_logs(icluster) -> str:
     """The last lines the engines printed (for start errors)."""
     try:

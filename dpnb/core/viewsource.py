@@ -79,6 +79,10 @@ class ViewSource(Protocol):
         """What happened to the cluster (its incidents, since it started) and the ranks
         alive and idle now (:class:`dpnb.core.incidents.RunLog`)."""
 
+    def step_series(self, ranks: Sequence[int]) -> dict[int, list]:
+        """Each of ``ranks``' thinned step series, one call per rank (the ranks with
+        records; one that is gone, frozen or failing is left out alone)."""
+
     def keep_residency(self, model_bytes: int, strategy: str, found: Any) -> dict[str, Any]:
         """Keep ``found`` as ``strategy``'s latest residency measurement (one
         model size at a time: another size forgets the rest); every kept one."""

@@ -230,29 +230,41 @@ class Cluster(Engines):
                       tuple(r for r in range(self.world_size)
                             if r not in self.dead and r not in self.busy), self.kept_steps)
 
-    def keep_steps(self) -> None:
-        """Before ranks are replaced or stopped: read the idle survivors' step series
-        (one call each, no collective, thinned) into :attr:`kept_steps` -- in a storm
-        every rank is replaced in turn, and with it its records.  A failure here is
-        logged and never stops the restart."""
-        ranks = self.run_log().idle_ranks
-        if not ranks or self.training.last_wrap is None:
-            return
-        # a rank killed but not yet known dead, or frozen, is not asked: a call
-        # reaching it would be a fault in the middle of a call, releasing its peers
+    def step_series(self, ranks) -> dict[int, list]:
+        """Each of ``ranks``' thinned step series (``[step, t_end, loss, samples/s]``
+        rows, :func:`dpnb.engine.metrics.views.step_series`), the ranks with records only.
+
+        One call per rank, no collective: a broken group or a busy peer does
+        not stop it, and one rank that fails fails alone (logged, left out).
+        A rank killed but not yet known dead, or frozen, is not asked: a call
+        reaching it would be a fault in the middle of a call, releasing its
+        peers.  ``%dp incidents`` and :meth:`keep_steps` read through here."""
+        ranks = list(ranks)
+        if not ranks:
+            return {}
         gone = {**self.transport.find_dead(ranks), **self.transport.frozen(ranks)}
-        got = []
-        for r in (r for r in ranks if r not in gone):  # one by one: one gone fails alone
+        got: dict[int, list] = {}
+        for r in (r for r in ranks if r not in gone):
             try:
                 res = self.call(ep.STEP_SERIES, ranks=[r], raise_errors=False)
             except Exception as e:  # its engine is gone from the controller
-                _log.info("rank %s's steps not kept before the restart: %s: %s", r,
-                          type(e).__name__, e)
+                _log.info("rank %s's steps not read: %s: %s", r, type(e).__name__, e)
                 continue
-            if res.ok:
-                got.append(res.values[0])
-            else:
-                _log.info("rank %s's steps not kept before the restart: %s", r, first_error(res))
+            if not res.ok:
+                _log.info("rank %s's steps not read: %s", r, first_error(res))
+            elif res.values[0]:
+                got[r] = res.values[0]
+        return got
+
+    def keep_steps(self) -> None:
+        """Before ranks are replaced or stopped: read the idle survivors' step series
+        into :attr:`kept_steps` (thinned) -- in a storm every rank is replaced in
+        turn, and with it its records.  A failure here is logged and never stops
+        the restart."""
+        ranks = self.run_log().idle_ranks
+        if not ranks or self.training.last_wrap is None:
+            return
+        got = self.step_series(ranks).values()
         self.kept_steps = thin_steps(merge_steps([self.kept_steps, *got]), KEPT_STEPS_MAX)
 
     def keep_residency(self, model_bytes: int, strategy: str, found: Any) -> dict[str, Any]:

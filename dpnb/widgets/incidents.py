@@ -10,9 +10,9 @@ what training did around it -- the gap where nothing was trained, the steps
 trained again after a roll-back, the rate once the ranks were back.
 
 The view asks each live rank for a thinned series of its steps
-(:func:`dpnb.engine.metrics.views.step_series`: one call per rank, no
-collective, so a broken group or a busy peer does not stop it) and merges
-them: a rank replaced during the run lost its own records, and any survivor
+(the session's ``step_series``: one call per rank, no collective, so a
+broken group or a busy peer does not stop it, and a rank that fails is
+left out alone) and merges them: a rank replaced during the run lost its own records, and any survivor
 holds the same steps.  A step trained twice (after a roll-back to a
 snapshot) is kept twice, at its two times.  Times are seconds since the
 cluster started, on the notebook's clock; the engines' wall clocks are the
@@ -28,13 +28,10 @@ from typing import Any
 import ipywidgets as w
 from matplotlib.lines import Line2D
 
-from dpnb.core.incidents import (SERIES_MAX_POINTS, IncidentRow, merge_steps,
+from dpnb.core.incidents import (IncidentRow, merge_steps,
                                  rows as incident_rows, text as incident_text)
-from dpnb.engine import entrypoints as ep
 from . import _common as C
 
-#: the most points each rank sends (a long run is thinned evenly, its last step kept)
-MAX_POINTS = SERIES_MAX_POINTS
 #: each fault kind's colour, in the figure and its legend
 COLOURS = {"died": "tab:red", "still busy": "tab:purple", "group broken": "tab:orange"}
 
@@ -78,15 +75,6 @@ def data(incidents, started: float, series: dict[int, list] | None = None,
     return IncidentsView(tuple(incident_rows(tuple(incidents), started)),
                          tuple(merge(series, started, kept)), tuple(sorted(series)),
                          bool(kept))
-
-
-def fetch(cluster, live: tuple[int, ...], max_points: int = MAX_POINTS) -> dict[int, list]:
-    """Each of the ``live`` ranks' step series (one call each, no collective); a
-    rank without a wrapped model sends none."""
-    if not live:
-        return {}
-    got = C.call_ok(cluster, ep.STEP_SERIES, max_points, ranks=list(live))
-    return {r: rows for r, rows in zip(live, got) if rows}
 
 
 def _summary(d: IncidentsView) -> list[str]:
@@ -156,7 +144,7 @@ def figure(d: IncidentsView):
 def of(cluster) -> IncidentsView:
     """This cluster's view now."""
     log = cluster.run_log()
-    return data(log.incidents, log.started, fetch(cluster, log.idle_ranks), log.kept_steps)
+    return data(log.incidents, log.started, cluster.step_series(log.idle_ranks), log.kept_steps)
 
 
 def view(cluster):

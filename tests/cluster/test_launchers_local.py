@@ -45,6 +45,24 @@ def test_spine_kill_restart_stop(zygote):
     assert alive(owned, wait_s=5) == {}
 
 
+def test_a_restart_right_after_a_kill_from_a_terminal_replaces_the_rank():
+    """``kill -9`` on a rank from a terminal, then ``%dp restart`` at once, before any
+    cell has met the death: the rank is replaced (the zygote may not have reported
+    the exit yet; the PID says it ended: ``ZygoteLauncher.exit_of``)."""
+    c = dpnb.start(2, timeout=8)
+    try:
+        c.run("mine = rank", display=False)
+        for _ in range(3):  # three times: the zygote's report races the restart each time
+            os.kill(c.ranks[1].pid, signal.SIGKILL)
+            msg = c.restart()
+            assert "rank 1 replaced" in msg, msg
+        r = c.run("t = torch.ones(1)\ndist.all_reduce(t)\nout = (t.item(), globals().get('mine'))",
+                  display=False)
+        assert r.ok and c.pull("out") == [(2.0, 0), (2.0, None)]
+    finally:
+        c.stop()
+
+
 def test_the_template_forks_each_starts_agent_and_outlives_its_clusters():
     """``%load_ext dpnb`` starts a zygote template (zygote.WarmZygote): each
     start forks its agent from it -- no torch import of its own -- that agent

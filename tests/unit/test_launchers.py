@@ -146,3 +146,77 @@ def test_a_frozen_engine_is_told_apart_by_host_and_pid():
     launcher.agents = Agents()
     assert launcher.frozen_states(ranks) == {("b", 100): "stopped"}
     assert sorted(asked) == [("a", [100]), ("b", [100])]
+
+
+class _SilentZygote:
+    """A zygote agent that has not reported an exit yet (``report`` sets what it will say)."""
+
+    def __init__(self):
+        self.report = None
+
+    def exit_of(self, host, pid):
+        return self.report
+
+
+def test_an_engine_ended_here_is_dead_before_its_zygote_reports(monkeypatch):
+    """A zygote cluster's engine SIGKILLed from outside, then a restart at once:
+    the zygote has not reaped it (a zombie) nor reported it, and the controller
+    still lists it.  Its PID says it ended; the zygote's words, if they come
+    within the wait, say how."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from dpnb.cluster.launchers import local
+
+    monkeypatch.setattr(local, "REPORT_WAIT_S", 0.3)
+    zl = launcher_for(LaunchSpec(engines="local", zygote=True))
+    zl.agents = _SilentZygote()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ri = _ranks(["localhost"])[0]
+        ri = RankInfo(**{**ri.__dict__, "pid": child.pid})
+        never_noted = RankInfo(**{**ri.__dict__, "pid": os.getpid()})
+        zl.remember([ri])
+        assert zl.exit_of(ri, None) is None  # it runs
+        os.kill(child.pid, signal.SIGKILL)
+        for _ in range(250):  # bounded: the kill lands, the child is a zombie (not reaped)
+            if open(f"/proc/{child.pid}/stat").read().split(") ")[1][0] == "Z":
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail(f"pid {child.pid} did not become a zombie after SIGKILL")
+        assert "has not reported how yet" in zl.exit_of(ri, None)
+        zl.agents.report = "killed by signal 9 (SIGKILL)"
+        assert zl.exit_of(ri, None) == "killed by signal 9 (SIGKILL)"
+        assert zl.exit_of(never_noted, None) == "killed by signal 9 (SIGKILL)"
+        zl.agents.report = None
+        assert zl.exit_of(never_noted, None) is None  # a PID never noted: only the zygote can say
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_kill_pending_or_an_exit_under_way_counts_as_ended():
+    """``kill -9`` returns with the signal queued; the engine becomes a zombie only
+    once it has unmapped its memory.  Meanwhile its /proc files say so."""
+    from dpnb.cluster.processes import kill_under_way
+
+    status = open("/proc/self/status").read()
+    stat = open("/proc/self/stat").read()
+    assert not kill_under_way(status, stat)  # this process: running, nothing pending
+
+    def pending(field, mask):
+        return "\n".join(f"{field}:\t{mask:016x}" if line.startswith(field + ":") else line
+                         for line in status.splitlines())
+
+    assert kill_under_way(pending("SigPnd", 1 << 8), stat)  # SIGKILL queued to the thread
+    assert kill_under_way(pending("ShdPnd", 1 << 8), stat)  # ... or to the process
+    assert not kill_under_way(pending("ShdPnd", 1 << 1), stat)  # SIGINT pending: not ending
+    head, tail = stat.rsplit(")", 1)
+    fields = tail.split()
+    exiting = fields[:6] + [str(int(fields[6]) | 0x4)] + fields[7:]
+    assert kill_under_way(status, "123 (a) b) " + " ".join(exiting))  # PF_EXITING; a ')' in the name
+    quiet = fields[:6] + [str(int(fields[6]) & ~0x4)] + fields[7:]
+    assert not kill_under_way(status, "123 (a) b) " + " ".join(quiet))

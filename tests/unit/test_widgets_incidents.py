@@ -102,12 +102,13 @@ class _Cluster(Cluster):
 def test_the_view_reads_each_live_rank_and_its_refresh_reads_again(capsys):
     c = _Cluster()
     box = view.view(c)
-    assert c.asked == [("dpnb.engine.metrics.views.step_series", (view.MAX_POINTS,), (0, 2))]
+    # rank by rank (one that fails fails alone), rank 1 dead: never asked
+    assert c.asked == [("dpnb.engine.metrics.views.step_series", (), (r,)) for r in (0, 2)]
     assert [p.step for p in box.data.steps] == list(range(10)) + [8, 9]  # rank 0's alone
     assert box.data.ranks_read == (0,)  # rank 2 sent none: no model there
     [again] = [b for b in box.children if getattr(b, "description", "") == "refresh"]
     again.click()
-    assert len(c.asked) == 2
+    assert len(c.asked) == 4
     view.show(c)  # not in a kernel: the text
     assert "steps 0..9 recorded" in capsys.readouterr().out
 
@@ -147,3 +148,7 @@ def test_a_rank_gone_or_frozen_before_the_restart_is_not_asked_and_one_failing_f
     c.call = call.__get__(c)
     c.keep_steps()  # rank 2 still read
     assert [a[2] for a in c.asked] == [(2,)] and c.kept_steps == ()  # rank 2 has no steps
+    # the view reads through the same rank-by-rank reader: rank 0's failure costs
+    # only rank 0's steps, never the view
+    d = view.of(c)
+    assert [a[2] for a in c.asked] == [(2,), (2,)] and d.ranks_read == () and d.rows

@@ -13,16 +13,22 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterable, Sequence
 
 from .. import agents as agents_mod
 from ..registration import wait_registered
 from dpnb.engine import entrypoints as ep
-from ..processes import local_exit, same_process, start_time
+from ..processes import ended, local_exit, same_process, start_time
 from ..types import RankInfo
-from .base import AgentLauncher, EngineLauncher, cpu_capacity, gpu_capacity, ipp_launcher_pids
+from .base import (EXIT_POLL_S, AgentLauncher, EngineLauncher, cpu_capacity, gpu_capacity,
+                   ipp_launcher_pids)
 
 log = logging.getLogger(__name__)
+
+#: how long an engine seen ended here waits for the zygote's report of how
+#: (it reaps and reports within milliseconds; a busy host, longer)
+REPORT_WAIT_S = 1.0
 
 
 def preload_setting(n: int, cores: int) -> str:
@@ -165,9 +171,32 @@ class ZygoteLauncher(LocalLauncher, AgentLauncher):
     def _free_slots(self, ranks: Sequence[RankInfo], k: int) -> dict[str, int]:
         return {agents_mod.ZYGOTE_HOST: k}  # one host, as many as asked (capacity said how many)
 
-    # exits as the zygote saw them; kills and interrupts by PID, as LocalLauncher's.
-    # Its processes: LocalLauncher's, and (next in the order) the zygote's own
-    exit_of = AgentLauncher.exit_of
+    # kills and interrupts by PID, as LocalLauncher's.  Its processes:
+    # LocalLauncher's, and (next in the order) the zygote's own
+
+    def exit_of(self, ri: RankInfo, door: tuple[str, int] | None) -> str | None:
+        """How the engine ended, as the zygote reported; and, before its report,
+        as this host sees the PID.
+
+        Why both: the zygote reaps a fork and reports its exit a moment after
+        the death, and the controller lists the engine until its heartbeats
+        have been missed for seconds.  A restart asked in that moment (an
+        engine SIGKILLed from a terminal, then ``%dp restart`` at once) saw a
+        live rank, kept it, and failed when the group formed.  The engine is
+        this host's process: ended (a zombie the zygote has not reaped yet,
+        gone, or its PID taken by another process) is dead, and the zygote's
+        report, waited for briefly, says how."""
+        how = AgentLauncher.exit_of(self, ri, door)
+        started = self._started.get(ri.pid)  # None: never noted as a rank's engine
+        if how is not None or started is None or not ended(ri.pid, started):
+            return how
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(EXIT_POLL_S)
+            how = AgentLauncher.exit_of(self, ri, door)
+            if how is not None:
+                return how
+        return "its engine process ended (the zygote has not reported how yet)"
 
     def describe(self) -> str:
         return "local launcher (engines forked from one zygote)"
