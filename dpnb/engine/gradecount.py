@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 import types
 
 import torch
@@ -126,14 +127,23 @@ def _counted(op: str, a: tuple, rank: int, n: int) -> tuple[str, int] | None:
 
 
 class Counting(TorchDispatchMode):
-    """Counts every c10d operator dispatched while it is on: ``counts[name] = [calls, bytes]``."""
+    """Counts every c10d operator dispatched while it is on: ``counts[name] = [calls, bytes]``.
 
-    def __init__(self, rank: int, world: int):
+    ``launch_delay_s``: how long each c10d operator waits before it is handed to
+    the process group.  It is below dpnb's collective check (the ranks have all
+    reached the call) and above gloo, so on the rank that has it set, the
+    collective starts that much later than on the others -- and theirs cannot
+    finish before it does (the hook exercise's overlap check)."""
+
+    def __init__(self, rank: int, world: int, launch_delay_s: float = 0.0):
         super().__init__()
         self.rank, self.world = rank, world
+        self.launch_delay_s = launch_delay_s
         self.counts: dict[str, list[int]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d" and self.launch_delay_s:
+            time.sleep(self.launch_delay_s)
         if func.namespace in ("c10d", "_c10d_functional"):
             op = func._schema.name  # "c10d::allreduce_", whatever the overload
             try:

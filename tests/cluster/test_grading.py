@@ -225,6 +225,21 @@ def test_a_hook_that_waits_for_its_all_reduce_fails_on_overlap(c4):
     assert "launch it with async_op=True" in bad["overlaps backward"].sentence
 
 
+# the model answer, with its rank paused 0.1 s between the launch and the return
+# (as the scheduler can pause a rank on a busy machine): it did not wait, so it
+# overlaps.  A 7 kB all-reduce launched by every rank together is over by then,
+# and a correct hook was once graded as waiting in a full test run.
+HOOK_PAUSED_AFTER_LAUNCH = model_answer("allreduce_hook").replace(
+    "    return fut.then(",
+    "    import time\n    time.sleep(0.1)\n    return fut.then(")
+
+
+def test_a_hook_paused_after_its_launch_still_overlaps(c4):
+    assert "time.sleep(0.1)" in HOOK_PAUSED_AFTER_LAUNCH
+    g = _grade(c4, "allreduce_hook", HOOK_PAUSED_AFTER_LAUNCH)
+    assert g.passed, g.report
+
+
 def test_a_hook_that_forgets_to_average_fails_on_values(c4):
     assert HOOK_SUM != model_answer("allreduce_hook")
     g = _grade(c4, "allreduce_hook", HOOK_SUM)
