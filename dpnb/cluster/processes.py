@@ -137,11 +137,11 @@ def describe_exit(code) -> str:
 def local_exit(icluster, pid: int) -> str | None:
     """None while ``pid`` runs; else how it ended ("exit code 3", "killed by signal 9 ...")."""
     try:
-        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and not ending(pid):
             return None
     except psutil.NoSuchProcess:
         pass
-    code = None
+    code = None  # a process still ending: ipyparallel's waiter, joined below, reaps it
     for es in list(getattr(icluster, "engines", {}).values()):
         for el in list(getattr(es, "launchers", {}).values()):
             if getattr(el, "pid", None) == pid and getattr(el, "process", None) is not None:
@@ -190,6 +190,11 @@ def ended(pid: int, started: float) -> bool:
             return True
     except psutil.NoSuchProcess:
         return True
+    return ending(pid)
+
+
+def ending(pid: int) -> bool:
+    """Whether ``pid`` was killed and has not finished dying (:func:`kill_under_way`)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             status = f.read()

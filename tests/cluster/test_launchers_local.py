@@ -45,11 +45,13 @@ def test_spine_kill_restart_stop(zygote):
     assert alive(owned, wait_s=5) == {}
 
 
-def test_a_restart_right_after_a_kill_from_a_terminal_replaces_the_rank():
+@pytest.mark.parametrize("zygote", [True, False], ids=["zygote", "plain"])
+def test_a_restart_right_after_a_kill_from_a_terminal_replaces_the_rank(zygote):
     """``kill -9`` on a rank from a terminal, then ``%dp restart`` at once, before any
-    cell has met the death: the rank is replaced (the zygote may not have reported
-    the exit yet; the PID says it ended: ``ZygoteLauncher.exit_of``)."""
-    c = dpnb.start(2, timeout=8)
+    cell has met the death: the rank is replaced.  The engine may not have become
+    a zombie yet, nor the zygote reported its exit: the PID says it is ending
+    (``processes.ended`` for the zygote's engines, ``local_exit`` for plain ones)."""
+    c = dpnb.start(2, timeout=8, zygote=zygote)
     try:
         c.run("mine = rank", display=False)
         for _ in range(3):  # three times: the zygote's report races the restart each time

@@ -220,3 +220,25 @@ def test_a_kill_pending_or_an_exit_under_way_counts_as_ended():
     assert kill_under_way(status, "123 (a) b) " + " ".join(exiting))  # PF_EXITING; a ')' in the name
     quiet = fields[:6] + [str(int(fields[6]) & ~0x4)] + fields[7:]
     assert not kill_under_way(status, "123 (a) b) " + " ".join(quiet))
+
+
+def test_a_plain_engine_being_killed_is_ended_for_local_exit(monkeypatch):
+    """A plain local engine (``--no-zygote``) killed a moment ago is not yet a
+    zombie: ``local_exit`` asks ``ending`` (its /proc files, read by
+    ``kill_under_way``, tested above) and says it ended."""
+    import subprocess
+    import sys
+    import types as pytypes
+
+    from dpnb.cluster import processes
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        icluster = pytypes.SimpleNamespace(engines={})  # no launcher of ipyparallel's: code unknown
+        monkeypatch.setattr(processes, "ending", lambda pid: pid == child.pid)
+        assert processes.local_exit(icluster, child.pid) == "process gone, exit status unknown"
+        monkeypatch.setattr(processes, "ending", lambda pid: False)
+        assert processes.local_exit(icluster, child.pid) is None  # it runs
+    finally:
+        child.kill()
+        child.wait()
