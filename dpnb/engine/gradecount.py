@@ -129,16 +129,16 @@ def _counted(op: str, a: tuple, rank: int, n: int) -> tuple[str, int] | None:
 class Counting(TorchDispatchMode):
     """Counts every c10d operator dispatched while it is on: ``counts[name] = [calls, bytes]``.
 
-    ``launch_delay_s``: how long each c10d operator waits before it is handed to
-    the process group.  It is below dpnb's collective check (the ranks have all
+    ``launch_delay_s`` (0 unless a runner sets it): how long each c10d operator
+    waits before it is handed to the process group.  It is below dpnb's collective check (the ranks have all
     reached the call) and above gloo, so on the rank that has it set, the
     collective starts that much later than on the others -- and theirs cannot
     finish before it does (the hook exercise's overlap check)."""
 
-    def __init__(self, rank: int, world: int, launch_delay_s: float = 0.0):
+    def __init__(self, rank: int, world: int):
         super().__init__()
         self.rank, self.world = rank, world
-        self.launch_delay_s = launch_delay_s
+        self.launch_delay_s = 0.0
         self.counts: dict[str, list[int]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -140,8 +140,8 @@ def _hook(fn, ex: Exercise, case, rank: int, world: int, dev, mode: Counting,
         # a hook that waits for its own all-reduce returns a finished future: backward
         # stood still while the bucket was sent (no overlap).  One that does not
         # wait returns it unfinished on rank 0, always: the last rank hands its part
-        # to gloo HOOK_LATE_S after the others (``late`` below), so theirs cannot
-        # finish before.  (Without it the ranks launch together -- dpnb's collective
+        # to gloo HOOK_LATE_S after the others (``mode.launch_delay_s`` below), so
+        # theirs cannot finish before.  (Without it the ranks launch together -- dpnb's collective
         # check lets a collective start once every rank has reached it -- and a 7 kB
         # all-reduce could finish before the hook returned: a correct hook was once
         # graded as waiting, in a full test run on 2 busy cores.)

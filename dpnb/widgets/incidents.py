@@ -9,11 +9,11 @@ Neither alone says what a fault cost: the incidents say when, the steps say
 what training did around it -- the gap where nothing was trained, the steps
 trained again after a roll-back, the rate once the ranks were back.
 
-The view asks each live rank for a thinned series of its steps
-(the session's ``step_series``: one call per rank, no collective, so a
-broken group or a busy peer does not stop it, and a rank that fails is
-left out alone) and merges them: a rank replaced during the run lost its own records, and any survivor
-holds the same steps.  A step trained twice (after a roll-back to a
+The view asks each live rank for a thinned series of its steps (the
+session's ``step_series``: one call per rank, no collective, so a broken
+group or a busy peer does not stop it, and a rank that fails is left out
+alone) and merges them: a rank replaced during the run lost its own
+records, and any survivor holds the same steps.  A step trained twice (after a roll-back to a
 snapshot) is kept twice, at its two times.  Times are seconds since the
 cluster started, on the notebook's clock; the engines' wall clocks are the
 hosts' (the same clock on one host, NTP's agreement across hosts).

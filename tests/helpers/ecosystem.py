@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import re
-import subprocess
 import sys
 import time
+
+from helpers.bounded import run_bounded
 
 log = logging.getLogger(__name__)
 #: what the C++ runtime prints when a process exits with a thread still joinable
@@ -40,7 +41,7 @@ def torchrun(name: str, *args: str, cwd: str, fails: bool = False) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--standalone", script(name), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    p = run_bounded(cmd, cwd=cwd, env=env, timeout_s=240)
     if fails:
         assert p.returncode != 0, p.stdout + p.stderr
         return p.stdout + p.stderr
@@ -53,7 +54,7 @@ def torchrun(name: str, *args: str, cwd: str, fails: bool = False) -> str:
         # finish).  Under two test workers it aborted twice in a row once.  The
         # reference is run again rather than blamed on the code under test.
         log.warning("reference torchrun aborted at teardown; running it again:\n%s", p.stderr[-2000:])
-        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+        p = run_bounded(cmd, cwd=cwd, env=env, timeout_s=240)
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
 
