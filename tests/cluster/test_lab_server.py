@@ -21,7 +21,7 @@ import urllib.request
 
 import psutil
 import pytest
-from helpers import labserver
+from helpers import kernelreply, labserver
 from helpers.kernelreply import reply_to
 
 pytestmark = pytest.mark.cluster
@@ -91,15 +91,10 @@ def test_the_token_holder_sees_and_stops_what_a_kernel_started(lab):
 
 
 def _check(srv) -> None:
-    from jupyter_client import BlockingKernelClient
-
     status, k = srv.request("/api/kernels", method="POST", body={"name": "python3"})
     assert status == 201, k
-    kc = BlockingKernelClient(connection_file=str(srv.runtime_dir / f"kernel-{k['id']}.json"))
-    kc.load_connection_file()
-    kc.start_channels()
+    kc = kernelreply.connected(srv.runtime_dir / f"kernel-{k['id']}.json")
     try:
-        kc.wait_for_ready(timeout=60)
         _execute(kc, "%load_ext dpnb\n%dp start -n 2 --keep 3m --timeout 10")
         assert "LOSS" in _execute(kc, TRAIN)
         [c] = _wait_for(srv, lambda cs: cs and cs[0]["progress"].get("step") == 2,

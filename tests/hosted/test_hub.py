@@ -59,7 +59,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import labpage
+from helpers import kernelreply, labpage
 from helpers import nbutil as nbu
 
 pytestmark = pytest.mark.hosted
@@ -324,12 +324,16 @@ def _watched(h: dict, role: str, kernel_id: str):
 
 def _run(h: dict, role: str, kernel_id: str, code: str) -> str:
     """Run ``code`` in the user's kernel (as root, through its connection file); its stdout."""
-    from jupyter_client import BlockingKernelClient
-
     cf = h["homes"] / "run" / h["users"][role] / f"kernel-{kernel_id}.json"
-    kc = BlockingKernelClient(connection_file=str(cf))
-    kc.load_connection_file()
-    kc.start_channels()
+    try:
+        kc = kernelreply.connected(cf)
+    except RuntimeError as e:
+        # what the user's server says of the kernel, and the Hub's log (the
+        # single-user servers write to it), for a kernel that really ended
+        api = f"{h['base']}/user/{h['users'][role]}/api"
+        state = _req(f"{api}/kernels/{kernel_id}", h["tokens"][role])
+        raise AssertionError(f"{e}; the server says {state}; the Hub's log ends:\n"
+                             f"{(h['root'] / 'hub.log').read_text()[-3000:]}") from e
     out: list[str] = []
 
     def hook(msg):
@@ -337,7 +341,6 @@ def _run(h: dict, role: str, kernel_id: str, code: str) -> str:
             out.append(msg["content"]["text"])
 
     try:
-        kc.wait_for_ready(timeout=60)
         reply = kc.execute_interactive(code, timeout=180, output_hook=hook)
         assert reply["content"]["status"] == "ok", (reply["content"], "".join(out))
     finally:
