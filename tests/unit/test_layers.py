@@ -14,6 +14,7 @@ layers, bottom up (see docs/architecture.md):
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 PKG = pathlib.Path(__file__).resolve().parents[2] / "dpnb"
@@ -28,8 +29,15 @@ def _modules() -> dict[str, pathlib.Path]:
     return mods
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: pathlib.Path) -> ast.Module:
+    """A module's syntax tree, parsed once per test process: the file's tests read
+    the same 200-odd modules again and again (parsing them is about a second)."""
+    return ast.parse(path.read_text())
+
+
 def _imports(name: str, path: pathlib.Path, mods: dict) -> set[str]:
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     skip = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.dump(n.test):
@@ -59,9 +67,15 @@ def _imports(name: str, path: pathlib.Path, mods: dict) -> set[str]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+@functools.lru_cache(maxsize=None)
+def _read_graph() -> dict[str, frozenset[str]]:
     mods = _modules()
-    return {m: _imports(m, p, mods) for m, p in mods.items()}
+    return {m: frozenset(_imports(m, p, mods)) for m, p in mods.items()}
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the dpnb modules it imports (a fresh copy: a test may change its own)."""
+    return {m: set(ts) for m, ts in _read_graph().items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -186,7 +200,7 @@ def test_the_runtime_imports_nothing_of_training():
     training_names = {k for k, v in ep.all_names().items() if v.startswith(tuple(m + "." for m in TRAINING))}
     for m, p in _modules().items():
         if _in(m, "dpnb.cluster"):
-            for n in ast.walk(ast.parse(p.read_text())):
+            for n in ast.walk(_tree(p)):
                 if isinstance(n, ast.Attribute) and n.attr in training_names \
                         and ast.unparse(n.value) == "ep":
                     bad[f"{m}:{n.lineno}"] = ast.unparse(n)
@@ -201,7 +215,7 @@ def test_no_module_outside_the_runtime_touches_its_private_attributes():
     for m, p in _modules().items():
         if _in(m, "dpnb.cluster", "dpnb.engine", "dpnb.core"):
             continue
-        for n in ast.walk(ast.parse(p.read_text())):
+        for n in ast.walk(_tree(p)):
             if isinstance(n, ast.Attribute) and n.attr.startswith("_") \
                     and not n.attr.startswith("__") and ast.unparse(n.value) in holders:
                 bad.append(f"{m}:{n.lineno} {ast.unparse(n)}")
@@ -219,7 +233,7 @@ def test_no_function_over_100_lines():
     story of who communicates what is welcome; a long body is not)."""
     long = {}
     for p in PKG.rglob("*.py"):
-        for n in ast.walk(ast.parse(p.read_text())):
+        for n in ast.walk(_tree(p)):
             if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             size = n.end_lineno - n.lineno + 1
@@ -238,7 +252,7 @@ def test_no_module_keeps_an_instance_of_its_own_class():
     caller owns; the owner holds it (a session, a server's handler)."""
     bad = []
     for p in PKG.rglob("*.py"):
-        tree = ast.parse(p.read_text())
+        tree = _tree(p)
         own = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
         for n in tree.body:
             if isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Call) \
@@ -256,7 +270,7 @@ def test_rank_outcomes_are_compared_with_the_status_enum():
     statuses = {k.value for k in Status}
     bare = []
     for p in PKG.rglob("*.py"):
-        for n in ast.walk(ast.parse(p.read_text())):
+        for n in ast.walk(_tree(p)):
             if not isinstance(n, ast.Compare):
                 continue
             consts = {c.value for c in n.comparators for c in ast.walk(c)
@@ -321,7 +335,7 @@ def test_only_the_launchers_ask_a_launcher_s_name():
     for m, p in _modules().items():
         if _in(m, *allowed):
             continue
-        for n in ast.walk(ast.parse(p.read_text())):
+        for n in ast.walk(_tree(p)):
             if not isinstance(n, ast.Compare):
                 continue
             sides = [n.left, *n.comparators]
@@ -340,7 +354,7 @@ def test_the_rank_table_changes_in_one_place():
     would not follow).  A constructor keeping the list it is given is no write."""
     writes = []
     for m, p in _modules().items():
-        tree = ast.parse(p.read_text())
+        tree = _tree(p)
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef) or fn.name == "adopt_ranks":
                 continue
@@ -379,7 +393,7 @@ def test_the_engine_is_rooms_each_saying_what_it_owns():
     rooms = sorted(p.name for p in eng.iterdir() if (p / "__init__.py").exists())
     assert rooms == sorted(ENGINE_ROOMS), rooms
     for r in rooms:
-        doc = ast.get_docstring(ast.parse((eng / r / "__init__.py").read_text())) or ""
+        doc = ast.get_docstring(_tree(eng / r / "__init__.py")) or ""
         assert "import" in doc and len(doc) > 120, f"dpnb/engine/{r}/__init__.py: say what it owns and may import"
 
 
@@ -412,7 +426,7 @@ def test_one_name_one_meaning():
     states = [str(p.relative_to(PKG.parent)) for p in PKG.rglob("state.py")]
     assert len(states) <= 1, states
     guards = [f"{p.relative_to(PKG.parent)}:{n.lineno}" for p in PKG.rglob("*.py")
-              for n in ast.walk(ast.parse(p.read_text()))
+              for n in ast.walk(_tree(p))
               if isinstance(n, ast.ClassDef) and n.name == "Guard"]
     assert len(guards) <= 1, guards
 
@@ -422,7 +436,7 @@ def test_no_train_function_takes_more_than_three_parameters():
     rank boundary: every ``train`` in the engine and the session takes at most 3."""
     wide = []
     for p in [*(PKG / "engine").rglob("*.py"), *(PKG / "session").rglob("*.py")]:
-        for n in ast.walk(ast.parse(p.read_text())):
+        for n in ast.walk(_tree(p)):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "train":
                 a = n.args
                 count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) \
@@ -440,7 +454,7 @@ def test_the_ranks_health_is_written_only_by_its_own_methods():
                                                       "remove", "setdefault", "popitem"}
     writes = []
     for m, p in _modules().items():
-        tree = ast.parse(p.read_text())
+        tree = _tree(p)
         for cls in ast.walk(tree):
             if isinstance(cls, ast.ClassDef) and cls.name == "Health":
                 for x in ast.walk(cls):
