@@ -8,8 +8,10 @@ import time
 #: How long a heartbeat ping may go unanswered before a client built from a
 #: connection file calls its kernel dead. jupyter_client's default is 1 s, and
 #: ``wait_for_ready`` then raises "Kernel died before replying to kernel_info" at
-#: once: CI failed so on a live kernel of the Hub test, its two cores loaded by the
-#: other worker's clusters. A kernel that really dies still fails within this.
+#: once, for a live kernel paused a second (tests/unit/test_kernel_client_helper.py).
+#: CI failed with that message in the Hub test, its two cores loaded by the other
+#: worker's clusters (whether that kernel was live is not known). A kernel that
+#: really dies still fails within this.
 HEARTBEAT_S = 10.0
 
 
