@@ -136,11 +136,8 @@ def describe_exit(code) -> str:
 
 def local_exit(icluster, pid: int) -> str | None:
     """None while ``pid`` runs; else how it ended ("exit code 3", "killed by signal 9 ...")."""
-    try:
-        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and not ending(pid):
-            return None
-    except psutil.NoSuchProcess:
-        pass
+    if not over(pid):
+        return None
     code = None  # a process still ending: ipyparallel's waiter, joined below, reaps it
     for es in list(getattr(icluster, "engines", {}).values()):
         for el in list(getattr(es, "launchers", {}).values()):
@@ -181,10 +178,13 @@ PF_EXITING = 0x4
 
 def ended(pid: int, started: float) -> bool:
     """Whether the process that started at ``started`` as ``pid`` has ended or is
-    ending: gone, its PID taken by another, a zombie its parent has not reaped
-    yet, or killed and still tearing down (:func:`kill_under_way`)."""
-    if not same_process(pid, started):
-        return True
+    ending: its PID taken by another, or :func:`over`."""
+    return not same_process(pid, started) or over(pid)
+
+
+def over(pid: int) -> bool:
+    """Whether ``pid`` has ended or is ending: gone, a zombie its parent has not
+    reaped yet, or killed and still tearing down (:func:`kill_under_way`)."""
     try:
         if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
             return True

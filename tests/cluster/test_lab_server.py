@@ -22,7 +22,6 @@ import urllib.request
 import psutil
 import pytest
 from helpers import kernelreply, labserver
-from helpers.kernelreply import reply_to
 
 pytestmark = pytest.mark.cluster
 
@@ -56,7 +55,7 @@ def _execute(kc, code: str, timeout: float = 180) -> str:
             out.append("\n".join(m["content"]["traceback"]))
         elif m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
             break
-    reply = reply_to(kc, msg_id, timeout=30)
+    reply = kernelreply.reply_to(kc, msg_id, timeout=30)
     assert reply["content"]["status"] == "ok", "".join(out)
     return "".join(out)
 

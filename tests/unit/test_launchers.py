@@ -224,7 +224,7 @@ def test_a_kill_pending_or_an_exit_under_way_counts_as_ended():
 
 def test_a_plain_engine_being_killed_is_ended_for_local_exit(monkeypatch):
     """A plain local engine (``--no-zygote``) killed a moment ago is not yet a
-    zombie: ``local_exit`` asks ``ending`` (its /proc files, read by
+    zombie: ``local_exit`` asks ``over``, which asks ``ending`` (its /proc files, read by
     ``kill_under_way``, tested above) and says it ended."""
     import subprocess
     import sys
